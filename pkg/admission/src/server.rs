@@ -1,0 +1,664 @@
+//! The HTTPS server: routes, the decoding layer around handlers, limits and timeouts.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum_server::tls_rustls::RustlsConfig;
+use http_body_util::BodyExt;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::error::AdmissionError;
+use crate::metrics::{AdmissionMetrics, Verdict};
+use crate::review::{DecodeRejection, decode_review, into_v1_review, invalid_response};
+use crate::tls::{ReloadingCertResolver, TlsFiles, spawn_reloader, tls_server_config};
+
+/// Default [`AdmissionServerConfig::max_body_bytes`]: 3 MiB, the API server's own limit for
+/// admission requests.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Settings of an [`AdmissionServer`]. Build with [`AdmissionServerConfig::new`] and adjust
+/// the public fields.
+#[derive(Clone, Debug)]
+pub struct AdmissionServerConfig {
+    /// Certificate and key served, reloaded when they change.
+    pub tls: TlsFiles,
+    /// How often [`serve`](AdmissionServer::serve) re-reads the certificate files.
+    /// Default 10 s.
+    pub reload_interval: Duration,
+    /// Largest request body accepted; bigger bodies get `413`. Default
+    /// [`DEFAULT_MAX_BODY_BYTES`].
+    pub max_body_bytes: usize,
+    /// Time a client gets to send the request headers (HTTP/1.1) and the whole body; a slower
+    /// client gets `408` and its connection is closed. Also bounds the TLS handshake.
+    /// Default 5 s.
+    pub body_timeout: Duration,
+    /// Time a handler gets to answer; after that the review is denied with an internal-error
+    /// status. Keep it below the webhook's `timeoutSeconds` (10 s by default) so the API server
+    /// sees our message rather than a timeout. Default 8 s.
+    pub handler_timeout: Duration,
+    /// How long in-flight requests may finish after shutdown is requested. Default 10 s.
+    pub shutdown_grace: Duration,
+}
+
+impl AdmissionServerConfig {
+    /// Defaults for everything but the TLS files.
+    pub fn new(tls: TlsFiles) -> Self {
+        Self {
+            tls,
+            reload_interval: Duration::from_secs(10),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            body_timeout: Duration::from_secs(5),
+            handler_timeout: Duration::from_secs(8),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where the server listens.
+#[derive(Debug)]
+pub enum Listen {
+    /// Bind this address when serving starts.
+    Addr(SocketAddr),
+    /// Use an already bound listener (tests bind `127.0.0.1:0` and read the port first).
+    Listener(std::net::TcpListener),
+}
+
+impl From<SocketAddr> for Listen {
+    fn from(addr: SocketAddr) -> Self {
+        Self::Addr(addr)
+    }
+}
+
+impl From<std::net::TcpListener> for Listen {
+    fn from(listener: std::net::TcpListener) -> Self {
+        Self::Listener(listener)
+    }
+}
+
+/// Whether a route backs a validating or a mutating webhook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteKind {
+    /// Validating: the handler's response must not carry a patch (a patch is treated as a
+    /// handler bug: the review is denied with an internal error).
+    Validate,
+    /// Mutating: the handler may attach a JSON patch with
+    /// [`AdmissionResponse::with_patch`].
+    Mutate,
+}
+
+/// What a handler may return: an [`AdmissionResponse`], or a `Result` whose error becomes a
+/// denial with an internal-error status (`code: 500`, `reason: InternalError`) and the error's
+/// text (alternate form, so an `anyhow` chain is shown in full).
+pub trait HandlerOutput: Send + 'static {
+    /// The response, or the message of a handler failure.
+    fn into_result(self) -> Result<AdmissionResponse, String>;
+}
+
+impl HandlerOutput for AdmissionResponse {
+    fn into_result(self) -> Result<AdmissionResponse, String> {
+        Ok(self)
+    }
+}
+
+impl<E: fmt::Display + Send + 'static> HandlerOutput for Result<AdmissionResponse, E> {
+    fn into_result(self) -> Result<AdmissionResponse, String> {
+        self.map_err(|err| format!("{err:#}"))
+    }
+}
+
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<AdmissionResponse, String>> + Send>>;
+type DynHandler = Arc<dyn Fn(AdmissionRequest<DynamicObject>) -> HandlerFuture + Send + Sync>;
+
+struct RouteSpec {
+    path: String,
+    kind: RouteKind,
+    handler: DynHandler,
+}
+
+/// The admission webhook server: a set of routes, each answering `AdmissionReview`s with a
+/// handler, served over HTTPS (HTTP/1.1 and HTTP/2 via ALPN).
+///
+/// ```no_run
+/// # use warmcache_admission::*;
+/// # async fn run() -> Result<(), AdmissionError> {
+/// let config = AdmissionServerConfig::new(TlsFiles::in_dir("/etc/webhook/certs"));
+/// let shutdown = tokio_util::sync::CancellationToken::new();
+/// AdmissionServer::new(config)
+///     .validate("/validate-kvcachebackend", |req: AdmissionRequest<DynamicObject>| {
+///         AdmissionResponse::from(&req)
+///     })
+///     .serve(std::net::SocketAddr::from(([0, 0, 0, 0], 8443)), shutdown)
+///     .await
+/// # }
+/// ```
+///
+/// Each route only accepts `POST` with `Content-Type: application/json`. The decoding layer
+/// in front of the handlers:
+/// - refuses a missing or other content type with `415`;
+/// - refuses a body over [`max_body_bytes`](AdmissionServerConfig::max_body_bytes) with `413`
+///   (from `Content-Length` up front, or while reading);
+/// - cuts off a client that does not deliver its body within
+///   [`body_timeout`](AdmissionServerConfig::body_timeout) with `408`;
+/// - decodes the review as described in [`crate::review`] (`400` for non-JSON, `200` with an
+///   invalid response for review-shaped but unacceptable bodies);
+/// - runs the handler in its own task, so a panic, an error or a timeout is answered with a
+///   denial carrying an internal-error status rather than a dropped connection; the reply's
+///   `uid` is always the request's.
+///
+/// Every review is traced in an `admission_review` span (route, uid, kind, operation,
+/// namespace, name, verdict) and, with [`with_metrics`](Self::with_metrics), counted.
+pub struct AdmissionServer {
+    config: AdmissionServerConfig,
+    routes: Vec<RouteSpec>,
+    metrics: Option<AdmissionMetrics>,
+}
+
+impl fmt::Debug for AdmissionServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdmissionServer")
+            .field("config", &self.config)
+            .field(
+                "routes",
+                &self
+                    .routes
+                    .iter()
+                    .map(|r| (r.path.as_str(), r.kind))
+                    .collect::<Vec<_>>(),
+            )
+            .field("metrics", &self.metrics.is_some())
+            .finish()
+    }
+}
+
+impl AdmissionServer {
+    /// A server with no routes yet.
+    pub fn new(config: AdmissionServerConfig) -> Self {
+        Self {
+            config,
+            routes: Vec::new(),
+            metrics: None,
+        }
+    }
+
+    /// The settings this server was built with.
+    pub fn config(&self) -> &AdmissionServerConfig {
+        &self.config
+    }
+
+    /// Counts reviews and certificate reloads into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: AdmissionMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Adds a validating route with a synchronous handler. The handler runs on the async
+    /// runtime, so it must not block; use [`validate_async`](Self::validate_async) for I/O.
+    #[must_use]
+    pub fn validate<F, R>(self, path: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Validate, sync_handler(handler))
+    }
+
+    /// Adds a mutating route with a synchronous handler (see [`validate`](Self::validate)).
+    #[must_use]
+    pub fn mutate<F, R>(self, path: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Mutate, sync_handler(handler))
+    }
+
+    /// Adds a validating route with an async handler.
+    #[must_use]
+    pub fn validate_async<F, Fut, R>(self, path: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Validate, async_handler(handler))
+    }
+
+    /// Adds a mutating route with an async handler.
+    #[must_use]
+    pub fn mutate_async<F, Fut, R>(self, path: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Mutate, async_handler(handler))
+    }
+
+    fn route(mut self, path: impl Into<String>, kind: RouteKind, handler: DynHandler) -> Self {
+        self.routes.push(RouteSpec {
+            path: path.into(),
+            kind,
+            handler,
+        });
+        self
+    }
+
+    /// The plain-HTTP axum router with all routes and the decoding layer, without TLS.
+    ///
+    /// Useful to drive the handlers in-process (`tower::ServiceExt::oneshot`). Fails when a
+    /// path does not start with `/`, contains characters other than `A-Z a-z 0-9 - . _ ~ /`,
+    /// or is registered twice.
+    pub fn router(&self) -> Result<Router, AdmissionError> {
+        self.check_routes()?;
+        let mut router = Router::new();
+        for spec in &self.routes {
+            let state = Arc::new(RouteState {
+                path: spec.path.clone(),
+                kind: spec.kind,
+                handler: Arc::clone(&spec.handler),
+                max_body_bytes: self.config.max_body_bytes,
+                body_timeout: self.config.body_timeout,
+                handler_timeout: self.config.handler_timeout,
+                metrics: self.metrics.clone(),
+            });
+            let method_router = post(move |request: Request| {
+                let state = Arc::clone(&state);
+                async move { state.answer(request).await }
+            })
+            .fallback(|| async {
+                (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "admission reviews must be sent with POST\n",
+                )
+            });
+            router = router.route(&spec.path, method_router);
+        }
+        Ok(router.fallback(|uri: Uri| async move {
+            (
+                StatusCode::NOT_FOUND,
+                format!("no admission webhook is served at {}\n", uri.path()),
+            )
+        }))
+    }
+
+    fn check_routes(&self) -> Result<(), AdmissionError> {
+        let mut seen = HashSet::new();
+        for spec in &self.routes {
+            check_path(&spec.path)?;
+            if !seen.insert(spec.path.as_str()) {
+                return Err(AdmissionError::InvalidRoute {
+                    path: spec.path.clone(),
+                    reason: "registered more than once",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the certificate, starts the certificate reloader and serves until `shutdown` is
+    /// cancelled; then stops accepting, lets in-flight requests finish for up to
+    /// [`shutdown_grace`](AdmissionServerConfig::shutdown_grace) and returns.
+    ///
+    /// Fails before listening when the TLS files are unusable (the error names the file) or a
+    /// route is invalid, and with [`AdmissionError::Serve`] when the address cannot be bound.
+    pub async fn serve(
+        self,
+        listen: impl Into<Listen>,
+        shutdown: CancellationToken,
+    ) -> Result<(), AdmissionError> {
+        // Refuse bad routes and unusable certificates before starting anything.
+        self.check_routes()?;
+        let files = self.config.tls.clone();
+        let resolver = tokio::task::spawn_blocking(move || ReloadingCertResolver::load(&files))
+            .await
+            .map_err(AdmissionError::Task)??;
+        let stop_reloader = shutdown.child_token();
+        let reloader = spawn_reloader(
+            Arc::clone(&resolver),
+            self.config.reload_interval,
+            stop_reloader.clone(),
+            self.metrics.clone(),
+        );
+        let result = self.serve_with_resolver(listen, resolver, shutdown).await;
+        stop_reloader.cancel();
+        if let Err(err) = reloader.await {
+            tracing::warn!(error = %err, "the certificate reloader task ended abnormally");
+        }
+        result
+    }
+
+    /// Like [`serve`](Self::serve), but with a resolver the caller built and keeps up to date
+    /// (no reloader is started). [`AdmissionServerConfig::tls`] is not read.
+    pub async fn serve_with_resolver(
+        self,
+        listen: impl Into<Listen>,
+        resolver: Arc<ReloadingCertResolver>,
+        shutdown: CancellationToken,
+    ) -> Result<(), AdmissionError> {
+        let router = self.router()?;
+        let tls = RustlsConfig::from_config(tls_server_config(resolver)?);
+        let mut server = match listen.into() {
+            Listen::Addr(addr) => axum_server::bind_rustls(addr, tls),
+            Listen::Listener(listener) => {
+                axum_server::from_tcp_rustls(listener, tls).map_err(AdmissionError::Serve)?
+            }
+        };
+        let body_timeout = self.config.body_timeout;
+        server
+            .http_builder()
+            .http1()
+            .header_read_timeout(body_timeout);
+        let handle = axum_server::Handle::new();
+        let server = server
+            .map(|acceptor| acceptor.handshake_timeout(body_timeout))
+            .handle(handle.clone());
+
+        let grace = self.config.shutdown_grace;
+        let shutdown_watch = tokio::spawn(async move {
+            shutdown.cancelled().await;
+            handle.graceful_shutdown(Some(grace));
+        });
+        let result = server
+            .serve(router.into_make_service())
+            .await
+            .map_err(AdmissionError::Serve);
+        shutdown_watch.abort();
+        result
+    }
+}
+
+fn check_path(path: &str) -> Result<(), AdmissionError> {
+    let refuse = |reason| AdmissionError::InvalidRoute {
+        path: path.to_owned(),
+        reason,
+    };
+    if !path.starts_with('/') {
+        return Err(refuse("must start with '/'"));
+    }
+    if !path
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~' | '/'))
+    {
+        return Err(refuse(
+            "may only contain ASCII letters, digits and - . _ ~ /",
+        ));
+    }
+    Ok(())
+}
+
+fn sync_handler<F, R>(handler: F) -> DynHandler
+where
+    F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
+    R: HandlerOutput,
+{
+    let handler = Arc::new(handler);
+    Arc::new(move |request| {
+        let handler = Arc::clone(&handler);
+        // The call happens when the future is polled, inside the handler task.
+        Box::pin(async move { handler(request).into_result() })
+    })
+}
+
+fn async_handler<F, Fut, R>(handler: F) -> DynHandler
+where
+    F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+    R: HandlerOutput,
+{
+    let handler = Arc::new(handler);
+    Arc::new(move |request| {
+        let handler = Arc::clone(&handler);
+        Box::pin(async move { handler(request).await.into_result() })
+    })
+}
+
+struct RouteState {
+    path: String,
+    kind: RouteKind,
+    handler: DynHandler,
+    max_body_bytes: usize,
+    body_timeout: Duration,
+    handler_timeout: Duration,
+    metrics: Option<AdmissionMetrics>,
+}
+
+enum BodyError {
+    TooLarge,
+    Read(axum::Error),
+}
+
+impl RouteState {
+    async fn answer(&self, request: Request) -> Response {
+        let started = Instant::now();
+        let (verdict, response) = self.review(request).await;
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_review(&self.path, verdict, started.elapsed().as_secs_f64());
+        }
+        response
+    }
+
+    fn refuse(&self, status: StatusCode, message: String) -> (Verdict, Response) {
+        tracing::debug!(route = %self.path, status = status.as_u16(), %message, "admission request refused");
+        (Verdict::Invalid, text_response(status, message))
+    }
+
+    async fn review(&self, request: Request) -> (Verdict, Response) {
+        let (parts, body) = request.into_parts();
+        if let Err(message) = check_content_type(&parts.headers) {
+            return self.refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, message);
+        }
+        if let Some(length) = content_length(&parts.headers)
+            && length > self.max_body_bytes as u64
+        {
+            return self.refuse(StatusCode::PAYLOAD_TOO_LARGE, self.too_large_message());
+        }
+        let bytes =
+            match tokio::time::timeout(self.body_timeout, read_limited(body, self.max_body_bytes))
+                .await
+            {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(BodyError::TooLarge)) => {
+                    return self.refuse(StatusCode::PAYLOAD_TOO_LARGE, self.too_large_message());
+                }
+                Ok(Err(BodyError::Read(err))) => {
+                    return self.refuse(
+                        StatusCode::BAD_REQUEST,
+                        format!("the request body could not be read: {err}\n"),
+                    );
+                }
+                Err(_elapsed) => {
+                    return self.refuse(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!(
+                            "the request body was not received within {:?}\n",
+                            self.body_timeout
+                        ),
+                    );
+                }
+            };
+
+        let request = match decode_review(&bytes) {
+            Ok(request) => request,
+            Err(DecodeRejection::NotAReview(message)) => {
+                return self.refuse(StatusCode::BAD_REQUEST, format!("{message}\n"));
+            }
+            Err(DecodeRejection::Invalid { uid, reason }) => {
+                tracing::info!(route = %self.path, %uid, %reason, "invalid AdmissionReview refused");
+                return (
+                    Verdict::Invalid,
+                    review_response(invalid_response(&uid, reason)),
+                );
+            }
+        };
+
+        let span = tracing::info_span!(
+            "admission_review",
+            route = %self.path,
+            uid = %request.uid,
+            kind = %format_kind(&request),
+            operation = ?request.operation,
+            namespace = request.namespace.as_deref().unwrap_or(""),
+            name = %request.name,
+            dry_run = request.dry_run,
+            verdict = tracing::field::Empty,
+        );
+        let (verdict, response) = self.run_handler(request).instrument(span.clone()).await;
+        span.record("verdict", verdict.as_str());
+        match verdict {
+            Verdict::Error => span.in_scope(|| {
+                tracing::warn!(message = %response.result.message, "admission handler failed");
+            }),
+            _ => span.in_scope(|| {
+                tracing::debug!(allowed = response.allowed, "admission review answered");
+            }),
+        }
+        (verdict, review_response(response))
+    }
+
+    async fn run_handler(
+        &self,
+        request: AdmissionRequest<DynamicObject>,
+    ) -> (Verdict, AdmissionResponse) {
+        let base = AdmissionResponse::from(&request);
+        let uid = request.uid.clone();
+        let mut task = tokio::spawn((self.handler)(request).in_current_span());
+        let outcome = match tokio::time::timeout(self.handler_timeout, &mut task).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(join_error)) => Err(if join_error.is_panic() {
+                "the admission handler panicked".to_owned()
+            } else {
+                "the admission handler was cancelled".to_owned()
+            }),
+            Err(_elapsed) => {
+                task.abort();
+                Err(format!(
+                    "the admission handler did not answer within {:?}",
+                    self.handler_timeout
+                ))
+            }
+        };
+        match outcome {
+            Ok(response) if self.kind == RouteKind::Validate && response.patch.is_some() => (
+                Verdict::Error,
+                handler_error(base, "a validating handler returned a patch"),
+            ),
+            Ok(mut response) => {
+                response.uid = uid;
+                let verdict = if response.allowed {
+                    Verdict::Allowed
+                } else {
+                    Verdict::Denied
+                };
+                (verdict, response)
+            }
+            Err(message) => (Verdict::Error, handler_error(base, &message)),
+        }
+    }
+
+    fn too_large_message(&self) -> String {
+        format!(
+            "the request body is larger than the limit of {} bytes\n",
+            self.max_body_bytes
+        )
+    }
+}
+
+fn format_kind(request: &AdmissionRequest<DynamicObject>) -> String {
+    let kind = &request.kind;
+    if kind.group.is_empty() {
+        format!("{}/{}", kind.version, kind.kind)
+    } else {
+        format!("{}/{}/{}", kind.group, kind.version, kind.kind)
+    }
+}
+
+fn handler_error(base: AdmissionResponse, message: &str) -> AdmissionResponse {
+    let mut response = base.deny(format!(
+        "internal error in the admission webhook: {message}"
+    ));
+    response.result.code = 500;
+    response.result.reason = "InternalError".to_owned();
+    response
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), String> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Err("the request has no Content-Type; send application/json\n".to_owned());
+    };
+    let essence = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split(';').next())
+        .map(str::trim)
+        .unwrap_or_default();
+    if essence.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(format!(
+            "the request Content-Type is {value:?}; send application/json\n"
+        ))
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+async fn read_limited(mut body: Body, limit: usize) -> Result<Vec<u8>, BodyError> {
+    let mut buffer = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Read)?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len().saturating_add(data.len()) > limit {
+                return Err(BodyError::TooLarge);
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(buffer)
+}
+
+fn text_response(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message,
+    )
+        .into_response()
+}
+
+fn review_response(response: AdmissionResponse) -> Response {
+    match serde_json::to_vec(&into_v1_review(response)) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(err) => text_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the admission response could not be encoded: {err}\n"),
+        ),
+    }
+}
