@@ -70,12 +70,21 @@ struct Dep {
 pub fn run(root: &Path) -> Result<bool> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(root)
         .output()
         .context("running cargo metadata")?;
     if !output.status.success() {
-        bail!("cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr));
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     let metadata: Value =
         serde_json::from_slice(&output.stdout).context("parsing cargo metadata output")?;
@@ -85,18 +94,30 @@ pub fn run(root: &Path) -> Result<bool> {
         eprintln!("deps-check: {v}");
     }
     if violations.is_empty() {
-        println!("deps-check: {} crates follow the dependency direction", members.len());
+        println!(
+            "deps-check: {} crates follow the dependency direction",
+            members.len()
+        );
     }
     Ok(violations.is_empty())
 }
 
 fn members(metadata: &Value, root: &Path) -> Result<Vec<Member>> {
-    let packages = metadata["packages"].as_array().context("cargo metadata has no packages")?;
+    let packages = metadata["packages"]
+        .as_array()
+        .context("cargo metadata has no packages")?;
     let mut out = Vec::new();
     for pkg in packages {
-        let name = pkg["name"].as_str().context("package without a name")?.to_owned();
-        let manifest = pkg["manifest_path"].as_str().context("package without manifest_path")?;
-        let rel = Path::new(manifest).strip_prefix(root).unwrap_or(Path::new(manifest));
+        let name = pkg["name"]
+            .as_str()
+            .context("package without a name")?
+            .to_owned();
+        let manifest = pkg["manifest_path"]
+            .as_str()
+            .context("package without manifest_path")?;
+        let rel = Path::new(manifest)
+            .strip_prefix(root)
+            .unwrap_or(Path::new(manifest));
         let layer = match rel.components().next().and_then(|c| c.as_os_str().to_str()) {
             Some("api") => Layer::Api,
             Some("pkg") => Layer::Pkg,
@@ -146,22 +167,25 @@ fn check(members: &[Member]) -> Vec<String> {
                     "{} (api) depends on internal crate {}; API crates depend on nothing internal",
                     m.name, d.name
                 )),
-                (Layer::Pkg, Some(Layer::Cmd | Layer::Test | Layer::Hack)) => violations.push(
-                    format!("{} (pkg) depends on {}; pkg crates depend only on api and pkg", m.name, d.name),
-                ),
-                (Layer::Cmd, Some(Layer::Cmd | Layer::Test | Layer::Hack)) => violations.push(
-                    format!("{} (cmd) depends on {}; share logic through pkg/* instead", m.name, d.name),
-                ),
+                (Layer::Pkg, Some(Layer::Cmd | Layer::Test | Layer::Hack)) => {
+                    violations.push(format!(
+                        "{} (pkg) depends on {}; pkg crates depend only on api and pkg",
+                        m.name, d.name
+                    ))
+                }
+                (Layer::Cmd, Some(Layer::Cmd | Layer::Test | Layer::Hack)) => {
+                    violations.push(format!(
+                        "{} (cmd) depends on {}; share logic through pkg/* instead",
+                        m.name, d.name
+                    ))
+                }
                 (Layer::Test, Some(Layer::Cmd)) => violations.push(format!(
                     "{} (test) depends on {}; black-box tests must not link a binary's crate",
                     m.name, d.name
                 )),
                 _ => {}
             }
-            if pure
-                && internal == Some(Layer::Pkg)
-                && !PURE_CRATES.contains(&d.name.as_str())
-            {
+            if pure && internal == Some(Layer::Pkg) && !PURE_CRATES.contains(&d.name.as_str()) {
                 violations.push(format!(
                     "{} is pure but depends on {}, which is not",
                     m.name, d.name
@@ -199,20 +223,41 @@ mod tests {
     use super::*;
 
     fn dep(name: &str, kind: Option<&str>) -> Dep {
-        Dep { name: name.into(), kind: kind.map(Into::into), default_features: false, features: vec![] }
+        Dep {
+            name: name.into(),
+            kind: kind.map(Into::into),
+            default_features: false,
+            features: vec![],
+        }
     }
 
     fn member(name: &str, layer: Layer, deps: Vec<Dep>) -> Member {
-        Member { name: name.into(), layer, deps }
+        Member {
+            name: name.into(),
+            layer,
+            deps,
+        }
     }
 
     fn base() -> Vec<Member> {
         vec![
-            member("warmcache-api-kvcache", Layer::Api, vec![dep("serde", None), dep(TESTKIT, Some("dev"))]),
-            member("warmcache-kvcache", Layer::Pkg, vec![dep("warmcache-api-kvcache", None)]),
+            member(
+                "warmcache-api-kvcache",
+                Layer::Api,
+                vec![dep("serde", None), dep(TESTKIT, Some("dev"))],
+            ),
+            member(
+                "warmcache-kvcache",
+                Layer::Pkg,
+                vec![dep("warmcache-api-kvcache", None)],
+            ),
             member("warmcache-kube", Layer::Pkg, vec![dep("tokio", None)]),
             member(TESTKIT, Layer::Pkg, vec![dep("tokio", None)]),
-            member("warmcache-webhook", Layer::Cmd, vec![dep("warmcache-kube", None)]),
+            member(
+                "warmcache-webhook",
+                Layer::Cmd,
+                vec![dep("warmcache-kube", None)],
+            ),
             member("warmcache-reaper", Layer::Cmd, vec![]),
             member("warmcache-e2e", Layer::Test, vec![]),
         ]
@@ -236,17 +281,31 @@ mod tests {
             ("warmcache-e2e", dep("warmcache-webhook", None)),
             (
                 "warmcache-api-kvcache",
-                Dep { name: "kube".into(), kind: None, default_features: false, features: vec!["client".into()] },
+                Dep {
+                    name: "kube".into(),
+                    kind: None,
+                    default_features: false,
+                    features: vec!["client".into()],
+                },
             ),
             (
                 "warmcache-kvcache",
-                Dep { name: "kube".into(), kind: None, default_features: true, features: vec![] },
+                Dep {
+                    name: "kube".into(),
+                    kind: None,
+                    default_features: true,
+                    features: vec![],
+                },
             ),
         ];
         for (who, bad) in cases {
             let mut ms = base();
             let label = format!("{who} -> {}", bad.name);
-            ms.iter_mut().find(|m| m.name == who).unwrap().deps.push(bad);
+            ms.iter_mut()
+                .find(|m| m.name == who)
+                .unwrap()
+                .deps
+                .push(bad);
             assert_eq!(check(&ms).len(), 1, "{label} was not reported exactly once");
         }
     }

@@ -1,0 +1,37 @@
+//! Kubernetes client helpers: conflict-aware updates, conditions, events, finalizers, leader election.
+//!
+//! Shared by every warmcache controller so they all write the same way:
+//! - [`update_with_retry`] / [`update_status_with_retry`]: read, decide, write with the
+//!   resourceVersion that was read; on 409 re-read and decide again (bounded).
+//! - [`conditions`]: `metav1.Condition` bookkeeping with `observedGeneration`, pure.
+//! - [`EventRecorder`]: best-effort Events for a component.
+//! - [`add_finalizer`] / [`remove_finalizer`]: JSON patches guarded by a `test` op.
+//! - [`LeaderElector`] / [`Leadership`]: Lease-based leader election gating writes.
+//! - [`category`], [`is_conflict`], [`is_not_found`], [`is_transient`]: stable error classes
+//!   for `error_policy` and metric labels.
+
+pub mod conditions;
+pub mod error;
+pub mod events;
+pub mod finalizers;
+pub mod leader;
+pub mod update;
+
+pub use conditions::{
+    ConditionError, ConditionStatus, NewCondition, find_condition, is_condition_false,
+    is_condition_true, is_condition_true_for_generation, remove_condition, set_condition,
+};
+pub use error::{
+    Error, ErrorCategory, category, is_already_exists, is_conflict, is_not_found, is_timeout,
+    is_transient,
+};
+pub use events::{EventRecorder, EventType};
+pub use finalizers::{add_finalizer, has_finalizer, remove_finalizer};
+pub use leader::{
+    LeaderElectionError, LeaderElector, LeaderHandle, Leadership, LeaseAction, LeaseConfig,
+    NotLeader,
+};
+pub use update::{
+    Decision, RetryPolicy, Updated, update_status_with_retry, update_status_with_retry_policy,
+    update_with_retry, update_with_retry_policy,
+};

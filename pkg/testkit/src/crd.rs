@@ -1,0 +1,172 @@
+//! Installing CustomResourceDefinitions and waiting until the API server serves them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+
+use crate::{TestkitError, eventually};
+
+/// Field manager used for everything the kit applies.
+pub const FIELD_MANAGER: &str = "warmcache-testkit";
+
+/// Creates or updates `crd` (server-side apply, forced, field manager `warmcache-testkit`).
+pub async fn apply_crd(
+    client: &Client,
+    crd: &CustomResourceDefinition,
+) -> Result<(), TestkitError> {
+    let name = crd
+        .metadata
+        .name
+        .as_deref()
+        .ok_or_else(|| TestkitError::InvalidArgument("CRD without metadata.name".into()))?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut body = crd.clone();
+    body.metadata.managed_fields = None;
+    body.metadata.resource_version = None;
+    body.status = None;
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|e| TestkitError::kube(format!("applying CRD {name}"), e))?;
+    Ok(())
+}
+
+/// Waits until the CRD `name` has the condition `Established=True` (its resources are served).
+pub async fn wait_crd_established(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+) -> Result<(), TestkitError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually(&format!("CRD {name} to be Established"), timeout, || {
+        let api = api.clone();
+        async move {
+            let crd = api.get_opt(name).await.ok().flatten()?;
+            let established = crd
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            established.then_some(())
+        }
+    })
+    .await
+}
+
+/// Applies every CRD found in `*.yaml` / `*.yml` files under `dir` (recursively, in path order;
+/// multi-document files allowed, other kinds ignored) and waits until each is Established.
+/// A missing directory installs nothing. Returns the CRD names.
+pub async fn install_crds_from_dir(
+    client: &Client,
+    dir: &Path,
+    timeout: Duration,
+) -> Result<Vec<String>, TestkitError> {
+    let mut files = Vec::new();
+    collect_yaml(dir, &mut files)?;
+    files.sort();
+    let mut crds = Vec::new();
+    for file in &files {
+        crds.extend(parse_crds(file)?);
+    }
+    for crd in &crds {
+        apply_crd(client, crd).await?;
+    }
+    let mut names = Vec::with_capacity(crds.len());
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        wait_crd_established(client, &name, timeout).await?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), TestkitError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(TestkitError::io(format!("listing {}", dir.display()), e)),
+    };
+    for entry in entries {
+        let path = entry
+            .map_err(|e| TestkitError::io(format!("listing {}", dir.display()), e))?
+            .path();
+        if path.is_dir() {
+            collect_yaml(&path, out)?;
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Parses the CRDs in one manifest file (other kinds and empty documents are skipped).
+pub fn parse_crds(path: &Path) -> Result<Vec<CustomResourceDefinition>, TestkitError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| TestkitError::io(format!("reading {}", path.display()), e))?;
+    parse_crds_str(&text).map_err(|message| TestkitError::Manifest {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+fn parse_crds_str(text: &str) -> Result<Vec<CustomResourceDefinition>, String> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+    let mut crds = Vec::new();
+    for doc in docs {
+        if doc.get("kind").and_then(|k| k.as_str()) != Some("CustomResourceDefinition") {
+            continue;
+        }
+        crds.push(serde_json::from_value(doc).map_err(|e| e.to_string())?);
+    }
+    Ok(crds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_multi_document_manifests() {
+        let text = r#"# generated
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ignored}
+---
+"#;
+        let crds = parse_crds_str(text).unwrap();
+        assert_eq!(crds.len(), 1);
+        assert_eq!(
+            crds[0].metadata.name.as_deref(),
+            Some("widgets.example.com")
+        );
+        assert_eq!(crds[0].spec.versions[0].name, "v1");
+    }
+}

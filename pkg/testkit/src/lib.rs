@@ -1,0 +1,131 @@
+//! Dev-only: a real Kubernetes control plane on loopback for integration tests, plus fixtures.
+//!
+//! # What runs
+//!
+//! [`ControlPlane::shared`] starts, once per test binary, the real upstream binaries on
+//! `127.0.0.1` with random free ports:
+//!
+//! - `etcd` (embedded etcd v3.6, a small wrapper in `hack/controlplane/etcd`, no fsync);
+//! - `kube-apiserver` v1.36: TLS with a throwaway CA, admin access by a static bearer token in
+//!   group `system:masters`, RBAC authorization, the default admission plugins (including
+//!   `ServiceAccount`, `MutatingAdmissionWebhook` and `ValidatingAdmissionWebhook`), an ECDSA
+//!   service-account signing key;
+//! - `kube-controller-manager` v1.36 with all controllers: garbage collection through
+//!   ownerReferences, namespace deletion, service accounts, Jobs, ReplicaSets and so on are real.
+//!
+//! Then every CRD in `*.yaml` under `<workspace>/config/crd/` is applied and awaited until
+//! `Established`. A cold start takes a few seconds; every later call in the process is instant.
+//!
+//! # What is simulated
+//!
+//! There is no scheduler, no kubelet and there are no Nodes. Pods are accepted and stay
+//! `Pending`; a test plays kubelet with [`Kubelet`], which writes `pods/status` (phase, container
+//! states, exit codes, termination messages, `Ready` conditions). Controllers that only watch pod
+//! status, including the real Job controller, react to that as on a cluster. Do not point
+//! `spec.nodeName` at a Node that does not exist: the pod garbage collector deletes such pods.
+//!
+//! Client-side faults (409 conflicts, 500 errors, timeouts) come from [`FaultInjector`], a layer
+//! inside the test's `kube::Client`; the API server itself is never made to fail.
+//!
+//! # Using it
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), warmcache_testkit::TestkitError> {
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use warmcache_testkit::TestNamespace;
+//!
+//! let ns = TestNamespace::new("my-feature").await?; // starts the shared plane on first use
+//! let config_maps = ns.api::<ConfigMap>();
+//! // ... run the controller under test with `ns.client.clone()` and assert ...
+//! ns.cleanup().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Rules for tests:
+//!
+//! - Get clients from [`ControlPlane::client`] (or [`TestNamespace::client`]) inside each test. A
+//!   `kube::Client` is bound to the tokio runtime that created it and every `#[tokio::test]` has
+//!   its own runtime, so a client must never be stored in a static and shared between tests.
+//! - Tests in one binary share the API server: work in your own [`TestNamespace`], give
+//!   cluster-scoped objects unique names, and scope webhooks to your namespace
+//!   ([`WebhookRegistration::namespace_selector`] with [`TestNamespace::selector`]).
+//! - In CI the control plane is required: if it cannot be built or started, the tests fail with
+//!   the tail of the failing component's log. They are never skipped.
+//!
+//! # Processes and files
+//!
+//! Each component runs under a small `bash` supervisor whose stdin is a pipe from the test
+//! process; when the test process exits for any reason, the pipe closes and the supervisor stops
+//! the component, so no etcd or kube-apiserver outlives the tests. A janitor process then removes
+//! the plane's temporary directory (`$TMPDIR/warmcache-testkit-*`), which holds the PKI, the
+//! admin kubeconfig, etcd's data and one log per component (`etcd.log`, `kube-apiserver.log`,
+//! `kube-controller-manager.log`; see [`ControlPlane::dir`] and [`ControlPlane::log_tail`]).
+//!
+//! For manual exploration, `hack/local-up.sh` (or `cargo run -p warmcache-testkit --bin
+//! local-up`) starts the same plane in the foreground and prints an `export KUBECONFIG=...` line.
+//!
+//! # Environment
+//!
+//! - `WARMCACHE_CONTROL_PLANE_BIN`: a directory holding `etcd`, `kube-apiserver` and
+//!   `kube-controller-manager`. When unset, the kit runs `hack/build-control-plane.sh`, which
+//!   prints its cached build directory at once, or builds the pinned versions first (about
+//!   12 minutes on a cold cache; needs Go 1.26).
+//! - `WARMCACHE_CACHE_DIR`: where `hack/build-control-plane.sh` caches binaries (default
+//!   `~/.cache/warmcache`); `local-up` also writes its kubeconfig under it.
+//! - `WARMCACHE_TESTKIT_CRD_DIR`: install the CRDs from this directory instead of
+//!   `<workspace>/config/crd`.
+//! - `TMPDIR`: parent of the plane's temporary directory.
+
+mod crd;
+mod error;
+mod faults;
+mod kubelet;
+mod namespace;
+mod pki;
+mod plane;
+mod webhook;
+
+use std::time::{Duration, Instant};
+
+pub use crd::{FIELD_MANAGER, apply_crd, install_crds_from_dir, parse_crds, wait_crd_established};
+pub use error::TestkitError;
+pub use faults::{Fault, FaultInjector, FaultLayer, FaultService};
+pub use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
+pub use kubelet::Kubelet;
+pub use namespace::{TESTKIT_NAMESPACE_LABEL, TestNamespace};
+pub use pki::WebhookPki;
+pub use plane::{ControlPlane, ENV_BIN_DIR, ENV_CRD_DIR};
+pub use webhook::{
+    WebhookRegistration, delete_mutating_webhook, delete_validating_webhook, register_mutating,
+    register_mutating_webhook, register_validating, register_validating_webhook, wait_for_webhook,
+};
+
+/// Polls `probe` every 100 ms until it returns `Some`, and returns that value; fails with
+/// [`TestkitError::Timeout`] naming `what` once `timeout` has passed.
+///
+/// Use it for anything a controller does asynchronously ("the ConfigMap is gone", "the status
+/// says Ready"): fixed sleeps make tests slow and flaky.
+pub async fn eventually<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+) -> Result<T, TestkitError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = probe().await {
+            return Ok(value);
+        }
+        if start.elapsed() >= timeout {
+            return Err(TestkitError::Timeout {
+                what: what.to_owned(),
+                seconds: start.elapsed().as_secs_f64(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
