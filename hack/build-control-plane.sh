@@ -33,6 +33,13 @@ if [ -x "$out/etcd" ] && [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-control
 fi
 
 mkdir -p "$out"
+# One builder at a time per cache entry: a second caller waits, then finds the binaries.
+exec 9>"$cache_root/$stamp/.lock"
+flock 9
+if [ -x "$out/etcd" ] && [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ]; then
+  echo "$out"
+  exit 0
+fi
 kube_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$src/kube/go.mod")
 minor=${kube_version#v1.}; minor=${minor%%.*}
 ldflags="-s -w \
