@@ -483,4 +483,16 @@ pub(crate) mod tests {
         let err = build_provider(&bad).unwrap_err();
         assert!(err.to_string().contains("not a uri"), "{err}");
     }
+
+    #[tokio::test]
+    async fn otlp_exporter_accepts_an_https_collector() {
+        // TLS to the collector uses ring and the system trust store; without the TLS features
+        // the exporter refuses an https endpoint at build time.
+        let config = TelemetryConfig::from_lookup("c", None, LogFormat::Plain, |k| match k {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" => Some("https://127.0.0.1:4317".to_owned()),
+            _ => None,
+        });
+        let provider = build_provider(&config).unwrap();
+        let _ = provider.shutdown_with_timeout(Duration::from_secs(1));
+    }
 }
