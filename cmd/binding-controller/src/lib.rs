@@ -1,0 +1,182 @@
+//! The binding controller binary: today its offline storage capability catalog commands
+//! (`catalog validate`, `catalog explain`), which users and CI run on a catalog edit.
+//!
+//! Exit codes: 0 when the command succeeded (`validate`: the catalog is valid); 1 when the
+//! catalog is invalid (one `<field path>: <reason>` line per refusal on stdout); 2 when the
+//! file cannot be read or is not YAML (a message on stderr), or the command line is wrong.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use warmcache_api_modelcache::v2beta1::Workflow;
+use warmcache_catalog::{CatalogFile, FieldErrors, LoadError, YamlError, explain};
+
+/// Exit code of a successful command.
+pub const EXIT_OK: u8 = 0;
+/// Exit code when the catalog is invalid.
+pub const EXIT_INVALID: u8 = 1;
+/// Exit code when the input cannot be used at all (unreadable, not text, not YAML).
+pub const EXIT_UNUSABLE_INPUT: u8 = 2;
+
+/// ModelCacheBinding controller.
+#[derive(Debug, Parser)]
+#[command(name = "binding-controller", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Offline checks of a storage capability catalog (no cluster access).
+    #[command(subcommand)]
+    Catalog(CatalogCommand),
+}
+
+/// `catalog` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CatalogCommand {
+    /// Check a catalog: prints `ok` (exit 0), or one `<field path>: <reason>` line per error
+    /// (exit 1).
+    Validate {
+        /// The catalog YAML, or a ConfigMap manifest holding it under
+        /// `data[storage-provider-capabilities.yaml]`.
+        file: PathBuf,
+    },
+    /// Print, as one JSON object, the flow the catalog gives a provisioner for a workflow.
+    Explain {
+        /// The catalog YAML, or a ConfigMap manifest holding it.
+        file: PathBuf,
+        /// The exact StorageClass provisioner to look up.
+        #[arg(long)]
+        provisioner: String,
+        /// Who reads the cache.
+        #[arg(long, value_enum)]
+        workflow: WorkflowArg,
+    },
+}
+
+/// `--workflow` values (the API spelling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkflowArg {
+    /// Readers in the namespace of the request only.
+    #[value(name = "regularModelCache")]
+    RegularModelCache,
+    /// Readers in every namespace of a sharing domain.
+    #[value(name = "helmModelCache")]
+    HelmModelCache,
+}
+
+impl From<WorkflowArg> for Workflow {
+    fn from(arg: WorkflowArg) -> Self {
+        match arg {
+            WorkflowArg::RegularModelCache => Self::RegularModelCache,
+            WorkflowArg::HelmModelCache => Self::HelmModelCache,
+        }
+    }
+}
+
+/// How a command ended when it could read its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Success.
+    Ok,
+    /// The catalog is invalid; the refusals were printed.
+    Invalid,
+}
+
+impl Status {
+    /// The process exit code.
+    pub const fn exit_code(self) -> u8 {
+        match self {
+            Self::Ok => EXIT_OK,
+            Self::Invalid => EXIT_INVALID,
+        }
+    }
+}
+
+/// Input that cannot be used at all, or output that cannot be written (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not UTF-8 text.
+    #[error("{} is not UTF-8 text, so it is not YAML", path.display())]
+    NotText {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not YAML.
+    #[error("{}: {source}", path.display())]
+    NotYaml {
+        /// The file.
+        path: PathBuf,
+        /// What the parser reported.
+        source: YamlError,
+    },
+    /// Standard output cannot be written.
+    #[error("cannot write the output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Runs a command, writing its result to `out`.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Status, Error> {
+    match cli.command {
+        Command::Catalog(CatalogCommand::Validate { file }) => match load(&file)? {
+            Ok(_) => {
+                writeln!(out, "ok")?;
+                Ok(Status::Ok)
+            }
+            Err(errors) => print_errors(out, &errors),
+        },
+        Command::Catalog(CatalogCommand::Explain {
+            file,
+            provisioner,
+            workflow,
+        }) => match load(&file)? {
+            Ok(catalog) => {
+                let explanation = explain(&catalog.snapshot, &provisioner, workflow.into());
+                let json = serde_json::to_string(&explanation).map_err(std::io::Error::other)?;
+                writeln!(out, "{json}")?;
+                Ok(Status::Ok)
+            }
+            Err(errors) => print_errors(out, &errors),
+        },
+    }
+}
+
+fn print_errors(out: &mut dyn Write, errors: &FieldErrors) -> Result<Status, Error> {
+    for error in errors {
+        writeln!(out, "{error}")?;
+    }
+    Ok(Status::Invalid)
+}
+
+/// Reads and loads a catalog file: the outer `Err` is unusable input, the inner one an invalid
+/// catalog.
+fn load(path: &Path) -> Result<Result<CatalogFile, FieldErrors>, Error> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let text = String::from_utf8(bytes).map_err(|_| Error::NotText {
+        path: path.to_owned(),
+    })?;
+    match CatalogFile::parse(&text) {
+        Ok(file) => Ok(Ok(file)),
+        Err(LoadError::Invalid(errors)) => Ok(Err(errors)),
+        Err(LoadError::Yaml(source)) => Err(Error::NotYaml {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}

@@ -1,0 +1,18 @@
+//! `binding-controller`: parses the command line, runs it, maps the result to an exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use warmcache_binding_controller::{Cli, EXIT_UNUSABLE_INPUT, run};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut stdout = std::io::stdout().lock();
+    match run(cli, &mut stdout) {
+        Ok(status) => ExitCode::from(status.exit_code()),
+        Err(error) => {
+            eprintln!("binding-controller: {error}");
+            ExitCode::from(EXIT_UNUSABLE_INPUT)
+        }
+    }
+}
