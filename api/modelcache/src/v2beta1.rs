@@ -11,6 +11,7 @@
 //! | `spec` | [`RULE_SPEC_IMMUTABLE`] | [`MSG_SPEC_IMMUTABLE`] |
 //! | `spec.decision` | [`RULE_ACCESS_MODES_MATCH_TRANSITION`] | [`MSG_ACCESS_MODES_MATCH_TRANSITION`] |
 //! | `spec.decision` | [`RULE_ENCRYPTION_NEEDS_ROX`] | [`MSG_ENCRYPTION_NEEDS_ROX`] |
+//! | `spec.decision` | [`RULE_WRITER_IDENTITY_WITH_RWX`] | [`MSG_WRITER_IDENTITY_WITH_RWX`] |
 //! | `status` | [`RULE_PHASE_KEPT`] | [`MSG_PHASE_KEPT`] |
 //! | `status` | [`RULE_RETIRING_IS_FINAL`] | [`MSG_RETIRING_IS_FINAL`] |
 //! | `status` | [`RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE`] | [`MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE`] |
@@ -56,6 +57,12 @@ pub const RULE_ENCRYPTION_NEEDS_ROX: &str =
 pub const MSG_ENCRYPTION_NEEDS_ROX: &str =
     "encryptionRequired is only supported with the roxReadOnly transition";
 
+/// CEL (`spec.decision`): a writer identity is recorded exactly for the rwxReadOnly transition.
+pub const RULE_WRITER_IDENTITY_WITH_RWX: &str =
+    "has(self.writerIdentity) == (self.transition == 'rwxReadOnly')";
+/// Refusal message of [`RULE_WRITER_IDENTITY_WITH_RWX`].
+pub const MSG_WRITER_IDENTITY_WITH_RWX: &str = "writerIdentity is required for the rwxReadOnly transition and must be absent for roxReadOnly, whose writer owns its volume";
+
 /// CEL (`status`): once a phase was recorded, it cannot be removed.
 pub const RULE_PHASE_KEPT: &str = "!has(oldSelf.phase) || has(self.phase)";
 /// Refusal message of [`RULE_PHASE_KEPT`].
@@ -74,7 +81,7 @@ pub const MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE: &str = "status.realized.provider
 
 /// Every CEL rule of the CRD with its refusal message, in schema order (object, spec,
 /// spec.decision, status).
-pub const CEL_RULES: [(&str, &str); 7] = [
+pub const CEL_RULES: [(&str, &str); 8] = [
     (RULE_STATUS_KEPT, MSG_STATUS_KEPT),
     (RULE_SPEC_IMMUTABLE, MSG_SPEC_IMMUTABLE),
     (
@@ -82,6 +89,7 @@ pub const CEL_RULES: [(&str, &str); 7] = [
         MSG_ACCESS_MODES_MATCH_TRANSITION,
     ),
     (RULE_ENCRYPTION_NEEDS_ROX, MSG_ENCRYPTION_NEEDS_ROX),
+    (RULE_WRITER_IDENTITY_WITH_RWX, MSG_WRITER_IDENTITY_WITH_RWX),
     (RULE_PHASE_KEPT, MSG_PHASE_KEPT),
     (RULE_RETIRING_IS_FINAL, MSG_RETIRING_IS_FINAL),
     (
@@ -216,7 +224,8 @@ impl Workflow {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[x_kube(
     validation = Rule::new(RULE_ACCESS_MODES_MATCH_TRANSITION).message(MSG_ACCESS_MODES_MATCH_TRANSITION),
-    validation = Rule::new(RULE_ENCRYPTION_NEEDS_ROX).message(MSG_ENCRYPTION_NEEDS_ROX)
+    validation = Rule::new(RULE_ENCRYPTION_NEEDS_ROX).message(MSG_ENCRYPTION_NEEDS_ROX),
+    validation = Rule::new(RULE_WRITER_IDENTITY_WITH_RWX).message(MSG_WRITER_IDENTITY_WITH_RWX)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BindingDecision {
@@ -254,6 +263,34 @@ pub struct BindingDecision {
     /// Whether the cached data is encrypted at rest. Only the roxReadOnly transition supports
     /// encryption.
     pub encryption_required: bool,
+    /// Who owns the files the download Job writes on the ReadWriteMany volume (rwxReadOnly
+    /// only): fsGroup (the writer stays non-root and the driver applies the pod's fsGroup) or
+    /// root (the driver does not apply fsGroup, so the writer runs as uid 0). Taken from the
+    /// catalog entry, else from the CSIDriver's fsGroupPolicy, and frozen here so a later driver
+    /// or catalog change never alters how an existing cache is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = not_nullable)]
+    pub writer_identity: Option<WriterIdentity>,
+}
+
+/// Who owns the files a ReadWriteMany cache's writer creates.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum WriterIdentity {
+    // The writer stays non-root; the driver applies the pod's fsGroup.
+    FsGroup,
+    // The writer runs as uid 0; the driver does not apply fsGroup.
+    Root,
+}
+
+impl WriterIdentity {
+    /// The serialized value (also the catalog spelling).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::FsGroup => "fsGroup",
+            Self::Root => "root",
+        }
+    }
 }
 
 /// How readers reach a cache's data (the flow decided from the catalog).
@@ -712,6 +749,7 @@ mod tests {
                 required_mount_options: vec!["ro".into(), "norecovery".into(), "nouuid".into()],
                 catalog_digest: sha256_digest("profile"),
                 encryption_required: true,
+                writer_identity: None,
             },
             storage_class: BindingStorageClass {
                 name: crate::MODEL_CACHE_STORAGE_CLASS.into(),
@@ -918,7 +956,8 @@ mod tests {
     #[test]
     fn transition_modes_satisfy_the_crd_rules() {
         // The modes a controller records from `required_access_modes` pass the decision rules,
-        // for every transition and both encryption settings the rules allow.
+        // with the writer identity the rules require, for every transition and the encryption
+        // setting the rules allow.
         let crd = ModelCacheBinding::crd();
         let schema = serde_json::to_value(
             crd.spec.versions[0]
@@ -933,6 +972,8 @@ mod tests {
             b.spec.decision.transition = transition;
             b.spec.decision.required_access_modes = transition.required_access_modes().to_vec();
             b.spec.decision.encryption_required = transition == Transition::RoxReadOnly;
+            b.spec.decision.writer_identity =
+                (transition == Transition::RwxReadOnly).then_some(WriterIdentity::FsGroup);
             let value = serde_json::to_value(&b).expect("binding");
             assert!(
                 validator.validate(&schema, &value, None).is_ok(),

@@ -191,6 +191,11 @@ fn crd_carries_exactly_the_documented_rules() {
             v2beta1::RULE_ENCRYPTION_NEEDS_ROX,
             v2beta1::MSG_ENCRYPTION_NEEDS_ROX,
         ),
+        (
+            "spec.decision",
+            v2beta1::RULE_WRITER_IDENTITY_WITH_RWX,
+            v2beta1::MSG_WRITER_IDENTITY_WITH_RWX,
+        ),
         ("status", v2beta1::RULE_PHASE_KEPT, v2beta1::MSG_PHASE_KEPT),
         (
             "status",

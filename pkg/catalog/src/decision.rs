@@ -366,6 +366,7 @@ pub fn decide(inputs: &DecisionInputs<'_>) -> Result<Outcome, DecisionError> {
             required_mount_options: required_mount_options(driver, flow),
             catalog_digest: profile_digest(driver, inputs.workflow, flow),
             encryption_required,
+            writer_identity: writer_identity.as_ref().map(|choice| choice.identity),
         },
         storage_class: BindingStorageClass {
             name: MODEL_CACHE_STORAGE_CLASS.to_owned(),

@@ -42,25 +42,9 @@ const DRIVER_FIELDS: &[&str] = &[
     "writerIdentity",
 ];
 
-/// Who owns the files the writer Job creates on a ReadWriteMany volume.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum WriterIdentity {
-    /// The writer stays non-root and relies on the pod's fsGroup to own the volume.
-    FsGroup,
-    /// The containers that write the claim run as uid 0 (the driver does not apply fsGroup).
-    Root,
-}
-
-impl WriterIdentity {
-    /// The catalog spelling.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::FsGroup => "fsGroup",
-            Self::Root => "root",
-        }
-    }
-}
+/// Who owns the files the writer Job creates on a ReadWriteMany volume: the same type the
+/// ModelCacheBinding records in `spec.decision.writerIdentity`.
+pub use warmcache_api_modelcache::v2beta1::WriterIdentity;
 
 /// One validated driver entry: what a qualification run proved for one CSI provisioner.
 #[derive(Clone, Debug, PartialEq, Eq)]

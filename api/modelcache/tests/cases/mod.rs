@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use warmcache_api_modelcache::v2beta1::{
     MSG_ACCESS_MODES_MATCH_TRANSITION, MSG_ENCRYPTION_NEEDS_ROX, MSG_PHASE_KEPT,
     MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE, MSG_RETIRING_IS_FINAL, MSG_SPEC_IMMUTABLE,
-    MSG_STATUS_KEPT,
+    MSG_STATUS_KEPT, MSG_WRITER_IDENTITY_WITH_RWX,
 };
 use warmcache_api_modelcache::{
     binding_name, handle_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
@@ -86,6 +86,7 @@ pub fn rwx_binding() -> Value {
                 "requiredAccessModes": ["ReadWriteMany"],
                 "catalogDigest": sha256_digest("weka profile"),
                 "encryptionRequired": false,
+                "writerIdentity": "fsGroup",
             },
             "storageClass": {
                 "name": "nvcf-sc",
@@ -373,6 +374,24 @@ pub fn cases() -> Vec<Case> {
             ),
             MSG_ENCRYPTION_NEEDS_ROX,
         ),
+        create(
+            "create rwxReadOnly with a root writer",
+            with(rwx.clone(), "/spec/decision/writerIdentity", json!("root")),
+        ),
+        refused_create(
+            "create rwxReadOnly without a writer identity",
+            without(rwx.clone(), "/spec/decision/writerIdentity"),
+            MSG_WRITER_IDENTITY_WITH_RWX,
+        ),
+        refused_create(
+            "create roxReadOnly with a writer identity",
+            with(
+                rox.clone(),
+                "/spec/decision/writerIdentity",
+                json!("fsGroup"),
+            ),
+            MSG_WRITER_IDENTITY_WITH_RWX,
+        ),
     ]);
 
     // --- main endpoint: spec is immutable, metadata is not -------------------------------------
@@ -468,6 +487,13 @@ pub fn cases() -> Vec<Case> {
             Target::Main,
             rox.clone(),
             without(rox.clone(), "/spec/decision/requiredMountOptions"),
+            MSG_SPEC_IMMUTABLE,
+        ),
+        refused_update(
+            "spec writer identity changed",
+            Target::Main,
+            rwx.clone(),
+            with(rwx.clone(), "/spec/decision/writerIdentity", json!("root")),
             MSG_SPEC_IMMUTABLE,
         ),
         refused_update(
