@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
 use serde_json::{Map, Value};
 use warmcache_api_modelcache::v2beta1::AccessMode;
 
