@@ -1,0 +1,385 @@
+//! `webhook identify` end to end: the built binary, real files, exit codes and stdout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
+
+fn webhook() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_webhook"))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn identify(args: &[&str]) -> Output {
+    webhook().arg("identify").args(args).output().unwrap()
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is one JSON object ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+const VLLM_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: qwen}
+spec:
+  containers:
+    - name: vllm
+      image: vllm/vllm-openai:v0.20.0
+      command: ["vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct", "--revision", "abc123"]
+      env:
+        - {name: HF_HOME, value: /models/hf}
+      volumeMounts:
+        - {name: hf, mountPath: /models}
+  volumes:
+    - name: hf
+      emptyDir: {}
+"#;
+
+#[test]
+fn pod_prints_exactly_the_specified_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "pod.yaml", VLLM_POD);
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout_json(&out),
+        json!({
+            "uri": "hf://meta-llama/Llama-3.1-70B-Instruct@abc123",
+            "source": "vllm serve <model>",
+            "downloader": "engine",
+            "initContainer": null,
+            "landing": {"path": "/models/hf", "volume": "hf", "kind": "emptyDir", "substitutable": true}
+        })
+    );
+}
+
+#[test]
+fn init_download_names_the_init_container() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "pod.json",
+        r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "k"},
+            "spec": {"initContainers": [{"name": "storage-initializer", "image": "kserve/storage-initializer:v0.15.0",
+                                         "args": ["hf://Qwen/Qwen3-0.6B", "/mnt/models"],
+                                         "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt/models"}]}],
+                     "containers": [{"name": "kserve-container", "image": "kserve/huggingfaceserver:v0.15.0",
+                                     "volumeMounts": [{"name": "kserve-provision-location", "mountPath": "/mnt/models"}]}],
+                     "volumes": [{"name": "kserve-provision-location", "emptyDir": {}}]}}"#,
+    );
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert_eq!(v["uri"], "hf://Qwen/Qwen3-0.6B");
+    assert_eq!(v["downloader"], "init");
+    assert_eq!(v["initContainer"], "storage-initializer");
+    assert_eq!(v["source"], "kserve storage-initializer");
+}
+
+#[test]
+fn unresolved_pod_prints_null_uri_and_reason_with_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "etcd.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: etcd}\nspec:\n  containers:\n    - {name: etcd, image: quay.io/coreos/etcd:v3.6.5, command: [etcd]}\n",
+    );
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert_eq!(v.as_object().unwrap().len(), 2, "only uri and reason: {v}");
+    assert!(v["uri"].is_null());
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no init container downloads")
+    );
+}
+
+#[test]
+fn deployment_uses_its_pod_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "deploy.yaml",
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: sglang}
+spec:
+  selector: {matchLabels: {app: sglang}}
+  template:
+    metadata: {labels: {app: sglang}}
+    spec:
+      containers:
+        - name: sglang
+          image: lmsysorg/sglang:latest
+          command: ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B"]
+          volumeMounts: [{name: cache, mountPath: /root/.cache/huggingface}]
+      volumes: [{name: cache, hostPath: {path: /mnt/hf}}]
+"#,
+    );
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert_eq!(v["uri"], "hf://Qwen/Qwen3-8B");
+    assert_eq!(v["landing"]["kind"], "hostPath");
+    assert_eq!(v["landing"]["substitutable"], false);
+}
+
+const STS: &str = r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: vllm}
+spec:
+  serviceName: vllm
+  selector: {matchLabels: {app: vllm}}
+  template:
+    metadata: {labels: {app: vllm}}
+    spec:
+      containers:
+        - name: vllm
+          image: vllm/vllm-openai:v0.20.0
+          command: ["vllm", "serve", "Qwen/Qwen3-14B"]
+          volumeMounts: [{name: cache, mountPath: /root/.cache/huggingface}]
+  volumeClaimTemplates:
+    - metadata: {name: cache}
+      spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 100Gi}}}
+"#;
+
+#[test]
+fn statefulset_claim_template_is_a_substitutable_pod_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "sts.yaml", STS);
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert_eq!(
+        v["landing"],
+        json!({"path": "/root/.cache/huggingface", "volume": "cache", "kind": "podClaim", "substitutable": true})
+    );
+}
+
+const LWS: &str = r#"
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+metadata: {name: vllm}
+spec:
+  leaderWorkerTemplate:
+    size: 2
+    leaderTemplate:
+      spec:
+        containers:
+          - name: leader
+            image: vllm/vllm-openai:v0.20.0
+            command: ["sh", "-c", "bash multi-node-serving.sh leader; vllm serve --model meta-llama/Meta-Llama-3.1-405B-Instruct --tensor-parallel-size 8"]
+    workerTemplate:
+      spec:
+        containers:
+          - name: worker
+            image: vllm/vllm-openai:v0.20.0
+            command: ["sh", "-c", "bash multi-node-serving.sh worker"]
+"#;
+
+const WORKER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: vllm-0-1
+  labels:
+    leaderworkerset.sigs.k8s.io/name: vllm
+    leaderworkerset.sigs.k8s.io/worker-index: "1"
+spec:
+  containers:
+    - name: worker
+      image: vllm/vllm-openai:v0.20.0
+      command: ["sh", "-c", "bash multi-node-serving.sh worker"]
+      volumeMounts: [{name: hf, mountPath: /root/.cache/huggingface}]
+  volumes: [{name: hf, emptyDir: {}}]
+"#;
+
+#[test]
+fn leaderworkerset_object_uses_its_leader_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "lws.yaml", LWS);
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert_eq!(v["uri"], "hf://meta-llama/Meta-Llama-3.1-405B-Instruct");
+    assert_eq!(v["source"], "--model");
+}
+
+#[test]
+fn worker_takes_the_leader_identity_from_lws_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = write(dir.path(), "worker.yaml", WORKER);
+    let lws = write(dir.path(), "lws.yaml", LWS);
+    let out = identify(&["-f", pod.to_str().unwrap(), "--lws", lws.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout_json(&out),
+        json!({
+            "uri": "hf://meta-llama/Meta-Llama-3.1-405B-Instruct",
+            "source": "lws leader template: --model",
+            "downloader": "engine",
+            "initContainer": null,
+            "landing": {"path": "/root/.cache/huggingface", "volume": "hf", "kind": "emptyDir", "substitutable": true}
+        })
+    );
+}
+
+#[test]
+fn worker_without_lws_is_unresolved_and_says_how_to_fix_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = write(dir.path(), "worker.yaml", WORKER);
+    let out = identify(&["-f", pod.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert!(v["uri"].is_null());
+    assert!(v["reason"].as_str().unwrap().contains("--lws"), "{v}");
+}
+
+#[test]
+fn lws_of_another_group_is_an_input_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = write(dir.path(), "worker.yaml", WORKER);
+    let lws = write(
+        dir.path(),
+        "lws.yaml",
+        &LWS.replace("metadata: {name: vllm}", "metadata: {name: other}"),
+    );
+    let out = identify(&["-f", pod.to_str().unwrap(), "--lws", lws.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"other\""));
+}
+
+#[test]
+fn stdin_is_read_with_dash() {
+    let mut child = webhook()
+        .args(["identify", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(VLLM_POD.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        stdout_json(&out)["uri"],
+        "hf://meta-llama/Llama-3.1-70B-Instruct@abc123"
+    );
+}
+
+#[test]
+fn unreadable_or_unusable_input_exits_2_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (dir.path().join("missing.yaml"), "cannot read"),
+        (
+            write(dir.path(), "bad.yaml", "kind: Pod\nspec: [unclosed\n"),
+            "not YAML or JSON",
+        ),
+        (
+            write(dir.path(), "scalar.yaml", "just a string\n"),
+            "not a Kubernetes object",
+        ),
+        (write(dir.path(), "empty.yaml", ""), "no object"),
+        (
+            write(dir.path(), "two.yaml", "kind: Pod\n---\nkind: Pod\n"),
+            "2 objects",
+        ),
+        (
+            write(dir.path(), "nokind.yaml", "spec: {containers: []}\n"),
+            "kind: missing",
+        ),
+        (
+            write(
+                dir.path(),
+                "svc.yaml",
+                "apiVersion: v1\nkind: Service\nspec: {}\n",
+            ),
+            "\"Service\"",
+        ),
+        (
+            write(
+                dir.path(),
+                "typed.yaml",
+                "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - name: a\n      env: 3\n",
+            ),
+            "spec.containers[0].env",
+        ),
+        (
+            write(
+                dir.path(),
+                "deploy.yaml",
+                "apiVersion: apps/v1\nkind: Deployment\nspec: {}\n",
+            ),
+            "spec.template: missing",
+        ),
+    ];
+    for (path, fragment) in cases {
+        let out = identify(&["-f", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{}: stderr {stderr}",
+            path.display()
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{}: nothing on stdout",
+            path.display()
+        );
+        assert!(
+            stderr.contains(fragment),
+            "{}: {stderr:?} should contain {fragment:?}",
+            path.display()
+        );
+        assert!(
+            stderr.contains(&path.display().to_string()),
+            "the message names the file: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = webhook().arg("identify").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = webhook().arg("serve").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "no other subcommand exists yet");
+}

@@ -1,0 +1,256 @@
+//! Where a download writes, as the main container sees it, and whether that place may be replaced
+//! by the shared read-only copy.
+
+use k8s_openapi::api::core::v1::{Container, Pod, Volume, VolumeMount};
+use serde::{Deserialize, Serialize};
+
+use crate::paths;
+
+/// The Hugging Face cache an engine uses when nothing sets `HF_HOME`/`HF_HUB_CACHE` (as root).
+pub const DEFAULT_HF_HOME: &str = "/root/.cache/huggingface";
+
+/// Where a rootfs landing at [`DEFAULT_HF_HOME`] is moved: `/root` is mode 0700, so engines that
+/// run as a non-root user could not read a copy placed there. The webhook points `HF_HOME` here.
+pub const RELANDED_HF_HOME: &str = "/opt/warmcache/hf";
+
+/// NIM's default model cache (`NIM_CACHE_PATH` unset).
+pub const DEFAULT_NIM_CACHE_PATH: &str = "/opt/nim/.cache";
+
+/// The destination used when a download container names none and mounts nothing writable.
+pub const DEFAULT_MOUNT_ROOT: &str = "/mnt/models";
+
+/// What kind of storage a landing path is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LandingKind {
+    /// A pod-local `emptyDir` volume.
+    EmptyDir,
+    /// No volume: the container's own filesystem.
+    Rootfs,
+    /// A StatefulSet's per-replica claim (from `volumeClaimTemplates`): this pod's alone.
+    PodClaim,
+    /// A customer's PersistentVolumeClaim: sharing is already solved, the pod is left alone.
+    Pvc,
+    /// A node directory: left alone.
+    HostPath,
+    /// Anything else (image volume, CSI ephemeral, generic ephemeral, configMap, unknown): left alone.
+    Other,
+}
+
+impl LandingKind {
+    /// The JSON name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LandingKind::EmptyDir => "emptyDir",
+            LandingKind::Rootfs => "rootfs",
+            LandingKind::PodClaim => "podClaim",
+            LandingKind::Pvc => "pvc",
+            LandingKind::HostPath => "hostPath",
+            LandingKind::Other => "other",
+        }
+    }
+
+    /// Whether the shared copy may take this place: only storage the pod owns alone.
+    pub const fn substitutable(self) -> bool {
+        matches!(
+            self,
+            LandingKind::EmptyDir | LandingKind::Rootfs | LandingKind::PodClaim
+        )
+    }
+}
+
+/// Where the model lands.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Landing {
+    /// The directory the download writes, as the main container sees it.
+    pub path: String,
+    /// The pod volume holding it (`None` on rootfs).
+    pub volume: Option<String>,
+    /// The kind of that volume.
+    pub kind: LandingKind,
+    /// `kind.substitutable()`.
+    pub substitutable: bool,
+    /// Set when the landing was moved from this path (the rootfs [`DEFAULT_HF_HOME`]) to `path`;
+    /// the webhook must then point `HF_HOME` at `path`.
+    pub relanded_from: Option<String>,
+}
+
+fn volume<'a>(pod: &'a Pod, name: &str) -> Option<&'a Volume> {
+    pod.spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == name)
+}
+
+/// Classify pod volume `name`.
+pub fn volume_kind(pod: &Pod, name: &str) -> LandingKind {
+    let Some(v) = volume(pod, name) else {
+        return LandingKind::Other;
+    };
+    if v.empty_dir.is_some() {
+        LandingKind::EmptyDir
+    } else if let Some(pvc) = &v.persistent_volume_claim {
+        if is_per_replica_claim(pod, &pvc.claim_name) {
+            LandingKind::PodClaim
+        } else {
+            LandingKind::Pvc
+        }
+    } else if v.host_path.is_some() {
+        LandingKind::HostPath
+    } else {
+        LandingKind::Other
+    }
+}
+
+/// A StatefulSet creates claim `<template>-<pod name>` for each replica.
+fn is_per_replica_claim(pod: &Pod, claim: &str) -> bool {
+    let Some(pod_name) = pod.metadata.name.as_deref().filter(|n| !n.is_empty()) else {
+        return false;
+    };
+    let owned_by_sts = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "StatefulSet");
+    owned_by_sts
+        && claim.len() > pod_name.len() + 1
+        && claim.ends_with(pod_name)
+        && claim.as_bytes().get(claim.len() - pod_name.len() - 1) == Some(&b'-')
+}
+
+fn mounts(c: &Container) -> impl Iterator<Item = &VolumeMount> {
+    c.volume_mounts.iter().flatten()
+}
+
+/// The mount of `c` at or above clean absolute `dest`, longest mount path first.
+fn covering_mount<'c>(c: &'c Container, dest: &str) -> Option<(&'c VolumeMount, String)> {
+    mounts(c)
+        .map(|m| (m, paths::clean(&m.mount_path)))
+        .filter(|(_, p)| paths::is_within(dest, p))
+        .max_by_key(|(_, p)| p.len())
+}
+
+fn landing(path: String, volume: Option<String>, kind: LandingKind) -> Landing {
+    Landing {
+        path,
+        volume,
+        kind,
+        substitutable: kind.substitutable(),
+        relanded_from: None,
+    }
+}
+
+/// The landing of `dest` in container `main`: the mount at or above it, or rootfs.
+pub fn landing_in(pod: &Pod, main: &Container, dest: &str) -> Landing {
+    let dest = paths::clean(dest);
+    match covering_mount(main, &dest) {
+        Some((m, _)) => landing(dest, Some(m.name.clone()), volume_kind(pod, &m.name)),
+        None => landing(dest, None, LandingKind::Rootfs),
+    }
+}
+
+/// Why an init container's destination has no place in the main container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum InitLandingError {
+    /// The mount uses `subPathExpr`, which is expanded only by the kubelet.
+    SubPathExpr { field: String },
+    /// The main container does not mount the volume the init writes to (at that sub path).
+    NotMounted { volume: String },
+}
+
+fn sub_path(m: &VolumeMount) -> String {
+    let p = paths::clean(m.sub_path.as_deref().unwrap_or_default());
+    if p == "." { String::new() } else { p }
+}
+
+/// The landing of a download an init container writes to `dest` (in the init's own view): the
+/// init's volume at that place, seen through the main container's mount of the same volume.
+/// When the init writes outside its volumes, the path is looked up in the main container as is.
+pub(crate) fn landing_for_init(
+    pod: &Pod,
+    init: &Container,
+    init_path: &str,
+    main: &Container,
+    dest: &str,
+) -> Result<Landing, InitLandingError> {
+    let dest = paths::clean(dest);
+    let Some((im, im_path)) = covering_mount(init, &dest) else {
+        return Ok(landing_in(pod, main, &dest));
+    };
+    if im.sub_path_expr.as_deref().is_some_and(|s| !s.is_empty()) {
+        let idx = mounts(init)
+            .position(|m| std::ptr::eq(m, im))
+            .unwrap_or_default();
+        return Err(InitLandingError::SubPathExpr {
+            field: format!("{init_path}.volumeMounts[{idx}].subPathExpr"),
+        });
+    }
+    let rel = paths::strip_dir(&dest, &im_path).unwrap_or_default();
+    let in_volume = {
+        let p = paths::clean(&format!("{}/{rel}", sub_path(im)));
+        if p == "." || p == "/" {
+            String::new()
+        } else {
+            p.trim_start_matches('/').to_owned()
+        }
+    };
+    let best = mounts(main)
+        .filter(|m| m.name == im.name && m.sub_path_expr.as_deref().is_none_or(str::is_empty))
+        .filter_map(|m| {
+            let sp = sub_path(m);
+            let below = if sp.is_empty() {
+                Some(in_volume.as_str())
+            } else if in_volume == sp {
+                Some("")
+            } else {
+                in_volume
+                    .strip_prefix(sp.as_str())
+                    .and_then(|r| r.strip_prefix('/'))
+            }?;
+            Some((sp.len(), paths::join(&m.mount_path, below)))
+        })
+        .max_by_key(|(len, _)| *len);
+    match best {
+        Some((_, path)) => Ok(landing(
+            path,
+            Some(im.name.clone()),
+            volume_kind(pod, &im.name),
+        )),
+        None => Err(InitLandingError::NotMounted {
+            volume: im.name.clone(),
+        }),
+    }
+}
+
+/// Move a rootfs landing at [`DEFAULT_HF_HOME`] to [`RELANDED_HF_HOME`].
+pub(crate) fn reland(mut l: Landing) -> Landing {
+    if l.kind == LandingKind::Rootfs && l.path == DEFAULT_HF_HOME {
+        l.relanded_from = Some(std::mem::replace(&mut l.path, RELANDED_HF_HOME.to_owned()));
+    }
+    l
+}
+
+/// The directory a download container writes to when it names none: its lexicographically first
+/// writable data mount (not a service-account token, `/dev/shm`, a read-only mount, or a
+/// configMap/secret/projected/downwardAPI volume), else [`DEFAULT_MOUNT_ROOT`].
+pub(crate) fn mount_root(pod: &Pod, c: &Container) -> String {
+    mounts(c)
+        .filter(|m| {
+            let p = paths::clean(&m.mount_path);
+            !p.starts_with("/var/run/secrets") && p != "/dev/shm" && m.read_only != Some(true)
+        })
+        .filter(|m| {
+            volume(pod, &m.name).is_none_or(|v| {
+                v.config_map.is_none()
+                    && v.secret.is_none()
+                    && v.projected.is_none()
+                    && v.downward_api.is_none()
+            })
+        })
+        .map(|m| paths::clean(&m.mount_path))
+        .min()
+        .unwrap_or_else(|| DEFAULT_MOUNT_ROOT.to_owned())
+}
