@@ -1,0 +1,209 @@
+//! The `kvcache-operator` binary: the validating webhook for `KVCacheBackend` and the offline
+//! `validate` and `render` commands.
+//!
+//! ```text
+//! kvcache-operator validate -f NEW.yaml [--old OLD.yaml] [--default-image IMAGE]
+//! kvcache-operator render   -f BACKEND.yaml [--namespace NS] [--default-image IMAGE]
+//! kvcache-operator webhook  --tls-dir DIR [--listen ADDR] [--admin-listen ADDR] [--default-image IMAGE]
+//! ```
+//!
+//! - `validate` prints `ok` and exits 0 when the backend (created, or updated from `--old`) is
+//!   admitted; otherwise it prints one `<field path>: <reason>` line per refusal and exits 1.
+//!   Input that cannot be read, is not YAML, or is not a `KVCacheBackend` exits 2.
+//! - `render` prints the leader Deployment, the leader Service and one member DaemonSet per
+//!   group as a YAML stream, exactly as the operator applies them; a backend `validate` refuses
+//!   is refused here too (exit 1, same lines).
+//! - `webhook` serves the validating webhook over HTTPS (certificate and key `tls.crt` and
+//!   `tls.key` in `--tls-dir`, reloaded when they change) on [`WEBHOOK_PATH`], and an admin
+//!   server with `/metrics`, `/livez` and `/readyz`, until SIGTERM or SIGINT.
+//!
+//! The `kv-cache-backend-image` setting (the image of backends that name none) is given with
+//! `--default-image` or the `KV_CACHE_BACKEND_IMAGE` environment variable.
+
+pub mod offline;
+pub mod webhook;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use warmcache_api_kvcache::SYSTEM_NAMESPACE;
+
+pub use webhook::{WEBHOOK_PATH, review};
+
+/// Environment variable carrying the `kv-cache-backend-image` setting.
+pub const DEFAULT_IMAGE_ENV: &str = "KV_CACHE_BACKEND_IMAGE";
+
+/// Command line of `kvcache-operator`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvcache-operator",
+    version,
+    about = "KVCacheBackend operator: validating webhook, offline validate and render"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a backend as the webhook would (exit 0 admitted, 1 refused, 2 unreadable input).
+    Validate(ValidateArgs),
+    /// Print the objects the operator applies for a backend, as a YAML stream.
+    Render(RenderArgs),
+    /// Serve the validating webhook for KVCacheBackend over HTTPS.
+    Webhook(WebhookArgs),
+}
+
+/// The image setting, shared by every subcommand.
+#[derive(Debug, Clone, Args)]
+pub struct ImageSetting {
+    /// The "kv-cache-backend-image" setting: the store image of backends that name none.
+    #[arg(long = "default-image", env = DEFAULT_IMAGE_ENV, value_name = "IMAGE")]
+    pub default_image: Option<String>,
+}
+
+/// Arguments of `validate`.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The backend to validate (YAML or JSON; "-" reads standard input).
+    #[arg(short = 'f', long = "filename", value_name = "NEW.yaml")]
+    pub file: PathBuf,
+    /// The stored backend it updates; without it the backend is validated as created.
+    #[arg(long, value_name = "OLD.yaml")]
+    pub old: Option<PathBuf>,
+    #[command(flatten)]
+    pub image: ImageSetting,
+}
+
+/// Arguments of `render`.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// The backend to render (YAML or JSON; "-" reads standard input).
+    #[arg(short = 'f', long = "filename", value_name = "BACKEND.yaml")]
+    pub file: PathBuf,
+    /// Namespace of the rendered workloads.
+    #[arg(long, short = 'n', default_value = SYSTEM_NAMESPACE)]
+    pub namespace: String,
+    #[command(flatten)]
+    pub image: ImageSetting,
+}
+
+/// Arguments of `webhook`.
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Directory holding tls.crt and tls.key (a mounted kubernetes.io/tls Secret).
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: PathBuf,
+    /// Address of the HTTPS webhook server.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub listen: SocketAddr,
+    /// Address of the admin server (/metrics, /livez, /readyz).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+    /// Log filter (RUST_LOG syntax); overrides RUST_LOG.
+    #[arg(long)]
+    pub log_level: Option<String>,
+    /// Log format: plain or json.
+    #[arg(long, default_value = "json")]
+    pub log_format: warmcache_telemetry::LogFormat,
+    #[command(flatten)]
+    pub image: ImageSetting,
+}
+
+/// How a command ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted, rendered, or served until shutdown.
+    Success,
+    /// The backend was refused (refusals printed).
+    Refused,
+}
+
+impl Outcome {
+    /// The process exit code: 0 or 1.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::Success => 0,
+            Self::Refused => 1,
+        }
+    }
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// An input file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// An input file is not a `KVCacheBackend` document.
+    #[error("{path}: {source}")]
+    NotABackend {
+        /// The file.
+        path: String,
+        /// Why.
+        source: warmcache_kvcache::ParseError,
+    },
+    /// The stored object given with `--old` does not fit the API.
+    #[error("{path} (the stored object) does not fit the API:\n{lines}")]
+    OldShape {
+        /// The file.
+        path: String,
+        /// One line per problem.
+        lines: String,
+    },
+    /// `--namespace` is not a namespace name.
+    #[error("--namespace {namespace:?} is not a namespace name: {problem}")]
+    Namespace {
+        /// The value given.
+        namespace: String,
+        /// Why it is not one.
+        problem: String,
+    },
+    /// Writing the output failed.
+    #[error("cannot write the output: {0}")]
+    Output(#[from] std::io::Error),
+    /// The rendered objects could not be written as YAML.
+    #[error("cannot write the rendered objects as YAML: {0}")]
+    Yaml(String),
+    /// Rendering failed for a backend the validator admitted.
+    #[error("cannot render the backend: {0}")]
+    Render(#[from] warmcache_kvcache::RenderError),
+    /// The webhook server failed.
+    #[error(transparent)]
+    Webhook(#[from] webhook::ServeError),
+}
+
+impl RunError {
+    /// The process exit code: 2 for unusable input, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Read { .. }
+            | Self::NotABackend { .. }
+            | Self::OldShape { .. }
+            | Self::Namespace { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Runs the command, writing results to `out` and notes to `err`.
+pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Outcome, RunError> {
+    match cli.command {
+        Command::Validate(args) => offline::validate(&args, out),
+        Command::Render(args) => offline::render(&args, out, err),
+        Command::Webhook(args) => {
+            webhook::run(args)?;
+            Ok(Outcome::Success)
+        }
+    }
+}

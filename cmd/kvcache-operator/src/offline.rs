@@ -1,0 +1,146 @@
+//! The offline commands: `validate` and `render`.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use warmcache_api_kvcache::v1alpha1::KVCacheBackend;
+use warmcache_kvcache::{
+    DecodeFailure, FieldError, RenderContext, ValidationContext, parse_backend,
+    render as render_backend, validate as validate_backend,
+};
+
+use crate::{ImageSetting, Outcome, RenderArgs, RunError, ValidateArgs};
+
+fn read(path: &Path) -> Result<String, RunError> {
+    let shown = path.display().to_string();
+    let mut text = String::new();
+    let result = if shown == "-" {
+        std::io::stdin().read_to_string(&mut text).map(drop)
+    } else {
+        std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text).map(drop))
+    };
+    result.map_err(|source| RunError::Read {
+        path: shown,
+        source,
+    })?;
+    Ok(text)
+}
+
+/// A backend read from `path`: `Ok(Ok(backend))`, `Ok(Err(shape problems))`, or an error for
+/// input that is no backend at all.
+fn load(path: &Path) -> Result<Result<KVCacheBackend, Vec<FieldError>>, RunError> {
+    let text = read(path)?;
+    match parse_backend(&text) {
+        Ok(backend) => Ok(Ok(backend)),
+        Err(DecodeFailure::Shape(errors)) => Ok(Err(errors)),
+        Err(DecodeFailure::NotABackend(source)) => Err(RunError::NotABackend {
+            path: path.display().to_string(),
+            source,
+        }),
+    }
+}
+
+fn validation_context(image: &ImageSetting) -> ValidationContext {
+    ValidationContext {
+        default_image: image.default_image.clone(),
+    }
+}
+
+fn print_refusals(out: &mut dyn Write, errors: &[FieldError]) -> Result<(), RunError> {
+    for error in errors {
+        writeln!(out, "{error}")?;
+    }
+    Ok(())
+}
+
+/// Loads `--filename` and `--old` and validates; `Ok(Err(refusals))` when refused.
+fn check(
+    file: &Path,
+    old: Option<&Path>,
+    image: &ImageSetting,
+) -> Result<Result<KVCacheBackend, Vec<FieldError>>, RunError> {
+    let old = match old {
+        None => None,
+        Some(path) => match load(path)? {
+            Ok(backend) => Some(backend),
+            Err(errors) => {
+                let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                return Err(RunError::OldShape {
+                    path: path.display().to_string(),
+                    lines: lines.join("\n"),
+                });
+            }
+        },
+    };
+    let new = match load(file)? {
+        Ok(backend) => backend,
+        Err(errors) => return Ok(Err(errors)),
+    };
+    let errors = validate_backend(&new, old.as_ref(), &validation_context(image));
+    if errors.is_empty() {
+        Ok(Ok(new))
+    } else {
+        Ok(Err(errors))
+    }
+}
+
+/// `kvcache-operator validate`.
+pub fn validate(args: &ValidateArgs, out: &mut dyn Write) -> Result<Outcome, RunError> {
+    match check(&args.file, args.old.as_deref(), &args.image)? {
+        Ok(_) => {
+            writeln!(out, "ok")?;
+            Ok(Outcome::Success)
+        }
+        Err(errors) => {
+            print_refusals(out, &errors)?;
+            Ok(Outcome::Refused)
+        }
+    }
+}
+
+/// `kvcache-operator render`.
+pub fn render(
+    args: &RenderArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Outcome, RunError> {
+    if let Some(problem) = warmcache_kvcache::names::dns1123_label_problem(&args.namespace) {
+        return Err(RunError::Namespace {
+            namespace: args.namespace.clone(),
+            problem,
+        });
+    }
+    let backend = match check(&args.file, None, &args.image)? {
+        Ok(backend) => backend,
+        Err(errors) => {
+            print_refusals(out, &errors)?;
+            return Ok(Outcome::Refused);
+        }
+    };
+    if backend.spec.connection.external.is_some() {
+        writeln!(
+            err,
+            "note: {} is an external backend: the operator runs nothing for it, so there is nothing to render",
+            args.file.display()
+        )?;
+        return Ok(Outcome::Success);
+    }
+    if backend.metadata.uid.is_none() {
+        writeln!(
+            err,
+            "note: {} has no metadata.uid, so the rendered objects carry no owner reference; the operator \
+             sets one from the stored backend",
+            args.file.display()
+        )?;
+    }
+    let ctx = RenderContext {
+        namespace: args.namespace.clone(),
+        default_image: args.image.default_image.clone(),
+    };
+    let rendered = render_backend(&backend, &ctx)?;
+    let text = rendered
+        .to_yaml_stream()
+        .map_err(|e| RunError::Yaml(e.to_string()))?;
+    out.write_all(text.as_bytes())?;
+    Ok(Outcome::Success)
+}

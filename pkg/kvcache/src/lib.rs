@@ -1,0 +1,53 @@
+//! KVCacheBackend apply-time validation and workload rendering (pure: no client, no tokio).
+//!
+//! This crate owns the decisions the `kvcache-operator` makes about a `KVCacheBackend` without
+//! talking to the cluster:
+//!
+//! - [`validate()`]: every refusal of reference section 3, on create (`old` is `None`) and on
+//!   update, with its field path and a reason; the CRD's schema and CEL rules are repeated, so the
+//!   list is the whole verdict. Ratchets keep objects admitted under older rules updatable, and an
+//!   update that leaves `spec` unchanged (the operator's finalizer removal) is never refused.
+//! - [`render()`]: the leader Deployment and Service and one member DaemonSet per group, per
+//!   reference section 4; everything `validate` admits renders, deterministically.
+//! - [`parse_backend`]: a YAML or JSON document read into a backend, with the path of every shape
+//!   problem (what the API server's schema would refuse).
+//!
+//! ```
+//! use warmcache_kvcache::{RenderContext, ValidationContext, parse_backend, render, validate};
+//!
+//! let backend = parse_backend(
+//!     r#"
+//! apiVersion: worker.gpustack.ai/v1alpha1
+//! kind: KVCacheBackend
+//! metadata: {name: kvc}
+//! spec:
+//!   image: docker.io/kvcacheai/mooncake:0.3.13
+//!   connection:
+//!     managed:
+//!       leader: {}
+//!       members:
+//!       - nodeSelector: {kvcache: "true"}
+//!         medium: DRAM
+//!         capacityPerMember: 4Gi
+//! "#,
+//! )?;
+//! assert!(validate(&backend, None, &ValidationContext::default()).is_empty());
+//! let objects = render(&backend, &RenderContext::default())?;
+//! assert_eq!(objects.members.len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod error;
+pub mod image;
+pub mod names;
+pub mod parse;
+pub mod quantity;
+pub mod render;
+pub mod validate;
+#[cfg(feature = "vectors")]
+pub mod vectors;
+
+pub use error::{FieldError, FieldErrorKind, ParseError, RenderError};
+pub use parse::{DecodeFailure, from_value, parse_backend};
+pub use render::{RenderContext, Rendered, render};
+pub use validate::{ValidationContext, validate};

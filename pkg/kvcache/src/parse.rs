@@ -1,0 +1,185 @@
+//! Reading a `KVCacheBackend` from YAML or JSON, with the field path of every shape problem.
+//!
+//! Shape problems are what the API server's schema would refuse before any rule runs: a wrong
+//! type, a value outside an enum, a missing required field, and (as `kubectl apply` asks the
+//! server for strict field validation by default) a field the API does not have.
+
+use serde_json::Value;
+use warmcache_api_kvcache::v1alpha1::{API_VERSION, KIND, KVCacheBackend};
+
+use crate::error::{FieldError, FieldErrorKind, ParseError};
+
+/// Why a text did not yield a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeFailure {
+    /// The text is not a `KVCacheBackend` document at all.
+    #[error(transparent)]
+    NotABackend(#[from] ParseError),
+    /// It is one, but its fields do not fit the API.
+    #[error("the backend does not fit the API ({} problem(s))", .0.len())]
+    Shape(Vec<FieldError>),
+}
+
+/// Reads exactly one YAML (or JSON) document holding a `worker.gpustack.ai/v1alpha1`
+/// `KVCacheBackend`.
+pub fn parse_backend(text: &str) -> Result<KVCacheBackend, DecodeFailure> {
+    let mut documents: Vec<Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| ParseError::Yaml(e.to_string()))?;
+    // A trailing "---" or an empty file yields null documents; they hold nothing.
+    documents.retain(|d| !d.is_null());
+    if documents.len() != 1 {
+        return Err(ParseError::Documents(documents.len()).into());
+    }
+    let document = documents.remove(0);
+    if !document.is_object() {
+        return Err(ParseError::NotAnObject.into());
+    }
+    let api_version = document.get("apiVersion").and_then(Value::as_str);
+    let kind = document.get("kind").and_then(Value::as_str);
+    if api_version != Some(API_VERSION) || kind != Some(KIND) {
+        return Err(ParseError::WrongKind {
+            found: format!(
+                "apiVersion {} kind {}",
+                api_version.map_or_else(|| "(none)".to_owned(), |v| format!("{v:?}")),
+                kind.map_or_else(|| "(none)".to_owned(), |k| format!("{k:?}")),
+            ),
+        }
+        .into());
+    }
+    from_value(document).map_err(DecodeFailure::Shape)
+}
+
+/// Converts a JSON object (an admission request's object, or a parsed document) into a backend,
+/// refusing fields the API does not have and values of the wrong shape, each with its path.
+pub fn from_value(value: Value) -> Result<KVCacheBackend, Vec<FieldError>> {
+    let backend: KVCacheBackend = serde_path_to_error::deserialize(&value).map_err(|err| {
+        let path = err.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        vec![FieldError::new(
+            if path.is_empty() {
+                "(root)".to_owned()
+            } else {
+                path
+            },
+            FieldErrorKind::Invalid,
+            format!("does not fit the API: {}", err.into_inner()),
+        )]
+    })?;
+    let mut unknown = Vec::new();
+    if let (Some(input), Ok(output)) = (value.get("spec"), serde_json::to_value(&backend.spec)) {
+        unknown_fields("spec", input, &output, &mut unknown);
+    }
+    if unknown.is_empty() {
+        Ok(backend)
+    } else {
+        Err(unknown)
+    }
+}
+
+/// Reports every key of `input` that the typed value (serialized back, `output`) does not have.
+fn unknown_fields(path: &str, input: &Value, output: &Value, found: &mut Vec<FieldError>) {
+    match (input, output) {
+        (Value::Object(input), Value::Object(output)) => {
+            for (key, value) in input {
+                let child = format!("{path}.{key}");
+                match output.get(key) {
+                    Some(out) => unknown_fields(&child, value, out, found),
+                    // An explicit null of an optional field is the same as leaving it out.
+                    None if value.is_null() => {}
+                    None => found.push(FieldError::new(
+                        child,
+                        FieldErrorKind::NotSupported,
+                        "is not a field of KVCacheBackend: the API server would refuse it under strict \
+                         field validation (kubectl's default) or drop it silently otherwise",
+                    )),
+                }
+            }
+        }
+        (Value::Array(input), Value::Array(output)) => {
+            for (i, (value, out)) in input.iter().zip(output).enumerate() {
+                unknown_fields(&format!("{path}[{i}]"), value, out, found);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str =
+        "apiVersion: worker.gpustack.ai/v1alpha1\nkind: KVCacheBackend\nmetadata: {name: kvc}\n";
+
+    fn shape(text: &str) -> Vec<String> {
+        match parse_backend(text) {
+            Err(DecodeFailure::Shape(errors)) => errors.iter().map(ToString::to_string).collect(),
+            other => panic!("expected shape errors, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_a_backend() {
+        let text = format!(
+            "{HEADER}spec:\n  image: x:1\n  connection:\n    managed:\n      leader: {{}}\n      members:\n      \
+             - nodeSelector: {{kvcache: \"true\"}}\n        medium: DRAM\n        capacityPerMember: 4Gi\n"
+        );
+        let backend = parse_backend(&text).unwrap();
+        assert_eq!(backend.metadata.name.as_deref(), Some("kvc"));
+        let managed = backend.spec.connection.managed.unwrap();
+        assert_eq!(managed.leader.replicas, 1);
+        assert_eq!(managed.members[0].capacity_per_member.0, "4Gi");
+    }
+
+    #[test]
+    fn enum_values_are_refused_with_their_path() {
+        let text = format!(
+            "{HEADER}spec:\n  connection:\n    managed:\n      leader: {{}}\n      members:\n      \
+             - nodeSelector: {{}}\n        medium: HBM\n        capacityPerMember: 4Gi\n"
+        );
+        let errors = shape(&text);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].starts_with("spec.connection.managed.members[0].medium: "),
+            "{errors:?}"
+        );
+        assert!(errors[0].contains("HBM"), "{errors:?}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let text = format!(
+            "{HEADER}spec:\n  connection:\n    managed:\n      leader: {{replica: 2}}\n      members:\n      \
+             - nodeSelector: {{}}\n        medium: DRAM\n        capacityPerMember: 4Gi\n        localDisk: \
+             {{path: /x}}\n"
+        );
+        let errors = shape(&text);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("spec.connection.managed.leader.replica: "));
+        assert!(errors[1].starts_with("spec.connection.managed.members[0].localDisk: "));
+    }
+
+    #[test]
+    fn not_a_backend() {
+        assert!(matches!(
+            parse_backend("a: [b"),
+            Err(DecodeFailure::NotABackend(ParseError::Yaml(_)))
+        ));
+        assert!(matches!(
+            parse_backend(""),
+            Err(DecodeFailure::NotABackend(ParseError::Documents(0)))
+        ));
+        assert!(matches!(
+            parse_backend("- 1\n"),
+            Err(DecodeFailure::NotABackend(ParseError::NotAnObject))
+        ));
+        assert!(matches!(
+            parse_backend("apiVersion: v1\nkind: ConfigMap\n"),
+            Err(DecodeFailure::NotABackend(ParseError::WrongKind { .. }))
+        ));
+        assert!(matches!(
+            parse_backend(&format!("{HEADER}spec: {{}}\n---\n{HEADER}spec: {{}}\n")),
+            Err(DecodeFailure::NotABackend(ParseError::Documents(2)))
+        ));
+    }
+}

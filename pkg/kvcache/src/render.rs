@@ -1,0 +1,983 @@
+//! Rendering a managed `KVCacheBackend` into the objects the operator applies: the leader
+//! Deployment and Service, and one member DaemonSet per group, all in the workload namespace.
+//!
+//! Everything here is a function of the backend and a [`RenderContext`]: no clock, no cluster
+//! reads, so the same backend always renders byte-for-byte the same objects.
+//!
+//! # Pod Security
+//!
+//! Every container runs with `runAsNonRoot`, seccomp `RuntimeDefault`, no privilege escalation
+//! and all capabilities dropped, which passes the `restricted` Pod Security level. The leader
+//! always does. A member group does not when its store needs the host:
+//!
+//! - a disk tier (`localDisks`) and `hostPaths` are `hostPath` volumes, which even the `baseline`
+//!   level forbids: the tier must be a directory of the node, since the point is a disk that
+//!   outlives the Pod;
+//! - RDMA and EFA groups use the host network and add `IPC_LOCK` (pinning transfer buffers) and
+//!   `SYS_RESOURCE` (raising the locked-memory limit); they are never privileged.
+//!
+//! The workload namespace must therefore allow such Pods (see docs/kvcache-local-disk.md).
+//! `runAsNonRoot` needs an image whose user is a numeric, non-zero uid (the published store
+//! images run as 65532); a group's `securityContext` is merged over these settings.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, Deployment, DeploymentSpec,
+    DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
+    HostPathVolumeSource, Lifecycle, LifecycleHandler, LocalObjectReference, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use warmcache_api_kvcache::v1alpha1::{
+    API_VERSION, AllocationStrategy, EvictionPolicy, HostPathType, KIND, KVCacheBackend, LocalDisk,
+    Managed, Medium, MemberAddressing, MemberGroup, Protocol,
+};
+use warmcache_api_kvcache::{
+    BUCKET_KEYS_FLOOR, BUCKET_SIZE_FLOOR_BYTES, LEADER_ADMIN_PORT, LEADER_RPC_PORT,
+    MEMBER_REST_BASE_PORT, SYSTEM_NAMESPACE,
+};
+
+use crate::error::RenderError;
+use crate::names::{self, LEADER_COMPONENT, POD_SPEC_HASH_ANNOTATION};
+use crate::quantity;
+use crate::validate::member_path;
+
+/// Termination grace of a member Pod without a tier.
+pub const MEMBER_TERMINATION_GRACE_SECONDS: i64 = 60;
+/// Seconds the preStop hook waits for the unmount call beyond the grace it asks for.
+pub const PRESTOP_TIMEOUT_MARGIN_SECONDS: i64 = 10;
+/// Lease time-to-live of a key the leader renders unless `leader.extraArgs` overrides it.
+pub const DEFAULT_KV_LEASE_TTL: &str = "5m";
+/// Name of the init container that surveys the tier directory.
+pub const SURVEY_CONTAINER: &str = "local-disk-survey";
+/// Name of the tier volume.
+pub const TIER_VOLUME: &str = "local-disk";
+/// Where the survey writes its result.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// Extended resource of a shared RDMA device.
+pub const RDMA_SHARED_RESOURCE: &str = "device.gpustack.ai/rdma.shared";
+/// Extended resource of an EFA device.
+pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
+/// Visibility variables set to `void` for groups that do not store in GPU memory, so that a
+/// vendor container runtime hands the member no accelerator.
+pub const VISIBLE_DEVICES_ENVS: [&str; 5] = [
+    "AMD_VISIBLE_DEVICES",
+    "CAMBRICON_VISIBLE_DEVICES",
+    "IX_VISIBLE_DEVICES",
+    "MTHREADS_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+];
+
+/// Inputs of rendering that are not in the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderContext {
+    /// Namespace of the workloads (the operator's system namespace, `gpustack-system`).
+    pub namespace: String,
+    /// The `kv-cache-backend-image` setting: the image used when the backend names none.
+    pub default_image: Option<String>,
+}
+
+impl Default for RenderContext {
+    fn default() -> Self {
+        Self {
+            namespace: SYSTEM_NAMESPACE.to_owned(),
+            default_image: None,
+        }
+    }
+}
+
+/// The objects rendered for a managed backend.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    /// `<backend>-leader`.
+    pub leader: Deployment,
+    /// `<backend>-leader`, ClusterIP.
+    pub service: Service,
+    /// `<backend>-member-<i>`, in group order.
+    pub members: Vec<DaemonSet>,
+}
+
+impl Rendered {
+    /// The objects as a YAML stream (documents separated by `---`): Deployment, Service, then
+    /// the DaemonSets in group order.
+    pub fn to_yaml_stream(&self) -> Result<String, serde_saphyr::SerializeError> {
+        let mut out = String::new();
+        push_document(&mut out, &self.leader)?;
+        push_document(&mut out, &self.service)?;
+        for member in &self.members {
+            push_document(&mut out, member)?;
+        }
+        Ok(out)
+    }
+}
+
+fn push_document<T: Serialize>(
+    out: &mut String,
+    object: &T,
+) -> Result<(), serde_saphyr::SerializeError> {
+    out.push_str("---\n");
+    let text = serde_saphyr::to_string(object)?;
+    out.push_str(&text);
+    if !text.ends_with('\n') {
+        out.push('\n');
+    }
+    Ok(())
+}
+
+/// Everything about the backend the renderer needs, resolved once.
+struct Plan<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    owner: Option<OwnerReference>,
+    backend: &'a KVCacheBackend,
+    managed: &'a Managed,
+    image: String,
+    ha_active: bool,
+    lease_addressing: bool,
+}
+
+/// Renders a managed backend. Fails for an external backend and for values the validator
+/// refuses; everything [`crate::validate()`] admits renders.
+///
+/// The owner reference (controller, without `blockOwnerDeletion`) is set only when the backend
+/// has a `metadata.uid`, as a stored object does; a namespaced dependent may name this
+/// cluster-scoped owner, and the garbage collector deletes the workloads with the backend.
+pub fn render(backend: &KVCacheBackend, ctx: &RenderContext) -> Result<Rendered, RenderError> {
+    let connection = &backend.spec.connection;
+    let managed = match (&connection.managed, &connection.external) {
+        (Some(managed), None) => managed,
+        (None, Some(_)) => return Err(RenderError::External),
+        _ => return Err(RenderError::Connection),
+    };
+    let name = backend
+        .metadata
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .ok_or(RenderError::NoName)?;
+    let image = backend
+        .spec
+        .image
+        .as_deref()
+        .filter(|i| !i.trim().is_empty())
+        .or_else(|| {
+            ctx.default_image
+                .as_deref()
+                .filter(|i| !i.trim().is_empty())
+        })
+        .ok_or_else(|| RenderError::NoImage {
+            path: "spec.image".into(),
+        })?
+        .to_owned();
+    let leader = &managed.leader;
+    let ha_active = leader.high_availability.is_some() && leader.replicas > 1;
+    let lease_addressing = ha_active
+        && leader
+            .high_availability
+            .as_ref()
+            .is_some_and(|ha| ha.member_addressing == MemberAddressing::Lease);
+    let owner = backend.metadata.uid.as_ref().map(|uid| OwnerReference {
+        api_version: API_VERSION.to_owned(),
+        kind: KIND.to_owned(),
+        name: name.to_owned(),
+        uid: uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    });
+    let plan = Plan {
+        name,
+        namespace: &ctx.namespace,
+        owner,
+        backend,
+        managed,
+        image,
+        ha_active,
+        lease_addressing,
+    };
+    let members = managed
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, group)| member_daemonset(&plan, i, group))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Rendered {
+        leader: leader_deployment(&plan),
+        service: leader_service(&plan),
+        members,
+    })
+}
+
+fn metadata(plan: &Plan<'_>, name: String, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(plan.namespace.to_owned()),
+        labels: Some(names::labels(plan.name, component)),
+        owner_references: plan.owner.clone().map(|o| vec![o]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The container security context every container starts from (restricted Pod Security).
+fn restricted_container_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+fn restricted_pod_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+fn pull_secrets(backend: &KVCacheBackend) -> Option<Vec<LocalObjectReference>> {
+    backend
+        .spec
+        .image_pull_secrets
+        .clone()
+        .filter(|s| !s.is_empty())
+}
+
+fn field_env(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: field_path.to_owned(),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+fn plain_env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+/// The leader's command-line flags, in their fixed order (reference section 4.1).
+pub fn leader_args(backend_name: &str, namespace: &str, managed: &Managed) -> Vec<String> {
+    let leader = &managed.leader;
+    let ha_active = leader.high_availability.is_some() && leader.replicas > 1;
+    let leader_name = names::leader_name(backend_name);
+    let mut args = vec![
+        format!("-rpc_port={LEADER_RPC_PORT}"),
+        format!("-metrics_port={LEADER_ADMIN_PORT}"),
+        format!("-default_kv_lease_ttl={DEFAULT_KV_LEASE_TTL}"),
+    ];
+    if ha_active {
+        args.extend([
+            "-enable_ha=true".to_owned(),
+            "-ha_backend_type=k8s".to_owned(),
+            format!("-ha_backend_connstring={namespace}/{leader_name}"),
+            "-rpc_address=$(KUBERNETES_POD_IP)".to_owned(),
+            format!("-cluster_id={leader_name}"),
+        ]);
+    }
+    // A legacy snapshot block is never rendered: snapshots are refused (see the validator).
+    args.push(
+        match leader.allocation_strategy {
+            AllocationStrategy::FreeRatioFirst => "-allocation_strategy=free_ratio_first",
+            AllocationStrategy::Random => "-allocation_strategy=random",
+        }
+        .to_owned(),
+    );
+    if leader.multi_tenancy == Some(true) {
+        // Only stored objects from before the refusal reach this; no quota policy is rendered.
+        args.push("-enable_multi_tenants=true".to_owned());
+    }
+    if managed.members.iter().any(|g| g.local_disk().is_some()) {
+        args.push("-enable_offload=true".to_owned());
+        args.push("-offload_on_evict=true".to_owned());
+    }
+    if ha_active {
+        args.push("-pod_name=$(KUBERNETES_POD_NAME)".to_owned());
+        args.push("-pod_namespace=$(KUBERNETES_POD_NAMESPACE)".to_owned());
+    }
+    args.extend(leader.extra_args.iter().flatten().cloned());
+    args
+}
+
+fn leader_deployment(plan: &Plan<'_>) -> Deployment {
+    let leader = &plan.managed.leader;
+    let replicas = if plan.ha_active { leader.replicas } else { 1 };
+    let leader_name = names::leader_name(plan.name);
+
+    let mut env = Vec::new();
+    if plan.ha_active {
+        env.push(field_env("KUBERNETES_POD_NAME", "metadata.name"));
+        env.push(field_env("KUBERNETES_POD_NAMESPACE", "metadata.namespace"));
+        env.push(field_env("KUBERNETES_POD_IP", "status.podIP"));
+    }
+    for entry in leader.extra_env.iter().flatten() {
+        env.push(plain_env(
+            &entry.name,
+            entry.value.clone().unwrap_or_default(),
+        ));
+    }
+
+    let http_probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::Int(LEADER_ADMIN_PORT),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    };
+    let container = Container {
+        name: "leader".to_owned(),
+        image: Some(plan.image.clone()),
+        image_pull_policy: Some(
+            crate::image::pull_policy(&plan.image, plan.backend.spec.image_pull_policy).to_owned(),
+        ),
+        command: Some(vec!["mooncake_master".to_owned()]),
+        args: Some(leader_args(plan.name, plan.namespace, plan.managed)),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("rpc".to_owned()),
+                container_port: LEADER_RPC_PORT,
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("admin".to_owned()),
+                container_port: LEADER_ADMIN_PORT,
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            },
+        ]),
+        env: (!env.is_empty()).then_some(env),
+        readiness_probe: Some(http_probe("/get_all_segments", 5, 3)),
+        liveness_probe: Some(http_probe("/health", 10, 6)),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        security_context: Some(restricted_container_context()),
+        ..Container::default()
+    };
+
+    let (strategy, progress_deadline) = if replicas > 1 {
+        (
+            DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(replicas)),
+                }),
+            },
+            Some(i32::MAX),
+        )
+    } else {
+        (
+            DeploymentStrategy {
+                type_: Some("Recreate".to_owned()),
+                rolling_update: None,
+            },
+            None,
+        )
+    };
+
+    Deployment {
+        metadata: metadata(plan, leader_name.clone(), LEADER_COMPONENT),
+        spec: DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(names::selector_labels(plan.name, LEADER_COMPONENT)),
+                match_expressions: None,
+            },
+            strategy: Some(strategy),
+            progress_deadline_seconds: progress_deadline,
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(names::labels(plan.name, LEADER_COMPONENT)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    automount_service_account_token: Some(plan.ha_active),
+                    service_account_name: plan.ha_active.then(|| leader_name.clone()),
+                    image_pull_secrets: pull_secrets(plan.backend),
+                    security_context: Some(restricted_pod_context()),
+                    containers: vec![container],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        },
+        status: None,
+    }
+}
+
+fn leader_service(plan: &Plan<'_>) -> Service {
+    let port = |name: &str, number: i32| ServicePort {
+        name: Some(name.to_owned()),
+        port: number,
+        target_port: Some(IntOrString::String(name.to_owned())),
+        protocol: Some("TCP".to_owned()),
+        ..ServicePort::default()
+    };
+    Service {
+        metadata: metadata(plan, names::leader_name(plan.name), LEADER_COMPONENT),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_owned()),
+            selector: Some(names::selector_labels(plan.name, LEADER_COMPONENT)),
+            ports: Some(vec![
+                port("rpc", LEADER_RPC_PORT),
+                port("admin", LEADER_ADMIN_PORT),
+            ]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The protocol the group's members use, as the store spells it.
+pub fn store_protocol(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Auto | Protocol::Tcp => "tcp",
+        Protocol::Rdma => "rdma",
+        Protocol::Efa => "efa",
+        Protocol::Cann => "ascend",
+        Protocol::Rocm => "hip",
+        Protocol::Musa => "musa",
+        Protocol::Maca => "maca",
+    }
+}
+
+/// The group's protocol: its own override, else the backend's.
+pub fn group_protocol(backend: &KVCacheBackend, group: &MemberGroup) -> Protocol {
+    group
+        .transport
+        .as_ref()
+        .map_or(backend.spec.transport.protocol, |t| t.protocol)
+}
+
+/// A watermark percentage as the ratio the store reads: exactly two decimals (90 -> `0.90`).
+pub fn watermark_ratio(percent: i32) -> String {
+    format!("{}.{:02}", percent / 100, percent % 100)
+}
+
+fn bytes(path: &str, text: &Quantity) -> Result<i64, RenderError> {
+    let amount = quantity::parse(text).map_err(|source| RenderError::Quantity {
+        path: path.to_owned(),
+        source,
+    })?;
+    amount.ceil_i64().ok_or_else(|| RenderError::TooLarge {
+        path: path.to_owned(),
+        value: text.0.clone(),
+    })
+}
+
+/// The member container's environment, in its fixed order (reference section 4.4).
+pub fn member_env(
+    backend: &KVCacheBackend,
+    namespace: &str,
+    index: usize,
+    group: &MemberGroup,
+) -> Result<Vec<EnvVar>, RenderError> {
+    let path = member_path(index);
+    let name = backend.metadata.name.as_deref().unwrap_or_default();
+    let leader_name = names::leader_name(name);
+    let managed = backend.spec.connection.managed.as_ref();
+    let lease = managed.is_some_and(|m| {
+        m.leader.replicas > 1
+            && m.leader
+                .high_availability
+                .as_ref()
+                .is_some_and(|ha| ha.member_addressing == MemberAddressing::Lease)
+    });
+    let master = if lease {
+        format!("k8s://{namespace}/{leader_name}")
+    } else {
+        format!("{leader_name}.{namespace}.svc:{LEADER_RPC_PORT}")
+    };
+    let mut env = vec![
+        plain_env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
+        plain_env("MOONCAKE_MASTER", master),
+        plain_env(
+            "MOONCAKE_PROTOCOL",
+            store_protocol(group_protocol(backend, group)),
+        ),
+        field_env("MOONCAKE_LOCAL_HOSTNAME", "status.podIP"),
+        plain_env("MC_TE_METRIC", "1"),
+    ];
+    if group.medium != Medium::Vram {
+        for var in VISIBLE_DEVICES_ENVS {
+            env.push(plain_env(var, "void"));
+        }
+    }
+    let segment = bytes(
+        &format!("{path}.capacityPerMember"),
+        &group.capacity_per_member,
+    )?;
+    if segment > 0 {
+        env.push(plain_env(
+            "MOONCAKE_GLOBAL_SEGMENT_SIZE",
+            segment.to_string(),
+        ));
+    }
+    if let Some(buffer) = &group.local_buffer_size {
+        let buffer = bytes(&format!("{path}.localBufferSize"), buffer)?;
+        if buffer > 0 {
+            env.push(plain_env("MOONCAKE_LOCAL_BUFFER_SIZE", buffer.to_string()));
+        }
+    }
+    if let Some(tier) = group.local_disk() {
+        tier_env(&mut env, &format!("{path}.localDisks[0]"), tier)?;
+    }
+    for entry in group.extra_env.iter().flatten() {
+        env.push(plain_env(
+            &entry.name,
+            entry.value.clone().unwrap_or_default(),
+        ));
+    }
+    Ok(env)
+}
+
+fn tier_env(env: &mut Vec<EnvVar>, path: &str, tier: &LocalDisk) -> Result<(), RenderError> {
+    env.push(plain_env("MOONCAKE_OFFLOAD_ENABLED", "true"));
+    env.push(plain_env(
+        "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH",
+        tier.path.clone(),
+    ));
+    env.push(plain_env(
+        "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES",
+        BUCKET_SIZE_FLOOR_BYTES.to_string(),
+    ));
+    env.push(plain_env(
+        "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT",
+        BUCKET_KEYS_FLOOR.to_string(),
+    ));
+    if let Some(capacity) = &tier.capacity {
+        let capacity = bytes(&format!("{path}.capacity"), capacity)?;
+        if capacity > 0 {
+            env.push(plain_env(
+                "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES",
+                capacity.to_string(),
+            ));
+            env.push(plain_env(
+                "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE",
+                capacity.to_string(),
+            ));
+        }
+    }
+    if let Some(keys) = tier.key_limit.filter(|k| *k > 0) {
+        env.push(plain_env(
+            "MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT",
+            keys.to_string(),
+        ));
+    }
+    if let Some(eviction) = &tier.eviction {
+        if !eviction.enabled {
+            env.push(plain_env("MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY", "none"));
+            env.push(plain_env(
+                "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION",
+                "false",
+            ));
+        } else {
+            if let Some(policy) = eviction.policy {
+                let policy = match policy {
+                    EvictionPolicy::Fifo => "fifo",
+                    EvictionPolicy::Lru => "lru",
+                };
+                env.push(plain_env("MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY", policy));
+            }
+            if let Some(watermark) = &eviction.watermark {
+                env.push(plain_env(
+                    "MOONCAKE_OFFLOAD_DISK_EVICTION_HIGH_WATERMARK_RATIO",
+                    watermark_ratio(watermark.high),
+                ));
+                env.push(plain_env(
+                    "MOONCAKE_OFFLOAD_DISK_EVICTION_LOW_WATERMARK_RATIO",
+                    watermark_ratio(watermark.low),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `value` quoted for `sh` with single quotes.
+pub fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// The survey script: counts the entries of the tier directory and of `/` (the control), and
+/// writes `entries=<n> control=<m>` to the termination log; `entries=-1` when the tier cannot be
+/// listed. It always exits 0, so the member starts whatever it finds.
+pub fn survey_script(tier_path: &str) -> String {
+    format!(
+        "tier={quoted}\n\
+         if listing=$(ls -A -- \"$tier\"); then\n  entries=$(printf '%s' \"$listing\" | grep -c '')\n\
+         else\n  entries=-1\nfi\n\
+         control=$(ls -A / | grep -c '')\n\
+         printf 'entries=%s control=%s' \"$entries\" \"$control\" > {TERMINATION_LOG}\n\
+         exit 0\n",
+        quoted = shell_quote(tier_path)
+    )
+}
+
+/// The preStop script: asks the member's REST endpoint to hand its tier back within `grace`
+/// seconds, waiting at most `grace + 10` seconds for the answer.
+pub fn prestop_script(port: i32, grace: i64) -> String {
+    let timeout = grace + PRESTOP_TIMEOUT_MARGIN_SECONDS;
+    format!(
+        "import json, urllib.request\n\
+         body = json.dumps({{\"grace_period_seconds\": {grace}}}).encode()\n\
+         request = urllib.request.Request(\"http://127.0.0.1:{port}/api/unmount_local_disk\", data=body, \
+         headers={{\"Content-Type\": \"application/json\"}}, method=\"POST\")\n\
+         urllib.request.urlopen(request, timeout={timeout}).read()\n"
+    )
+}
+
+/// Merges the group's `securityContext` over `base`: every field the group sets wins, except
+/// that added capabilities are the union of both (base first).
+pub fn merge_security_context(
+    base: SecurityContext,
+    overlay: Option<&SecurityContext>,
+) -> SecurityContext {
+    let Some(overlay) = overlay else {
+        return base;
+    };
+    let mut merged = base.clone();
+    macro_rules! take {
+        ($($field:ident),*) => {
+            $(if overlay.$field.is_some() { merged.$field = overlay.$field.clone(); })*
+        };
+    }
+    take!(
+        allow_privilege_escalation,
+        app_armor_profile,
+        privileged,
+        proc_mount,
+        read_only_root_filesystem,
+        run_as_group,
+        run_as_non_root,
+        run_as_user,
+        se_linux_options,
+        seccomp_profile,
+        windows_options
+    );
+    if let Some(caps) = &overlay.capabilities {
+        let base_caps = base.capabilities.unwrap_or_default();
+        let mut add = base_caps.add.unwrap_or_default();
+        for cap in caps.add.iter().flatten() {
+            if !add.contains(cap) {
+                add.push(cap.clone());
+            }
+        }
+        merged.capabilities = Some(Capabilities {
+            add: (!add.is_empty()).then_some(add),
+            drop: caps.drop.clone().or(base_caps.drop),
+        });
+    }
+    merged
+}
+
+/// SHA-256 (hex) of a pod template without its nodeSelector and without the hash annotation.
+pub fn pod_spec_hash(template: &PodTemplateSpec) -> Result<String, serde_json::Error> {
+    let mut value = serde_json::to_value(template)?;
+    if let Some(spec) = value.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        spec.remove("nodeSelector");
+    }
+    if let Some(annotations) = value
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("annotations"))
+        .and_then(|a| a.as_object_mut())
+    {
+        annotations.remove(POD_SPEC_HASH_ANNOTATION);
+        if annotations.is_empty()
+            && let Some(metadata) = value.get_mut("metadata").and_then(|m| m.as_object_mut())
+        {
+            metadata.remove("annotations");
+        }
+    }
+    let bytes = serde_json::to_vec(&value)?;
+    Ok(hex::encode(Sha256::digest(&bytes)))
+}
+
+fn host_path_type(t: HostPathType) -> &'static str {
+    match t {
+        HostPathType::Unchecked => "",
+        HostPathType::DirectoryOrCreate => "DirectoryOrCreate",
+        HostPathType::Directory => "Directory",
+        HostPathType::FileOrCreate => "FileOrCreate",
+        HostPathType::File => "File",
+        HostPathType::Socket => "Socket",
+        HostPathType::CharDevice => "CharDevice",
+        HostPathType::BlockDevice => "BlockDevice",
+    }
+}
+
+fn member_daemonset(
+    plan: &Plan<'_>,
+    index: usize,
+    group: &MemberGroup,
+) -> Result<DaemonSet, RenderError> {
+    let path = member_path(index);
+    let component = names::member_component(index);
+    let ds_name = names::member_name(plan.name, index);
+    let port =
+        MEMBER_REST_BASE_PORT + i32::try_from(index).unwrap_or(i32::MAX - MEMBER_REST_BASE_PORT);
+    let protocol = group_protocol(plan.backend, group);
+    let fabric = matches!(protocol, Protocol::Rdma | Protocol::Efa);
+    let tier = group.local_disk();
+    let image = match group.image.as_deref().filter(|i| !i.trim().is_empty()) {
+        Some(image) => image.to_owned(),
+        None => plan.image.clone(),
+    };
+    let pull_policy =
+        crate::image::pull_policy(&image, plan.backend.spec.image_pull_policy).to_owned();
+
+    let mut args = Vec::new();
+    if index > 0 {
+        args.push("--port".to_owned());
+        args.push(port.to_string());
+    }
+    for entry in group.extra_args.iter().flatten() {
+        args.push("-D".to_owned());
+        args.push(entry.trim_start_matches('-').to_owned());
+    }
+
+    // Memory request: the segment (DRAM only) plus the transfer buffer.
+    let segment = bytes(
+        &format!("{path}.capacityPerMember"),
+        &group.capacity_per_member,
+    )?;
+    let buffer = match &group.local_buffer_size {
+        Some(b) => bytes(&format!("{path}.localBufferSize"), b)?,
+        None => 0,
+    };
+    let memory = if group.medium == Medium::Dram {
+        segment
+            .checked_add(buffer)
+            .ok_or_else(|| RenderError::TooLarge {
+                path: format!("{path}.localBufferSize"),
+                value: group
+                    .local_buffer_size
+                    .as_ref()
+                    .map(|q| q.0.clone())
+                    .unwrap_or_default(),
+            })?
+    } else {
+        buffer
+    };
+    let mut requests = BTreeMap::new();
+    if memory > 0 {
+        requests.insert("memory".to_owned(), Quantity(memory.to_string()));
+    }
+    let mut limits = BTreeMap::new();
+    match protocol {
+        Protocol::Rdma => {
+            limits.insert(RDMA_SHARED_RESOURCE.to_owned(), Quantity("1".to_owned()));
+        }
+        Protocol::Efa => {
+            limits.insert(
+                EFA_RESOURCE.to_owned(),
+                Quantity(group.fabric_interface_count.max(1).to_string()),
+            );
+        }
+        _ => {}
+    }
+
+    let mut base_context = restricted_container_context();
+    if fabric {
+        base_context.capabilities = Some(Capabilities {
+            add: Some(vec!["IPC_LOCK".to_owned(), "SYS_RESOURCE".to_owned()]),
+            drop: Some(vec!["ALL".to_owned()]),
+        });
+    }
+    let member_context = merge_security_context(base_context, group.security_context.as_ref());
+
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    for (j, host_path) in group.host_paths.iter().flatten().enumerate() {
+        let volume = format!("host-path-{j}");
+        volumes.push(Volume {
+            name: volume.clone(),
+            host_path: Some(HostPathVolumeSource {
+                path: host_path.path.clone(),
+                type_: host_path.type_.map(|t| host_path_type(t).to_owned()),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: volume,
+            mount_path: host_path.mount_path.clone(),
+            read_only: host_path.read_only,
+            ..VolumeMount::default()
+        });
+    }
+
+    let grace = plan
+        .managed
+        .scale_in
+        .as_ref()
+        .and_then(|s| s.grace_period_seconds)
+        .map_or(0, i64::from);
+    let mut init_containers = Vec::new();
+    let mut lifecycle = None;
+    let mut termination_grace = MEMBER_TERMINATION_GRACE_SECONDS;
+    if let Some(tier) = tier {
+        volumes.push(Volume {
+            name: TIER_VOLUME.to_owned(),
+            host_path: Some(HostPathVolumeSource {
+                path: tier.path.clone(),
+                type_: Some("Directory".to_owned()),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: TIER_VOLUME.to_owned(),
+            mount_path: tier.path.clone(),
+            ..VolumeMount::default()
+        });
+        termination_grace += grace;
+        lifecycle = Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        "python3".to_owned(),
+                        "-c".to_owned(),
+                        prestop_script(port, grace),
+                    ]),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        });
+        // The survey runs as the member does, without the member's added capabilities.
+        let mut survey_context = member_context.clone();
+        survey_context.capabilities = Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".to_owned()]),
+        });
+        init_containers.push(Container {
+            name: SURVEY_CONTAINER.to_owned(),
+            image: Some(image.clone()),
+            image_pull_policy: Some(pull_policy.clone()),
+            command: Some(vec![
+                "sh".to_owned(),
+                "-c".to_owned(),
+                survey_script(&tier.path),
+            ]),
+            volume_mounts: Some(vec![VolumeMount {
+                name: TIER_VOLUME.to_owned(),
+                mount_path: tier.path.clone(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            }]),
+            termination_message_path: Some(TERMINATION_LOG.to_owned()),
+            termination_message_policy: Some("File".to_owned()),
+            security_context: Some(survey_context),
+            ..Container::default()
+        });
+    }
+
+    let member = Container {
+        name: "member".to_owned(),
+        image: Some(image),
+        image_pull_policy: Some(pull_policy),
+        command: Some(vec!["mc_store_rest_server".to_owned()]),
+        args: (!args.is_empty()).then_some(args),
+        env: Some(member_env(plan.backend, plan.namespace, index, group)?),
+        resources: (!requests.is_empty() || !limits.is_empty()).then(|| ResourceRequirements {
+            requests: (!requests.is_empty()).then_some(requests),
+            limits: (!limits.is_empty()).then_some(limits),
+            ..ResourceRequirements::default()
+        }),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(port),
+                host: None,
+            }),
+            period_seconds: Some(5),
+            failure_threshold: Some(3),
+            ..Probe::default()
+        }),
+        lifecycle,
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        security_context: Some(member_context),
+        ..Container::default()
+    };
+
+    let mut template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(names::labels(plan.name, &component)),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            node_selector: (!group.node_selector.is_empty()).then(|| group.node_selector.clone()),
+            dns_policy: Some(
+                if fabric {
+                    "ClusterFirstWithHostNet"
+                } else {
+                    "ClusterFirst"
+                }
+                .to_owned(),
+            ),
+            host_network: fabric.then_some(true),
+            termination_grace_period_seconds: Some(termination_grace),
+            automount_service_account_token: Some(plan.lease_addressing),
+            service_account_name: plan.lease_addressing.then(|| names::leader_name(plan.name)),
+            image_pull_secrets: pull_secrets(plan.backend),
+            runtime_class_name: group.runtime_class_name.clone(),
+            security_context: Some(restricted_pod_context()),
+            init_containers: (!init_containers.is_empty()).then_some(init_containers),
+            containers: vec![member],
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            ..PodSpec::default()
+        }),
+    };
+    let hash = pod_spec_hash(&template).map_err(|e| RenderError::Hash {
+        name: ds_name.clone(),
+        message: e.to_string(),
+    })?;
+    if let Some(metadata) = template.metadata.as_mut() {
+        metadata.annotations = Some(BTreeMap::from([(
+            POD_SPEC_HASH_ANNOTATION.to_owned(),
+            hash,
+        )]));
+    }
+
+    Ok(DaemonSet {
+        metadata: metadata(plan, ds_name, &component),
+        spec: DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(names::selector_labels(plan.name, &component)),
+                match_expressions: None,
+            },
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("OnDelete".to_owned()),
+                rolling_update: None,
+            }),
+            template,
+            ..DaemonSetSpec::default()
+        },
+        status: None,
+    })
+}

@@ -1,0 +1,1425 @@
+//! Apply-time validation of a `KVCacheBackend`, on create and on update.
+//!
+//! [`validate`] returns every refusal at once, each with its field path. It repeats the rules the
+//! CRD schema and its CEL rules already enforce, so that the offline `validate` command gives the
+//! whole verdict; the validating webhook returns the same list.
+//!
+//! # Ratchets
+//!
+//! An object admitted under older rules must stay updatable, and the operator's own updates
+//! (adding or removing its finalizer) must never be refused. So:
+//!
+//! - an update whose `spec` is unchanged (metadata only: finalizers, labels, annotations) is
+//!   admitted without looking any further;
+//! - the following rules fire only when the update moves the value they guard (on create they
+//!   always fire): the bucket floors (`capacityPerMember` of a tier group, tier `capacity` and
+//!   `keyLimit`, compared as quantities), the `extraArgs`/`extraEnv` rules of the leader (also
+//!   re-run when highAvailability appears, disappears or changes its snapshot) and of each
+//!   group, the image fallback (`spec.image` absent or blank), the snapshot refusal (when
+//!   `snapshot` or `replicas` moves), the multi-tenancy refusal, and the object-name rule (only
+//!   names of groups the old object did not have).
+//!
+//! Member groups are compared by position: the group at index `i` of the new list with the
+//! group at index `i` of the old one.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use warmcache_api_kvcache::v1alpha1::rules::messages;
+use warmcache_api_kvcache::v1alpha1::{
+    EndpointName, EnvEntry, External, HostPathMount, KVCacheBackend, Leader, LocalDisk, Managed,
+    Medium, MemberGroup,
+};
+use warmcache_api_kvcache::{BUCKET_KEYS_FLOOR, BUCKET_SIZE_FLOOR_BYTES, IMAGE_SETTING_NAME};
+
+use crate::error::{FieldError, FieldErrorKind};
+use crate::quantity::{self, Amount};
+use crate::{image, names};
+
+/// Inputs of validation that are not in the object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ValidationContext {
+    /// The store image used when a backend names none: the cluster setting
+    /// `kv-cache-backend-image`, which the operator takes from its `--default-image` flag.
+    /// `None` (or blank) when the setting carries no image.
+    pub default_image: Option<String>,
+}
+
+impl ValidationContext {
+    /// The default image, when the setting carries a non-blank one.
+    pub fn default_image(&self) -> Option<&str> {
+        self.default_image
+            .as_deref()
+            .filter(|image| !image.trim().is_empty())
+    }
+}
+
+/// Path of the managed branch.
+pub const MANAGED_PATH: &str = "spec.connection.managed";
+/// Path of the leader.
+pub const LEADER_PATH: &str = "spec.connection.managed.leader";
+/// Path of the member list.
+pub const MEMBERS_PATH: &str = "spec.connection.managed.members";
+
+/// Path of the member group at `index`.
+pub fn member_path(index: usize) -> String {
+    format!("{MEMBERS_PATH}[{index}]")
+}
+
+/// Most member groups per backend (`members` `maxItems`).
+pub const MAX_MEMBER_GROUPS: usize = 32;
+/// Most leader replicas.
+pub const MAX_LEADER_REPLICAS: i32 = 5;
+/// Longest `scaleIn.gracePeriodSeconds` the member's unmount endpoint accepts.
+pub const MAX_GRACE_PERIOD_SECONDS: i32 = 3600;
+/// Where a host fabric's device plugin injects device nodes into the member container.
+pub const INFINIBAND_DIR: &str = "/dev/infiniband";
+
+/// Keys the operator derives for the leader from the spec; refused in `leader.extraArgs`.
+pub const LEADER_DERIVED_KEYS: [&str; 20] = [
+    "allocation_strategy",
+    "cluster_id",
+    "enable_ha",
+    "ha_backend_connstring",
+    "ha_backend_type",
+    "rpc_address",
+    "rpc_interface",
+    "enable_offload",
+    "offload_on_evict",
+    "enable_snapshot",
+    "enable_snapshot_restore",
+    "snapshot_interval_seconds",
+    "snapshot_object_store_type",
+    "snapshot_retention_count",
+    "enable_multi_tenants",
+    "metrics_port",
+    "pod_name",
+    "pod_namespace",
+    "rpc_port",
+    "tenant_quota_connector_uri",
+];
+
+/// Keys refused in `leader.extraArgs` because the leader misbehaves with them, each with why.
+pub const LEADER_FORBIDDEN_KEYS: [(&str, &str); 16] = [
+    (
+        "enable_oplog",
+        "the leader refuses to start with it: the operation log needs the etcd election backend, and this operator elects leaders through a Kubernetes Lease",
+    ),
+    (
+        "config_path",
+        "a configuration file makes the leader ignore the rest of its command line, including every flag this operator renders",
+    ),
+    (
+        "tenant_quota_connector_type",
+        "this operator renders no tenant-quota policy, so a connector named here would read a policy nothing provides",
+    ),
+    (
+        "enable_cxl",
+        "CXL replaces the allocation strategy and advertises capacity that no member contributes",
+    ),
+    (
+        "cxl_path",
+        "it configures CXL, which replaces the allocation strategy and advertises capacity that no member contributes",
+    ),
+    (
+        "cxl_size",
+        "it configures CXL, which replaces the allocation strategy and advertises capacity that no member contributes",
+    ),
+    (
+        "port",
+        "it is an old alias of rpc_port, which the operator renders: two names for one port leave the result to flag order",
+    ),
+    (
+        "etcd_endpoints",
+        "this operator runs no etcd: leaders are elected through a Kubernetes Lease",
+    ),
+    (
+        "memory_allocator",
+        "switching the allocator silently turns off snapshots and changes how segments are carved, with nothing reporting it",
+    ),
+    (
+        "snapshot_backup_dir",
+        "snapshots are not supported: a leader restoring one can answer a key with another key's bytes",
+    ),
+    (
+        "snapshot_payload_store_type",
+        "snapshots are not supported: a leader restoring one can answer a key with another key's bytes",
+    ),
+    (
+        "snapshot_payload_backend_type",
+        "snapshots are not supported: a leader restoring one can answer a key with another key's bytes",
+    ),
+    (
+        "snapshot_catalog_store_type",
+        "snapshots are not supported: a leader restoring one can answer a key with another key's bytes",
+    ),
+    (
+        "snapshot_catalog_backend_type",
+        "snapshots are not supported: a leader restoring one can answer a key with another key's bytes",
+    ),
+    (
+        "snapshot_catalog_store_connstring",
+        "snapshots are not supported: a leader restoring one can answer a key with another key's bytes",
+    ),
+    (
+        "snapshot_catalog_backend_connstring",
+        "snapshots are not supported: a leader restoring one can answer a key with another key's bytes",
+    ),
+];
+
+/// Environment variables the operator renders for the leader; refused in `leader.extraEnv`.
+pub const LEADER_DERIVED_ENVS: [&str; 4] = [
+    "KUBERNETES_POD_IP",
+    "KUBERNETES_POD_NAME",
+    "KUBERNETES_POD_NAMESPACE",
+    "MOONCAKE_SNAPSHOT_LOCAL_PATH",
+];
+
+/// Member configuration keys the operator derives from the spec; refused in
+/// `members[].extraArgs` (`device_name` is deliberately allowed).
+pub const MEMBER_DERIVED_KEYS: [&str; 8] = [
+    "enable_ssd_offload",
+    "global_segment_size",
+    "local_buffer_size",
+    "local_hostname",
+    "master_server_address",
+    "metadata_server",
+    "protocol",
+    "ssd_offload_path",
+];
+
+/// The bucket pair the operator fixes for every tier.
+pub const BUCKET_ENVS: [&str; 2] = [
+    "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES",
+    "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT",
+];
+
+/// Environment variables the operator renders for members (whether or not a given group gets
+/// them); refused in `members[].extraEnv`.
+pub const MEMBER_DERIVED_ENVS: [&str; 23] = [
+    "MOONCAKE_GLOBAL_SEGMENT_SIZE",
+    "MOONCAKE_LOCAL_BUFFER_SIZE",
+    "MOONCAKE_LOCAL_HOSTNAME",
+    "MOONCAKE_MASTER",
+    "MOONCAKE_TE_META_DATA_SERVER",
+    "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT",
+    "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE",
+    "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES",
+    "MOONCAKE_OFFLOAD_ENABLED",
+    "MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY",
+    "MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT",
+    "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH",
+    "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES",
+    "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION",
+    "MOONCAKE_OFFLOAD_DISK_EVICTION_HIGH_WATERMARK_RATIO",
+    "MOONCAKE_OFFLOAD_DISK_EVICTION_LOW_WATERMARK_RATIO",
+    "MOONCAKE_PROTOCOL",
+    "MC_TE_METRIC",
+    "AMD_VISIBLE_DEVICES",
+    "CAMBRICON_VISIBLE_DEVICES",
+    "IX_VISIBLE_DEVICES",
+    "MTHREADS_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+];
+
+/// Longest image reference (`spec.image`, `members[].image`).
+const MAX_IMAGE_LENGTH: usize = 512;
+/// Most entries of `imagePullSecrets` and of `hostPaths`.
+const MAX_LIST_ITEMS: usize = 32;
+/// Longest tier path.
+const MAX_TIER_PATH_LENGTH: usize = 4096;
+/// Longest host path or mount path.
+const MAX_HOST_PATH_LENGTH: usize = 1024;
+/// Longest external endpoint address.
+const MAX_ADDRESS_LENGTH: usize = 259;
+/// Consumers named in a refusal before "and N more".
+const MAX_NAMED_CONSUMERS: usize = 20;
+
+/// Validates `new`, created (`old` is `None`) or updated from `old`. An empty list admits it.
+pub fn validate(
+    new: &KVCacheBackend,
+    old: Option<&KVCacheBackend>,
+    ctx: &ValidationContext,
+) -> Vec<FieldError> {
+    if let Some(old) = old
+        && old.spec == new.spec
+    {
+        // Metadata-only updates (the operator's finalizer removal among them) are never refused.
+        return Vec::new();
+    }
+    let mut v = Validator {
+        errors: Vec::new(),
+        ctx,
+    };
+    v.object(new, old);
+    v.errors
+}
+
+struct Validator<'a> {
+    errors: Vec<FieldError>,
+    ctx: &'a ValidationContext,
+}
+
+impl Validator<'_> {
+    fn push(&mut self, path: impl Into<String>, kind: FieldErrorKind, reason: impl Into<String>) {
+        self.errors.push(FieldError::new(path, kind, reason));
+    }
+
+    fn invalid(&mut self, path: impl Into<String>, reason: impl Into<String>) {
+        self.push(path, FieldErrorKind::Invalid, reason);
+    }
+
+    fn forbidden(&mut self, path: impl Into<String>, reason: impl Into<String>) {
+        self.push(path, FieldErrorKind::Forbidden, reason);
+    }
+
+    fn required(&mut self, path: impl Into<String>, reason: impl Into<String>) {
+        self.push(path, FieldErrorKind::Required, reason);
+    }
+
+    fn object(&mut self, new: &KVCacheBackend, old: Option<&KVCacheBackend>) {
+        let spec = &new.spec;
+        let old_spec = old.map(|o| &o.spec);
+
+        // O8: the store type.
+        if let Some(old_spec) = old_spec
+            && old_spec.type_ != spec.type_
+        {
+            self.invalid("spec.type", messages::TYPE_IMMUTABLE);
+        }
+
+        // O6 / O9: exactly one branch, and the branch is frozen.
+        let connection = &spec.connection;
+        match (&connection.managed, &connection.external) {
+            (None, None) => self.required("spec.connection", messages::CONNECTION_NEITHER),
+            (Some(_), Some(_)) => self.forbidden("spec.connection", messages::CONNECTION_BOTH),
+            _ => {}
+        }
+        if let Some(old_spec) = old_spec {
+            let old_connection = &old_spec.connection;
+            if old_connection.managed.is_some() != connection.managed.is_some()
+                || old_connection.external.is_some() != connection.external.is_some()
+            {
+                self.invalid("spec.connection", messages::CONNECTION_BRANCH_IMMUTABLE);
+            }
+        }
+
+        self.images(new, old);
+
+        if let Some(secrets) = &spec.image_pull_secrets {
+            if secrets.len() > MAX_LIST_ITEMS {
+                self.push(
+                    "spec.imagePullSecrets",
+                    FieldErrorKind::TooMany,
+                    format!(
+                        "must have at most {MAX_LIST_ITEMS} entries, and has {}",
+                        secrets.len()
+                    ),
+                );
+            }
+            for (i, secret) in secrets.iter().enumerate() {
+                if let Some(problem) = names::dns1123_subdomain_problem(&secret.name) {
+                    let kind = if secret.name.is_empty() {
+                        FieldErrorKind::Required
+                    } else {
+                        FieldErrorKind::Invalid
+                    };
+                    self.push(
+                        format!("spec.imagePullSecrets[{i}].name"),
+                        kind,
+                        format!(
+                            "the name of a Secret in the workload namespace is required here ({problem}): an entry \
+                             without one fails only when a node pulls the image"
+                        ),
+                    );
+                }
+            }
+        }
+
+        if let Some(external) = &connection.external {
+            self.external(external);
+        }
+        if let Some(managed) = &connection.managed {
+            let old_managed = old_spec.and_then(|s| s.connection.managed.as_ref());
+            self.names(new, old_managed);
+            self.leader(&managed.leader, old_managed.map(|m| &m.leader), old);
+            self.members(managed, old_managed);
+        }
+    }
+
+    /// O2, O3, O4 and the length bound of every image field.
+    fn images(&mut self, new: &KVCacheBackend, old: Option<&KVCacheBackend>) {
+        let image = new.spec.image.as_deref();
+        let old_image = old.map(|o| o.spec.image.as_deref());
+        let moved = old_image != Some(image);
+        let managed = new.spec.connection.managed.is_some();
+        match image {
+            Some(text) if text.trim().is_empty() => {
+                if moved {
+                    self.required(
+                        "spec.image",
+                        format!(
+                            "must not be blank: name an image here, or leave the field out so that the \
+                             {IMAGE_SETTING_NAME:?} setting decides"
+                        ),
+                    );
+                }
+            }
+            Some(text) => self.image_reference("spec.image", text),
+            None => {
+                if managed && moved && self.ctx.default_image().is_none() {
+                    self.required(
+                        "spec.image",
+                        format!(
+                            "an image is required: neither this field nor the {IMAGE_SETTING_NAME:?} setting \
+                             (the operator's --default-image) names one, so nothing decides what the leader \
+                             and the members run"
+                        ),
+                    );
+                }
+            }
+        }
+        let Some(managed) = &new.spec.connection.managed else {
+            return;
+        };
+        for (i, group) in managed.members.iter().enumerate() {
+            let path = format!("{}.image", member_path(i));
+            match group.image.as_deref() {
+                Some(text) if text.trim().is_empty() => self.required(
+                    path,
+                    "must not be blank: name an image here, or leave the field out so that the backend's \
+                     image applies to this group",
+                ),
+                Some(text) => self.image_reference(&path, text),
+                None => {}
+            }
+        }
+    }
+
+    fn image_reference(&mut self, path: &str, text: &str) {
+        if text.len() > MAX_IMAGE_LENGTH {
+            self.push(
+                path,
+                FieldErrorKind::TooMany,
+                format!("must be at most {MAX_IMAGE_LENGTH} characters long"),
+            );
+            return;
+        }
+        if let Err(problem) = image::parse(text) {
+            self.invalid(
+                path,
+                format!(
+                    "is not a container image reference ({problem}): every Pod using it would fail to \
+                     start with InvalidImageName"
+                ),
+            );
+        }
+    }
+
+    /// O7.
+    fn external(&mut self, external: &External) {
+        let path = "spec.connection.external.endpoints";
+        if external.endpoints.is_empty() {
+            self.required(path, "at least one endpoint is required");
+        }
+        let mut seen = BTreeSet::new();
+        for (i, endpoint) in external.endpoints.iter().enumerate() {
+            let name = match endpoint.name {
+                EndpointName::Client => "Client",
+                EndpointName::Admin => "Admin",
+            };
+            if !seen.insert(name) {
+                self.push(
+                    format!("{path}[{i}].name"),
+                    FieldErrorKind::Duplicate,
+                    format!("{name:?} is listed twice: each role has exactly one address"),
+                );
+            }
+            let address_path = format!("{path}[{i}].address");
+            if endpoint.address.len() > MAX_ADDRESS_LENGTH {
+                self.push(
+                    address_path,
+                    FieldErrorKind::TooMany,
+                    format!("must be at most {MAX_ADDRESS_LENGTH} characters long"),
+                );
+            } else if let Err(problem) = host_port_problem(&endpoint.address) {
+                self.invalid(
+                    address_path,
+                    format!(
+                        "must be host:port, and the operator dials it exactly as written: {problem}"
+                    ),
+                );
+            }
+        }
+        for (role, why) in [
+            (
+                "Client",
+                "it is the address published to consumers in status.endpoints",
+            ),
+            (
+                "Admin",
+                "it is where the operator reads the store's health and capacity",
+            ),
+        ] {
+            if !seen.contains(role) {
+                self.required(path, format!("an entry named {role:?} is required: {why}"));
+            }
+        }
+    }
+
+    /// O1: every object name the backend renders must be a DNS-1035 label. Only names the old
+    /// object did not already render are checked.
+    fn names(&mut self, new: &KVCacheBackend, old_managed: Option<&Managed>) {
+        let Some(name) = new.metadata.name.as_deref().filter(|n| !n.is_empty()) else {
+            self.required(
+                "metadata.name",
+                "a backend needs a name: its workloads are named after it",
+            );
+            return;
+        };
+        let Some(managed) = &new.spec.connection.managed else {
+            return;
+        };
+        let mut rendered = Vec::new();
+        if old_managed.is_none() {
+            rendered.push(names::leader_name(name));
+        }
+        let already = old_managed.map_or(0, |m| m.members.len());
+        for i in already..managed.members.len() {
+            rendered.push(names::member_name(name, i));
+        }
+        if let Some((object, problem)) = rendered
+            .iter()
+            .find_map(|object| names::dns1035_label_problem(object).map(|p| (object, p)))
+        {
+            self.invalid(
+                "metadata.name",
+                format!(
+                    "this backend renders an object named {object:?}, which is not a valid name for one \
+                     ({problem}): Services and the instance label need a DNS-1035 label, so the backend's \
+                     name must leave room for \"-leader\" and \"-member-<index>\" within 63 lower-case \
+                     letters, digits and '-'"
+                ),
+            );
+        }
+    }
+
+    /// L1-L10.
+    fn leader(
+        &mut self,
+        leader: &Leader,
+        old: Option<&Leader>,
+        old_object: Option<&KVCacheBackend>,
+    ) {
+        let replicas_path = format!("{LEADER_PATH}.replicas");
+        if leader.replicas > MAX_LEADER_REPLICAS {
+            self.invalid(
+                &replicas_path,
+                format!(
+                    "at most {MAX_LEADER_REPLICAS} is supported: only one leader serves at a time, and more \
+                     replicas only add Pods waiting for the election"
+                ),
+            );
+        } else if leader.replicas < 1 {
+            self.invalid(
+                &replicas_path,
+                "must be at least 1: a backend without a leader serves nothing",
+            );
+        }
+        if leader.replicas > 1 && leader.high_availability.is_none() {
+            self.forbidden(&replicas_path, messages::LEADER_REPLICAS_NEED_HA);
+        }
+
+        // L3, ratcheted on snapshot and replicas.
+        let snapshot = leader
+            .high_availability
+            .as_ref()
+            .and_then(|ha| ha.snapshot.as_ref());
+        if snapshot.is_some() {
+            let old_snapshot = old
+                .and_then(|l| l.high_availability.as_ref())
+                .and_then(|ha| ha.snapshot.as_ref());
+            let moved =
+                old.is_none_or(|l| l.replicas != leader.replicas) || old_snapshot != snapshot;
+            if moved {
+                self.forbidden(
+                    format!("{LEADER_PATH}.highAvailability.snapshot"),
+                    "snapshots are not supported: a leader restoring one can answer a key with bytes that \
+                     belong to another key instead of reporting a miss. Remove the snapshot block",
+                );
+            }
+        }
+
+        // Multi-tenancy: refused when it moves to true; L10 when it moves away from true.
+        let tenancy_path = format!("{LEADER_PATH}.multiTenancy");
+        let was_on = old.is_some_and(|l| l.multi_tenancy == Some(true));
+        let is_on = leader.multi_tenancy == Some(true);
+        if is_on && !was_on {
+            self.forbidden(
+                &tenancy_path,
+                "multi-tenancy is not supported by this operator: it renders no tenant-quota policy for the \
+                 leader, so the setting would read as on while no quota applies. Leave it unset",
+            );
+        }
+        if was_on && !is_on {
+            let consumers = old_object
+                .and_then(|o| o.status.as_ref())
+                .and_then(|s| s.used_by.as_ref())
+                .filter(|u| !u.is_empty());
+            if let Some(consumers) = consumers {
+                let mut named: Vec<String> = consumers
+                    .iter()
+                    .take(MAX_NAMED_CONSUMERS)
+                    .map(|c| {
+                        if c.namespace.is_empty() {
+                            format!("{}/{}", c.kind, c.name)
+                        } else {
+                            format!("{}/{}/{}", c.kind, c.namespace, c.name)
+                        }
+                    })
+                    .collect();
+                if consumers.len() > MAX_NAMED_CONSUMERS {
+                    named.push(format!(
+                        "and {} more",
+                        consumers.len() - MAX_NAMED_CONSUMERS
+                    ));
+                }
+                let verb = if consumers.len() == 1 {
+                    "consumes"
+                } else {
+                    "consume"
+                };
+                self.forbidden(
+                    &tenancy_path,
+                    format!(
+                        "multi-tenancy cannot be turned off while {} {verb} this backend: their keys live in \
+                         tenant key spaces that would merge into one. Remove them first",
+                        named.join(", ")
+                    ),
+                );
+            }
+        }
+
+        // L4-L9, ratcheted on the lists and on highAvailability.
+        let ha_moved = old.is_none_or(|l| {
+            l.high_availability.is_some() != leader.high_availability.is_some()
+                || l.high_availability.as_ref().map(|h| &h.snapshot)
+                    != leader.high_availability.as_ref().map(|h| &h.snapshot)
+        });
+        let args_moved = ha_moved || old.is_none_or(|l| l.extra_args != leader.extra_args);
+        if args_moved && let Some(args) = &leader.extra_args {
+            self.extra_args(
+                &format!("{LEADER_PATH}.extraArgs"),
+                args,
+                &LEADER_DERIVED_KEYS,
+                &LEADER_FORBIDDEN_KEYS,
+                leader_derived_reason,
+            );
+        }
+        let env_moved = ha_moved || old.is_none_or(|l| l.extra_env != leader.extra_env);
+        if env_moved && let Some(env) = &leader.extra_env {
+            self.extra_env(
+                &format!("{LEADER_PATH}.extraEnv"),
+                env,
+                &LEADER_DERIVED_ENVS,
+                leader_env_reason,
+            );
+        }
+    }
+
+    fn extra_args(
+        &mut self,
+        path: &str,
+        args: &[String],
+        derived: &[&str],
+        forbidden: &[(&str, &str)],
+        derived_reason: fn(&str) -> String,
+    ) {
+        let mut first_at: BTreeMap<&str, usize> = BTreeMap::new();
+        for (j, entry) in args.iter().enumerate() {
+            let entry_path = format!("{path}[{j}]");
+            if !entry.starts_with('-') {
+                self.invalid(
+                    entry_path,
+                    "must begin with \"-\": one entry is one \"-flag\" or \"-flag=value\" token, passed on as \
+                     written",
+                );
+                continue;
+            }
+            let key = entry_key(entry);
+            if key.is_empty() || key.chars().any(char::is_whitespace) {
+                self.invalid(
+                    entry_path,
+                    format!(
+                        "the key here ({key:?}) is not a setting's name: the key is the text between the \
+                         leading dashes and the first \"=\", and must be non-empty and without whitespace"
+                    ),
+                );
+                continue;
+            }
+            if let Some(first) = first_at.get(key) {
+                self.push(
+                    entry_path,
+                    FieldErrorKind::Duplicate,
+                    format!(
+                        "sets the key {key:?} a second time (first in entry {first}): only the last one takes \
+                         effect, so the other reads as applied while it is not"
+                    ),
+                );
+                continue;
+            }
+            first_at.insert(key, j);
+            if derived.contains(&key) {
+                self.forbidden(entry_path, derived_reason(key));
+            } else if let Some((_, why)) = forbidden.iter().find(|(k, _)| *k == key) {
+                self.forbidden(entry_path, format!("the key {key:?} is refused: {why}"));
+            }
+        }
+    }
+
+    fn extra_env(
+        &mut self,
+        path: &str,
+        env: &[EnvEntry],
+        derived: &[&str],
+        reason: fn(&str) -> String,
+    ) {
+        let mut seen = BTreeSet::new();
+        for entry in env {
+            let entry_path = format!("{path}[{}]", entry.name);
+            if let Some(problem) = names::env_name_problem(&entry.name) {
+                self.invalid(
+                    &entry_path,
+                    format!(
+                        "{:?} is not an environment variable name: {problem}",
+                        entry.name
+                    ),
+                );
+                continue;
+            }
+            if !seen.insert(entry.name.as_str()) {
+                self.push(
+                    &entry_path,
+                    FieldErrorKind::Duplicate,
+                    "is defined twice: one name has one value",
+                );
+                continue;
+            }
+            if derived.contains(&entry.name.as_str()) {
+                self.forbidden(&entry_path, reason(&entry.name));
+            }
+        }
+    }
+
+    fn members(&mut self, managed: &Managed, old: Option<&Managed>) {
+        let members = &managed.members;
+        if members.is_empty() {
+            self.required(
+                MEMBERS_PATH,
+                "at least one member group is required: the leader alone stores nothing",
+            );
+        }
+        if members.len() > MAX_MEMBER_GROUPS {
+            self.push(
+                MEMBERS_PATH,
+                FieldErrorKind::TooMany,
+                format!(
+                    "must have at most {MAX_MEMBER_GROUPS} groups, and has {}",
+                    members.len()
+                ),
+            );
+        }
+        let old_members = old.map(|m| m.members.as_slice()).unwrap_or_default();
+        for (i, group) in members.iter().enumerate() {
+            self.group(i, group, old_members.get(i));
+        }
+
+        // T1: one tier per backend.
+        let tiered: Vec<usize> = members
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| has_tier(g))
+            .map(|(i, _)| i)
+            .collect();
+        if let [_, second, ..] = tiered.as_slice() {
+            let list: Vec<String> = tiered.iter().map(ToString::to_string).collect();
+            self.forbidden(
+                format!("{}.localDisks", member_path(*second)),
+                format!(
+                    "only one member group may declare localDisks, and groups [{}] do: the leader reports every \
+                     disk tier through one pair of gauges, so status.capacity could not tell which figure \
+                     belongs to which group",
+                    list.join(" ")
+                ),
+            );
+        }
+
+        if old.is_some() {
+            self.transitions(members, old_members);
+        }
+
+        if let Some(scale_in) = &managed.scale_in
+            && let Some(grace) = scale_in.grace_period_seconds
+        {
+            let path = format!("{MANAGED_PATH}.scaleIn.gracePeriodSeconds");
+            if grace > MAX_GRACE_PERIOD_SECONDS {
+                self.invalid(
+                    path,
+                    format!(
+                        "must not exceed {MAX_GRACE_PERIOD_SECONDS}: the member's unmount endpoint answers a longer \
+                         grace with a 400, so the rendered shutdown hook would fail every time it runs"
+                    ),
+                );
+            } else if grace < 0 {
+                self.invalid(path, "must not be negative: it is a number of seconds");
+            }
+        }
+    }
+
+    /// T2-T4, M9 and M10: what an update may do to the groups at existing positions.
+    fn transitions(&mut self, members: &[MemberGroup], old_members: &[MemberGroup]) {
+        for (i, (new, old)) in members.iter().zip(old_members).enumerate() {
+            let path = member_path(i);
+            if new.medium != old.medium {
+                self.invalid(format!("{path}.medium"), messages::MEDIUM_IMMUTABLE);
+            }
+            match (old.local_disk(), new.local_disk()) {
+                (None, Some(_)) => {
+                    self.forbidden(format!("{path}.localDisks"), messages::TIER_CANNOT_BE_ADDED)
+                }
+                (Some(_), None) => self.forbidden(
+                    format!("{path}.localDisks"),
+                    messages::TIER_CANNOT_BE_REMOVED,
+                ),
+                (Some(old_tier), Some(new_tier)) if old_tier.path != new_tier.path => self
+                    .forbidden(
+                        format!("{path}.localDisks[0].path"),
+                        messages::TIER_PATH_IMMUTABLE,
+                    ),
+                _ => {}
+            }
+        }
+
+        // M10: a group that moved to another position. Reported once, at the first such position.
+        let canonical_new: Vec<MemberGroup> = members.iter().map(canonical).collect();
+        let canonical_old: Vec<MemberGroup> = old_members.iter().map(canonical).collect();
+        let left = |j: usize| canonical_new.get(j) != Some(&canonical_old[j]);
+        for (i, group) in canonical_new.iter().enumerate().take(canonical_old.len()) {
+            if *group == canonical_old[i] {
+                continue;
+            }
+            let moved_from =
+                (0..canonical_old.len()).find(|&j| j != i && *group == canonical_old[j] && left(j));
+            if let Some(j) = moved_from {
+                self.forbidden(
+                    member_path(i),
+                    format!(
+                        "this position now carries the group that was at position {j}, which moves a group \
+                         rather than editing one: a group is identified by its position (its DaemonSet, \
+                         medium and tier are tied to it). Append groups at the end and remove them from the \
+                         end; to take a group out of service in place, narrow its nodeSelector until it \
+                         matches no node"
+                    ),
+                );
+                break;
+            }
+        }
+    }
+
+    fn group(&mut self, i: usize, group: &MemberGroup, old: Option<&MemberGroup>) {
+        let path = member_path(i);
+
+        // M1, M2, M3 on capacityPerMember.
+        let capacity_path = format!("{path}.capacityPerMember");
+        if let Some(amount) = self.quantity(&capacity_path, &group.capacity_per_member.0) {
+            if !amount.is_positive() {
+                self.invalid(&capacity_path, messages::CAPACITY_PER_MEMBER_POSITIVE);
+            } else if has_tier(group) && amount.cmp_int(BUCKET_SIZE_FLOOR_BYTES).is_lt() {
+                let moved = old
+                    .is_none_or(|o| quantity::parse(&o.capacity_per_member).ok() != Some(amount));
+                if moved {
+                    self.invalid(
+                        &capacity_path,
+                        "must be at least 16Mi for a group declaring localDisks: the tier is written one 16Mi \
+                         bucket at a time, and a bucket's bytes wait in this memory segment until it is \
+                         complete, so a smaller segment never completes one and the tier stays empty with \
+                         nothing reporting it",
+                    );
+                }
+            }
+        }
+
+        // M4 on localBufferSize, and the memory request it adds up to.
+        if let Some(buffer) = &group.local_buffer_size {
+            let buffer_path = format!("{path}.localBufferSize");
+            if let Some(amount) = self.quantity(&buffer_path, &buffer.0) {
+                if amount.is_negative() {
+                    self.invalid(&buffer_path, messages::LOCAL_BUFFER_NOT_NEGATIVE);
+                } else if group.medium == Medium::Dram
+                    && let (Some(buffer), Ok(Some(segment))) = (
+                        amount.ceil_i64(),
+                        quantity::parse(&group.capacity_per_member).map(|a| a.ceil_i64()),
+                    )
+                    && buffer.checked_add(segment).is_none()
+                {
+                    self.invalid(
+                        &buffer_path,
+                        "together with capacityPerMember it must not exceed 9223372036854775807 (2^63-1) \
+                         bytes: the sum is the member Pod's memory request",
+                    );
+                }
+            }
+        }
+
+        // M5: node selector.
+        for (key, value) in &group.node_selector {
+            let key_path = format!("{path}.nodeSelector[{key}]");
+            if let Some(problem) = names::label_key_problem(key) {
+                self.invalid(&key_path, format!("{key:?} is not a label key: {problem}"));
+            }
+            if let Some(problem) = names::label_value_problem(value) {
+                self.invalid(
+                    &key_path,
+                    format!("{value:?} is not a label value: {problem}"),
+                );
+            }
+        }
+
+        // M6, M7, ratcheted on each list.
+        if let Some(args) = &group.extra_args
+            && old.is_none_or(|o| o.extra_args.as_ref() != Some(args))
+        {
+            self.extra_args(
+                &format!("{path}.extraArgs"),
+                args,
+                &MEMBER_DERIVED_KEYS,
+                &[],
+                member_derived_reason,
+            );
+        }
+        if let Some(env) = &group.extra_env
+            && old.is_none_or(|o| o.extra_env.as_ref() != Some(env))
+        {
+            self.extra_env(
+                &format!("{path}.extraEnv"),
+                env,
+                &MEMBER_DERIVED_ENVS,
+                member_env_reason,
+            );
+        }
+
+        if group.fabric_interface_count < 1 {
+            self.invalid(
+                format!("{path}.fabricInterfaceCount"),
+                "must be at least 1: it is the number of fabric devices each member requests",
+            );
+        }
+        if let Some(class) = &group.runtime_class_name
+            && let Some(problem) = names::dns1123_subdomain_problem(class)
+        {
+            self.invalid(
+                format!("{path}.runtimeClassName"),
+                format!("is not a RuntimeClass name: {problem}"),
+            );
+        }
+
+        // The tier.
+        let disks = group.local_disks.as_deref().unwrap_or_default();
+        if disks.len() > 1 {
+            self.push(
+                format!("{path}.localDisks"),
+                FieldErrorKind::TooMany,
+                "at most one entry is allowed: a group has at most one disk tier",
+            );
+        }
+        let old_disks = old
+            .and_then(|o| o.local_disks.as_deref())
+            .unwrap_or_default();
+        for (k, disk) in disks.iter().enumerate() {
+            self.tier(&format!("{path}.localDisks[{k}]"), disk, old_disks.get(k));
+        }
+
+        // M8: host paths.
+        if let Some(host_paths) = &group.host_paths {
+            self.host_paths(&path, host_paths, group.local_disk());
+        }
+    }
+
+    /// Reads a quantity, refusing it at `path` when it is unreadable or beyond 2^63-1.
+    fn quantity(&mut self, path: &str, text: &str) -> Option<Amount> {
+        match quantity::parse_str(text) {
+            Err(err) => {
+                self.invalid(
+                    path,
+                    format!("{err}: write a number with an optional suffix such as Mi, Gi or Ti"),
+                );
+                None
+            }
+            Ok(amount) if amount.cmp_int(i64::MAX).is_gt() => {
+                self.invalid(
+                    path,
+                    "must not exceed 9223372036854775807 (2^63-1) bytes: the store reads sizes as signed 64-bit \
+                     numbers",
+                );
+                None
+            }
+            Ok(amount) => Some(amount),
+        }
+    }
+
+    /// P1-P6, C1-C5, E1-E4 for one tier entry.
+    fn tier(&mut self, path: &str, disk: &LocalDisk, old: Option<&LocalDisk>) {
+        let path_path = format!("{path}.path");
+        if disk.path.len() > MAX_TIER_PATH_LENGTH {
+            self.push(
+                &path_path,
+                FieldErrorKind::TooMany,
+                format!("must be at most {MAX_TIER_PATH_LENGTH} characters long"),
+            );
+        } else if let Some((kind, reason)) = tier_path_problem(&disk.path) {
+            self.push(&path_path, kind, reason);
+        }
+
+        let capacity_path = format!("{path}.capacity");
+        let capacity = disk
+            .capacity
+            .as_ref()
+            .and_then(|c| self.quantity(&capacity_path, &c.0));
+        // A capacity refused as unreadable or too large is not also reported as missing.
+        let capacity_refused = disk.capacity.is_some() && capacity.is_none();
+        if let Some(amount) = capacity {
+            if amount.is_negative() {
+                self.invalid(&capacity_path, messages::CAPACITY_NOT_NEGATIVE);
+            } else if amount.is_positive() && amount.cmp_int(BUCKET_SIZE_FLOOR_BYTES).is_lt() {
+                let old_amount = old
+                    .and_then(|o| o.capacity.as_ref())
+                    .and_then(|c| quantity::parse(c).ok());
+                if old.is_none() || old_amount != Some(amount) {
+                    self.invalid(
+                        &capacity_path,
+                        "must be at least 16Mi, which is one bucket: the store stops taking offload work as soon \
+                         as one more bucket would not fit under this ceiling, so a smaller one means no offload \
+                         at all",
+                    );
+                }
+            }
+        }
+
+        let keys_path = format!("{path}.keyLimit");
+        if let Some(keys) = disk.key_limit {
+            if keys < 0 {
+                self.invalid(
+                    &keys_path,
+                    "must not be negative: it caps how many keys the tier holds",
+                );
+            } else if keys > 0
+                && keys < BUCKET_KEYS_FLOOR
+                && old.is_none_or(|o| o.key_limit != disk.key_limit)
+            {
+                self.invalid(
+                    &keys_path,
+                    "must be at least 64, which is one bucket's worth of keys: the store stops taking offload \
+                     work as soon as one more bucket would not fit under this limit, so a smaller one means no \
+                     offload at all",
+                );
+            }
+        }
+
+        if let Some(eviction) = &disk.eviction {
+            let eviction_path = format!("{path}.eviction");
+            if !eviction.enabled && eviction.policy.is_some() {
+                self.forbidden(
+                    format!("{eviction_path}.policy"),
+                    messages::POLICY_WHILE_DISABLED,
+                );
+            }
+            if let Some(watermark) = &eviction.watermark {
+                let mark_path = format!("{eviction_path}.watermark");
+                if !eviction.enabled {
+                    self.forbidden(&mark_path, messages::WATERMARK_WHILE_DISABLED);
+                } else if !capacity_refused && !capacity.is_some_and(|c| c.is_positive()) {
+                    self.required(&capacity_path, messages::WATERMARK_NEEDS_CAPACITY);
+                }
+                for (name, value) in [("high", watermark.high), ("low", watermark.low)] {
+                    if !(1..=100).contains(&value) {
+                        self.invalid(
+                            format!("{mark_path}.{name}"),
+                            "must be between 1 and 100: it is a percentage of capacity",
+                        );
+                    }
+                }
+                if watermark.low >= watermark.high {
+                    self.invalid(
+                        format!("{mark_path}.low"),
+                        format!(
+                            "must be below high ({}): with equal or inverted marks every write past the mark \
+                             evicts, and the member refuses the pair at startup, where only its log would tell",
+                            watermark.high
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// M8 and the shape of each entry.
+    fn host_paths(
+        &mut self,
+        group_path: &str,
+        host_paths: &[HostPathMount],
+        tier: Option<&LocalDisk>,
+    ) {
+        if host_paths.len() > MAX_LIST_ITEMS {
+            self.push(
+                format!("{group_path}.hostPaths"),
+                FieldErrorKind::TooMany,
+                format!(
+                    "must have at most {MAX_LIST_ITEMS} entries, and has {}",
+                    host_paths.len()
+                ),
+            );
+        }
+        let tier_path = tier
+            .filter(|t| tier_path_problem(&t.path).is_none())
+            .map(|t| clean(&t.path));
+        let mut earlier: Vec<(usize, String)> = Vec::new();
+        for (j, entry) in host_paths.iter().enumerate() {
+            let entry_path = format!("{group_path}.hostPaths[{j}]");
+            let mut shape_ok = true;
+            for (field, value) in [("path", &entry.path), ("mountPath", &entry.mount_path)] {
+                if let Some(problem) = host_path_shape_problem(value) {
+                    self.invalid(format!("{entry_path}.{field}"), problem);
+                    shape_ok = false;
+                }
+            }
+            if !shape_ok {
+                continue;
+            }
+            let mount = clean(&entry.mount_path);
+            let mount_path = format!("{entry_path}.mountPath");
+            if let Some((k, other)) = earlier.iter().find(|(_, other)| overlaps(&mount, other)) {
+                self.invalid(
+                    &mount_path,
+                    format!(
+                        "overlaps the mount path of hostPaths[{k}] ({other}): one mount would hide all or part \
+                         of the other"
+                    ),
+                );
+            } else if overlaps(&mount, INFINIBAND_DIR) {
+                self.invalid(
+                    &mount_path,
+                    "overlaps /dev/infiniband, where a host fabric's device plugin puts the granted device \
+                     nodes in this same container: one would hide the other",
+                );
+            } else if let Some(tier) = tier_path.as_deref()
+                && overlaps(&mount, tier)
+            {
+                self.invalid(
+                    &mount_path,
+                    format!(
+                        "overlaps where this group's localDisks tier is mounted ({tier}): the two mounts would \
+                         hide parts of each other"
+                    ),
+                );
+            }
+            earlier.push((j, mount));
+        }
+    }
+}
+
+fn leader_derived_reason(key: &str) -> String {
+    match key {
+        "enable_offload" | "offload_on_evict" => format!(
+            "the key {key:?} is derived from this spec: the operator renders -enable_offload=true and \
+             -offload_on_evict=true together exactly when a member group declares localDisks, so that the \
+             leader cannot drift out of step with the members' declaration"
+        ),
+        _ => format!(
+            "the key {key:?} is derived from a field of this spec, and two sources for one setting make the \
+             rendered command line ambiguous; set the field instead"
+        ),
+    }
+}
+
+fn member_derived_reason(key: &str) -> String {
+    format!(
+        "the key {key:?} is derived from this spec (it is rendered into the member's environment), and two \
+         sources for one setting make the result depend on which one the store reads last; set the field \
+         instead"
+    )
+}
+
+fn leader_env_reason(name: &str) -> String {
+    format!(
+        "{name} is rendered by the operator for the leader, and a second definition of one name leaves the \
+         winner to the container runtime, with nothing reporting the clash"
+    )
+}
+
+fn member_env_reason(name: &str) -> String {
+    if BUCKET_ENVS.contains(&name) {
+        format!(
+            "{name} is rendered from this spec: the operator fixes the bucket size at 16777216 bytes and 64 \
+             keys so that a modest backend closes buckets and writes its tier. Moving them is a tuning \
+             decision that would need a field, and a second definition leaves the winner to the container \
+             runtime, with nothing reporting the clash"
+        )
+    } else {
+        format!(
+            "{name} is rendered from this spec, and a second definition of one name leaves the winner to the \
+             container runtime, with nothing reporting the clash"
+        )
+    }
+}
+
+/// The key of an `extraArgs` entry: the text after the leading dashes, up to the first `=`.
+pub fn entry_key(entry: &str) -> &str {
+    let flag = entry.trim_start_matches('-');
+    flag.split_once('=').map_or(flag, |(key, _)| key)
+}
+
+/// Whether the group declares a (non-empty) tier.
+pub fn has_tier(group: &MemberGroup) -> bool {
+    group.local_disk().is_some()
+}
+
+/// The first of P1-P6 that `path` breaks, with its kind and reason.
+pub fn tier_path_problem(path: &str) -> Option<(FieldErrorKind, String)> {
+    if path.trim().is_empty() {
+        return Some((
+            FieldErrorKind::Required,
+            "a directory on the node is required: it is mounted from the host, and the operator picks no \
+             default, because the wrong host directory fills a filesystem that nothing in Kubernetes accounts \
+             for"
+                .into(),
+        ));
+    }
+    if path.trim() != path {
+        return Some((
+            FieldErrorKind::Invalid,
+            "must not begin or end with whitespace: the directory is mounted exactly as written, so a stray \
+             space names a different directory than the one you read"
+                .into(),
+        ));
+    }
+    if !path.starts_with('/') {
+        return Some((
+            FieldErrorKind::Invalid,
+            "must be an absolute path: it names a directory on the node, and the kubelet would refuse a \
+             relative one only when the member Pod starts"
+                .into(),
+        ));
+    }
+    if path.split('/').any(|component| component == "..") {
+        return Some((
+            FieldErrorKind::Invalid,
+            "must not contain a \"..\" component: the store refuses such a path as traversal before it checks \
+             that the directory exists, so the member would run without ever mounting its tier"
+                .into(),
+        ));
+    }
+    let cleaned = clean(path);
+    if cleaned == "/" {
+        return Some((
+            FieldErrorKind::Invalid,
+            "must not be the root directory: that would mount the node's whole filesystem into the store's \
+             container"
+                .into(),
+        ));
+    }
+    if overlaps(&cleaned, INFINIBAND_DIR) {
+        return Some((
+            FieldErrorKind::Invalid,
+            "must not overlap /dev/infiniband (be it, lie inside it or contain it): a host fabric's device \
+             plugin puts the granted device nodes there in this same container, and the tier would hide them or \
+             be hidden by them, whatever spec.transport.protocol says today"
+                .into(),
+        ));
+    }
+    None
+}
+
+fn host_path_shape_problem(value: &str) -> Option<String> {
+    if value.len() > MAX_HOST_PATH_LENGTH {
+        return Some(format!(
+            "must be at most {MAX_HOST_PATH_LENGTH} characters long"
+        ));
+    }
+    let components: Vec<&str> = value.split('/').skip(1).collect();
+    if !value.starts_with('/') || components.iter().any(|c| c.is_empty()) {
+        return Some(
+            "must be an absolute path without empty components or a trailing \"/\" (like /var/run/x)".into(),
+        );
+    }
+    if components.iter().any(|c| *c == ".." || *c == ".") {
+        return Some(
+            "must not contain \".\" or \"..\" components: mounts are compared as written to find overlaps"
+                .into(),
+        );
+    }
+    None
+}
+
+/// `path` with empty and `.` components removed (it has no `..` components).
+pub fn clean(path: &str) -> String {
+    let components: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    format!("/{}", components.join("/"))
+}
+
+/// Whether two clean absolute paths are equal or one contains the other, component-wise.
+pub fn overlaps(a: &str, b: &str) -> bool {
+    let parts = |p: &str| -> Vec<String> {
+        p.split('/')
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (a, b) = (parts(a), parts(b));
+    let shorter = a.len().min(b.len());
+    a[..shorter] == b[..shorter]
+}
+
+/// The group with every quantity in canonical form, so that groups equal as quantities compare
+/// equal (`16Mi` and `16384Ki`).
+fn canonical(group: &MemberGroup) -> MemberGroup {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let canon = |q: &Quantity| match quantity::parse(q) {
+        Ok(amount) => Quantity(amount.to_string()),
+        Err(_) => q.clone(),
+    };
+    let mut group = group.clone();
+    group.capacity_per_member = canon(&group.capacity_per_member);
+    group.local_buffer_size = group.local_buffer_size.as_ref().map(canon);
+    if let Some(disks) = &mut group.local_disks {
+        for disk in disks {
+            disk.capacity = disk.capacity.as_ref().map(canon);
+        }
+    }
+    group
+}
+
+/// Why `address` is not `host:port` as the operator dials it, or `Ok`.
+pub fn host_port_problem(address: &str) -> Result<(), String> {
+    if address.trim() != address {
+        return Err("it begins or ends with whitespace".into());
+    }
+    let (host, port) = if let Some(rest) = address.strip_prefix('[') {
+        let (ip, after) = rest
+            .split_once(']')
+            .ok_or("it opens '[' without closing it")?;
+        if ip.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{ip:?} in brackets is not an IPv6 address"));
+        }
+        let port = after
+            .strip_prefix(':')
+            .ok_or("no \":port\" follows the address")?;
+        (ip, port)
+    } else {
+        let (host, port) = address.rsplit_once(':').ok_or("it has no \":port\"")?;
+        if host.contains(':') {
+            return Err("an IPv6 address must be written in brackets, as [address]:port".into());
+        }
+        (host, port)
+    };
+    if host.is_empty() {
+        return Err("the host is empty".into());
+    }
+    if let Some(c) = host
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')))
+    {
+        return Err(format!(
+            "the host contains {c:?}: a path, query, fragment or user name has no place in an address"
+        ));
+    }
+    if port.is_empty() || !port.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!("the port {port:?} is not a number"));
+    }
+    match port.parse::<u32>() {
+        Ok(p) if (1..=65535).contains(&p) && !port.starts_with('0') => Ok(()),
+        _ => Err(format!("the port {port:?} is not between 1 and 65535")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_rules_in_order() {
+        let kind = tier_path_problem;
+        assert!(kind("/var/lib/kvcache").is_none());
+        assert!(kind("/dev/infiniband-cache").is_none());
+        assert!(kind("/mnt/..data/kv").is_none());
+        assert_eq!(kind("   ").unwrap().0, FieldErrorKind::Required);
+        assert_eq!(kind("").unwrap().0, FieldErrorKind::Required);
+        assert!(kind(" /x").unwrap().1.contains("whitespace"));
+        assert!(kind("/x\n").unwrap().1.contains("whitespace"));
+        // Whitespace is reported before "not absolute".
+        assert!(kind(" x").unwrap().1.contains("whitespace"));
+        assert!(kind("x/..").unwrap().1.contains("absolute"));
+        assert!(kind("/var/../kv").unwrap().1.contains(".."));
+        assert!(kind("/..").unwrap().1.contains(".."));
+        assert!(kind("/").unwrap().1.contains("root"));
+        assert!(kind("//").unwrap().1.contains("root"));
+        assert!(kind("/./").unwrap().1.contains("root"));
+        for p in [
+            "/dev/infiniband",
+            "/dev/infiniband/x",
+            "/dev",
+            "/dev/",
+            "//dev//infiniband/",
+        ] {
+            assert!(kind(p).unwrap().1.contains("/dev/infiniband"), "{p}");
+        }
+    }
+
+    #[test]
+    fn overlap_is_component_wise() {
+        assert!(overlaps("/a/b", "/a/b"));
+        assert!(overlaps("/a", "/a/b"));
+        assert!(overlaps("/a/b/c", "/a/b"));
+        assert!(!overlaps("/a/bc", "/a/b"));
+        assert!(!overlaps("/dev/infiniband-cache", INFINIBAND_DIR));
+        assert!(overlaps("/", "/x"));
+        assert_eq!(clean("//a/./b/"), "/a/b");
+    }
+
+    #[test]
+    fn addresses() {
+        assert!(host_port_problem("store.example:50051").is_ok());
+        assert!(host_port_problem("10.0.0.1:9003").is_ok());
+        assert!(host_port_problem("[::1]:9003").is_ok());
+        for bad in [
+            "store",
+            ":9003",
+            "store:",
+            "store:0",
+            "store:65536",
+            "store:08",
+            " store:1",
+            "store:1 ",
+            "user@store:1",
+            "store/x:1",
+            "http://store:1",
+            "::1:9003",
+            "[::1]",
+            "[zz]:1",
+            "store:1?x",
+            "store:+1",
+        ] {
+            assert!(host_port_problem(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn entry_keys() {
+        assert_eq!(entry_key("-enable_offload=false"), "enable_offload");
+        assert_eq!(entry_key("--client_ttl=30"), "client_ttl");
+        assert_eq!(entry_key("-flag"), "flag");
+        assert_eq!(entry_key("-=x"), "");
+        assert_eq!(entry_key("--"), "");
+    }
+}
