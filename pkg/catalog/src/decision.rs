@@ -43,7 +43,7 @@ pub struct Gates {
 #[derive(Clone, Copy, Debug)]
 pub enum CatalogInput<'a> {
     /// The ConfigMap `nvcf-storage-capabilities` was not found: the built-in copy is used and
-    /// the decision says so (`catalog_builtin`).
+    /// the outcome says so ([`Outcome::catalog_builtin`]).
     Absent,
     /// The ConfigMap as read; it is authoritative.
     ConfigMap(&'a ConfigMap),
@@ -140,6 +140,8 @@ pub enum NonDurable {
         workflow: Workflow,
         /// Why.
         why: DisabledReason,
+        /// Whether the catalog looked in was the built-in copy.
+        catalog_builtin: bool,
     },
     /// Encryption is requested but the decided storage cannot provide it.
     EncryptionUnavailable {
@@ -149,6 +151,8 @@ pub enum NonDurable {
         transition: Transition,
         /// Whether the driver lists encryption support.
         encryption_supported: bool,
+        /// Whether the catalog looked in was the built-in copy.
+        catalog_builtin: bool,
     },
 }
 
@@ -164,6 +168,28 @@ impl NonDurable {
             Self::NoCatalogEntry { .. } => "NoCatalogEntry",
             Self::NoQualifiedFlow { .. } => "NoQualifiedFlow",
             Self::EncryptionUnavailable { .. } => "EncryptionUnavailable",
+        }
+    }
+
+    /// Whether this outcome was reached by consulting the built-in catalog (the ConfigMap is
+    /// absent). `false` for outcomes decided before the catalog is consulted (gates,
+    /// StorageClass).
+    pub const fn catalog_builtin(&self) -> bool {
+        match self {
+            Self::NoCatalogEntry {
+                catalog_builtin, ..
+            }
+            | Self::NoQualifiedFlow {
+                catalog_builtin, ..
+            }
+            | Self::EncryptionUnavailable {
+                catalog_builtin, ..
+            } => *catalog_builtin,
+            Self::CachingDisabled
+            | Self::HelmCachingDisabled
+            | Self::StorageClassNotFound
+            | Self::StorageClassNotRetain { .. }
+            | Self::BlankProvisioner => false,
         }
     }
 }
@@ -213,6 +239,7 @@ impl fmt::Display for NonDurable {
                 provider,
                 workflow,
                 why,
+                ..
             } => write!(
                 f,
                 "provisioner {} (provider {}) gives {} no durable cache: {why}",
@@ -224,6 +251,7 @@ impl fmt::Display for NonDurable {
                 provisioner,
                 transition,
                 encryption_supported,
+                ..
             } => {
                 if *transition == Transition::RwxReadOnly {
                     write!(
@@ -256,6 +284,19 @@ pub enum Outcome {
     Durable(Box<Decision>),
     /// No durable cache, and why.
     NonDurable(NonDurable),
+}
+
+impl Outcome {
+    /// Whether the built-in catalog decided this outcome: the ConfigMap
+    /// `nvcf-storage-capabilities` is absent and the decision got as far as the catalog. The
+    /// caller logs a warning and counts it whenever this is true; nothing else about the outcome
+    /// differs from what the same catalog in a ConfigMap gives.
+    pub fn catalog_builtin(&self) -> bool {
+        match self {
+            Self::Durable(decision) => decision.catalog_builtin,
+            Self::NonDurable(reason) => reason.catalog_builtin(),
+        }
+    }
 }
 
 /// Inputs that make a decision impossible (retry after they are fixed; nothing is decided).
@@ -340,6 +381,7 @@ pub fn decide(inputs: &DecisionInputs<'_>) -> Result<Outcome, DecisionError> {
                 provider: driver.provider.clone(),
                 workflow: inputs.workflow,
                 why,
+                catalog_builtin: snapshot.is_builtin(),
             });
         }
     };
@@ -351,6 +393,7 @@ pub fn decide(inputs: &DecisionInputs<'_>) -> Result<Outcome, DecisionError> {
             provisioner: provisioner.to_owned(),
             transition,
             encryption_supported: driver.encryption_supported,
+            catalog_builtin: snapshot.is_builtin(),
         });
     }
     let writer_identity =

@@ -15,7 +15,9 @@
 //! refuse.
 //!
 //! Pure: no Kubernetes client, no I/O, no clock. Logging and counting the built-in fallback is
-//! the caller's job ([`CatalogSnapshot::is_builtin`], [`Decision::catalog_builtin`]).
+//! the caller's job: after [`decide`], `if outcome.catalog_builtin() { warn; count }`
+//! ([`Outcome::catalog_builtin`]; a caller that loads the catalog itself checks
+//! [`CatalogSnapshot::is_builtin`]).
 
 mod decision;
 mod digest;

@@ -113,7 +113,7 @@ pub fn parse_yaml(text: &str) -> Result<Value, YamlError> {
             .replace(", set DuplicateKeyPolicy in Options if acceptable", "")
             .replace(
                 "; use from_str_multiple or from_str_multiple_with_options",
-                ": a catalog file holds exactly one",
+                " (a catalog file holds exactly one)",
             ),
     })
 }
@@ -152,7 +152,8 @@ pub fn is_line_terminator(c: char) -> bool {
     matches!(c, '\n' | '\r' | '\u{2028}' | '\u{2029}')
 }
 
-fn type_name(value: &Value) -> &'static str {
+/// How a refusal names the YAML type of a value.
+pub(crate) fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

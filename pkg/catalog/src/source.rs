@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::digest::catalog_revision;
 use crate::error::{FieldError, FieldErrors, FieldPath, LoadError, Refusal};
-use crate::loader::{Catalog, parse_yaml};
+use crate::loader::{Catalog, parse_yaml, type_name};
 
 /// Name of the ConfigMap that holds the catalog, in the namespace the controllers run in.
 pub const CONFIG_MAP_NAME: &str = "nvcf-storage-capabilities";
@@ -191,14 +191,7 @@ impl CatalogFile {
                 path,
                 Refusal::WrongType {
                     expected: "a string holding the catalog document",
-                    found: match other {
-                        Value::Object(_) => "a mapping",
-                        Value::Array(_) => "a list",
-                        Value::Null => "null",
-                        Value::Bool(_) => "a boolean",
-                        Value::Number(_) => "a number",
-                        Value::String(_) => "a string",
-                    },
+                    found: type_name(other),
                 },
             )),
         };

@@ -210,6 +210,91 @@ fn builtin_and_config_map_give_the_same_decision_but_for_the_flag() {
     }
 }
 
+/// The flag a caller logs and counts: set on every outcome the built-in catalog decided, durable
+/// or not, and only on those.
+#[test]
+fn every_outcome_says_whether_the_builtin_catalog_decided_it() {
+    let cm = config_map(BUILTIN_CATALOG);
+    let encrypted = Gates {
+        model_cache_encryption: true,
+        ..gates()
+    };
+    let mut delete = class("csi.weka.io");
+    delete.reclaim_policy = Some("Delete".into());
+    // (StorageClass, workflow, gates, reason (None = durable), whether the catalog is consulted)
+    type Case = (
+        Option<StorageClass>,
+        Workflow,
+        Gates,
+        Option<&'static str>,
+        bool,
+    );
+    let cases: [Case; 8] = [
+        (Some(class("csi.weka.io")), REGULAR, gates(), None, true),
+        (
+            Some(class("nvmesh-csi.excelero.com")),
+            HELM,
+            gates(),
+            None,
+            true,
+        ),
+        (
+            Some(class("ebs.csi.aws.com")),
+            REGULAR,
+            gates(),
+            Some("NoCatalogEntry"),
+            true,
+        ),
+        (
+            Some(class("lustre.csi.oraclecloud.com")),
+            HELM,
+            gates(),
+            Some("NoQualifiedFlow"),
+            true,
+        ),
+        (
+            Some(class("csi.weka.io")),
+            REGULAR,
+            encrypted,
+            Some("EncryptionUnavailable"),
+            true,
+        ),
+        (
+            Some(class("csi.weka.io")),
+            REGULAR,
+            Gates::default(),
+            Some("CachingDisabled"),
+            false,
+        ),
+        (None, REGULAR, gates(), Some("StorageClassNotFound"), false),
+        (
+            Some(delete),
+            REGULAR,
+            gates(),
+            Some("StorageClassNotRetain"),
+            false,
+        ),
+    ];
+    for (sc, workflow, g, reason, consulted) in &cases {
+        let absent = run(sc.as_ref(), None, CatalogInput::Absent, *workflow, *g).unwrap();
+        let configured = run(
+            sc.as_ref(),
+            None,
+            CatalogInput::ConfigMap(&cm),
+            *workflow,
+            *g,
+        )
+        .unwrap();
+        let got = match &absent {
+            Outcome::Durable(_) => None,
+            Outcome::NonDurable(n) => Some(n.reason()),
+        };
+        assert_eq!(got, *reason, "{sc:?}");
+        assert_eq!(absent.catalog_builtin(), *consulted, "{reason:?}");
+        assert!(!configured.catalog_builtin(), "{reason:?}");
+    }
+}
+
 #[test]
 fn a_loaded_snapshot_decides_like_its_source() {
     let sc = class("csi.trident.netapp.io");
@@ -408,6 +493,7 @@ fn encryption_is_never_silently_dropped() {
             provisioner: "csi.rox.example".into(),
             transition: Transition::RoxReadOnly,
             encryption_supported: false,
+            catalog_builtin: false,
         }
     );
     assert!(n.to_string().contains("encryptionSupported"), "{n}");

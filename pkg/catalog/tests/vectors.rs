@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Expect, schema, vectors};
-use warmcache_catalog::{Catalog, LoadError, Refusal, parse_yaml};
+use warmcache_catalog::{Catalog, LoadError, parse_yaml};
 
 #[test]
 fn every_vector_has_the_expected_verdict_from_both() {
@@ -177,6 +177,23 @@ fn yaml_errors_are_not_field_errors() {
 }
 
 #[test]
+fn a_second_document_is_a_yaml_error_that_says_so() {
+    let text = format!(
+        "{}---\n{}",
+        common::doc(&common::driver("a.csi", "[]", "[]", "")),
+        "a: 1\n"
+    );
+    let Err(LoadError::Yaml(e)) = Catalog::from_yaml(&text) else {
+        panic!("a file with two documents must be refused");
+    };
+    assert!(
+        e.message
+            .contains("multiple YAML documents detected (a catalog file holds exactly one)"),
+        "{e}"
+    );
+}
+
+#[test]
 fn accepted_catalog_keeps_document_order_and_values() {
     let yaml = common::doc(&format!(
         "{}{}",
@@ -227,5 +244,4 @@ fn the_schema_is_a_valid_2020_12_schema_with_the_documented_id() {
             "{a}/{b}"
         );
     }
-    let _ = Refusal::NoDrivers;
 }
