@@ -11,7 +11,11 @@ pub const DEFAULT_HF_HOME: &str = "/root/.cache/huggingface";
 
 /// Where a rootfs landing at [`DEFAULT_HF_HOME`] is moved: `/root` is mode 0700, so engines that
 /// run as a non-root user could not read a copy placed there. The webhook points `HF_HOME` here.
-pub const RELANDED_HF_HOME: &str = "/opt/warmcache/hf";
+///
+/// The path is the one nvsnap uses (reference section (g)), kept so that pods admitted by either
+/// system look the same inside and specs captured from nvsnap-era pods resolve as before; see
+/// `docs/model-identity.md`.
+pub const RELANDED_HF_HOME: &str = "/opt/nvsnap/hf";
 
 /// NIM's default model cache (`NIM_CACHE_PATH` unset).
 pub const DEFAULT_NIM_CACHE_PATH: &str = "/opt/nim/.cache";
@@ -225,12 +229,28 @@ pub(crate) fn landing_for_init(
     }
 }
 
-/// Move a rootfs landing at [`DEFAULT_HF_HOME`] to [`RELANDED_HF_HOME`].
-pub(crate) fn reland(mut l: Landing) -> Landing {
-    if l.kind == LandingKind::Rootfs && l.path == DEFAULT_HF_HOME {
-        l.relanded_from = Some(std::mem::replace(&mut l.path, RELANDED_HF_HOME.to_owned()));
+/// Move a rootfs landing at [`DEFAULT_HF_HOME`] to [`RELANDED_HF_HOME`]. The new place is looked
+/// up in `main` like any landing, so a volume the pod already mounts at or above it is reported
+/// (and decides substitutability) instead of a rootfs that is not there.
+pub(crate) fn reland(pod: &Pod, main: &Container, l: Landing) -> Landing {
+    if l.kind != LandingKind::Rootfs || l.path != DEFAULT_HF_HOME {
+        return l;
     }
-    l
+    Landing {
+        relanded_from: Some(l.path),
+        ..landing_in(pod, main, RELANDED_HF_HOME)
+    }
+}
+
+/// The destination a LeaderWorkerSet worker's landing is computed at, from its leader's landing:
+/// a leader landing at [`RELANDED_HF_HOME`] (re-landed by us, or written into a spec captured from
+/// an nvsnap-era pod) stands for the engine default [`DEFAULT_HF_HOME`].
+pub(crate) fn worker_dest(leader: &Landing) -> &str {
+    if leader.relanded_from.is_some() || leader.path == RELANDED_HF_HOME {
+        DEFAULT_HF_HOME
+    } else {
+        &leader.path
+    }
 }
 
 /// The directory a download container writes to when it names none: its lexicographically first

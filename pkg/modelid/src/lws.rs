@@ -67,7 +67,7 @@ impl LeaderWorkerSet {
 pub enum GroupError {
     /// The worker names no model and its LeaderWorkerSet was not supplied (or does not exist).
     #[error(
-        "pod is worker {index} of LeaderWorkerSet {name:?} and names no model itself; its leader template is needed and the LeaderWorkerSet is missing"
+        "metadata.labels[leaderworkerset.sigs.k8s.io/name]: pod is worker {index} of LeaderWorkerSet {name:?} and names no model itself; its leader template is needed and the LeaderWorkerSet is missing"
     )]
     Missing {
         /// The LeaderWorkerSet's name (pod label).
@@ -77,7 +77,7 @@ pub enum GroupError {
     },
     /// The supplied LeaderWorkerSet is not the pod's.
     #[error(
-        "the pod belongs to LeaderWorkerSet {name:?}, but the LeaderWorkerSet given is {given:?}"
+        "metadata.name: the pod belongs to LeaderWorkerSet {name:?} (label leaderworkerset.sigs.k8s.io/name), but the LeaderWorkerSet given is named {given:?}"
     )]
     Mismatch {
         /// The pod's group.

@@ -161,7 +161,7 @@ fn from_inits(
         init_container: Some(view.name().to_owned()),
         init_index: Some(i),
         main_index: main,
-        landing: landing::reland(landing),
+        landing: landing::reland(pod, main_c, landing),
     }))
 }
 
@@ -181,7 +181,7 @@ fn engine_resolution(
         init_container: None,
         init_index: None,
         main_index: main,
-        landing: landing::reland(landing_in(pod, view.container, &dest)),
+        landing: landing::reland(pod, view.container, landing_in(pod, view.container, &dest)),
     }
 }
 
@@ -404,12 +404,8 @@ pub fn resolve_with_group(
     let Some(worker_main) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
         return Ok(Outcome::Unresolved(Unresolved::NoContainers));
     };
-    let dest = leader
-        .landing
-        .relanded_from
-        .clone()
-        .unwrap_or_else(|| leader.landing.path.clone());
-    let landing: Landing = landing::reland(landing_in(pod, worker_main, &dest));
+    let dest = landing::worker_dest(&leader.landing);
+    let landing: Landing = landing::reland(pod, worker_main, landing_in(pod, worker_main, dest));
     Ok(Outcome::Resolved(Resolution {
         via_leader: true,
         main_index: 0,
