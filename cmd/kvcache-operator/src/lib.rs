@@ -11,8 +11,9 @@
 //!   admitted; otherwise it prints one `<field path>: <reason>` line per refusal and exits 1.
 //!   Input that cannot be read, is not YAML, or is not a `KVCacheBackend` exits 2.
 //! - `render` prints the leader Deployment, the leader Service and one member DaemonSet per
-//!   group as a YAML stream, exactly as the operator applies them; a backend `validate` refuses
-//!   is refused here too (exit 1, same lines).
+//!   group as a YAML stream, exactly as the operator applies them, preceded for an HA leader by
+//!   the ServiceAccounts, Roles and RoleBindings of its Lease election; a backend `validate`
+//!   refuses is refused here too (exit 1, same lines).
 //! - `webhook` serves the validating webhook over HTTPS (certificate and key `tls.crt` and
 //!   `tls.key` in `--tls-dir`, reloaded when they change) on [`WEBHOOK_PATH`], and an admin
 //!   server with `/metrics`, `/livez` and `/readyz`, until SIGTERM or SIGINT.

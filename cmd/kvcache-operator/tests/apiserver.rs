@@ -3,7 +3,8 @@
 //! the CRD schema and CEL refuse plus what the webhook refuses equals the expected verdict. Also:
 //! the operator's finalizer removal of a deleting object that fails today's rules is admitted,
 //! and the rendered objects pass the API server's strict validation and, where the store
-//! allows, Pod Security "restricted".
+//! allows, Pod Security "restricted"; the rendered HA accounts get exactly the Lease access the
+//! election needs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -11,7 +12,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -411,6 +416,11 @@ fn collection(namespace: &str, kind: &str) -> String {
         "Deployment" => format!("/apis/apps/v1/namespaces/{namespace}/deployments"),
         "DaemonSet" => format!("/apis/apps/v1/namespaces/{namespace}/daemonsets"),
         "Service" => format!("/api/v1/namespaces/{namespace}/services"),
+        "ServiceAccount" => format!("/api/v1/namespaces/{namespace}/serviceaccounts"),
+        "Role" => format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles"),
+        "RoleBinding" => {
+            format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings")
+        }
         other => panic!("unexpected kind {other}"),
     }
 }
@@ -490,6 +500,145 @@ async fn rendered_objects_pass_strict_server_side_validation() {
     ns.cleanup().await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(sent >= 20, "only {sent} objects were checked");
+}
+
+/// Whether the API server's RBAC lets `account` (in `namespace`) do `verb` on the Lease `name`
+/// (any Lease when `None`).
+async fn may(
+    client: &kube::Client,
+    namespace: &str,
+    account: &str,
+    verb: &str,
+    name: Option<&str>,
+) -> bool {
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!("system:serviceaccount:{namespace}:{account}")),
+            groups: Some(vec!["system:serviceaccounts".into()]),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some(verb.to_owned()),
+                group: Some("coordination.k8s.io".into()),
+                resource: Some("leases".into()),
+                name: name.map(str::to_owned),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let answer = reviews
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    answer.status.is_some_and(|s| s.allowed)
+}
+
+#[tokio::test]
+async fn ha_access_lets_the_leaders_hold_their_lease_and_the_members_only_read_it() {
+    let ns = TestNamespace::new("kvcache-ha").await.expect("namespace");
+    let value = vectors::with(vectors::v2(), |o| {
+        vectors::managed(o)["leader"] =
+            json!({"replicas": 2, "highAvailability": {"memberAddressing": "Lease"}});
+    });
+    let backend = from_value(value).unwrap();
+    assert_eq!(validate_ok(&backend), Vec::<String>::new());
+    // No uid: the objects carry no owner reference, so the garbage collector leaves them be.
+    let ctx = RenderContext {
+        namespace: ns.name.clone(),
+        default_image: None,
+    };
+    let r = render(&backend, &ctx).unwrap();
+    let accounts: Api<ServiceAccount> = Api::namespaced(ns.client.clone(), &ns.name);
+    let roles: Api<Role> = Api::namespaced(ns.client.clone(), &ns.name);
+    let bindings: Api<RoleBinding> = Api::namespaced(ns.client.clone(), &ns.name);
+    for account in &r.service_accounts {
+        accounts
+            .create(&PostParams::default(), account)
+            .await
+            .unwrap();
+    }
+    for role in &r.roles {
+        roles.create(&PostParams::default(), role).await.unwrap();
+    }
+    for binding in &r.role_bindings {
+        bindings
+            .create(&PostParams::default(), binding)
+            .await
+            .unwrap();
+    }
+    // The Pods name exactly these accounts.
+    let leader_pod = r.leader.spec.template.spec.as_ref().unwrap();
+    assert_eq!(
+        leader_pod.service_account_name.as_deref(),
+        Some("kvc-leader")
+    );
+    let member_pod = r.members[0].spec.template.spec.as_ref().unwrap();
+    assert_eq!(
+        member_pod.service_account_name.as_deref(),
+        Some("kvc-member")
+    );
+
+    let client = ns.client.clone();
+    let namespace = ns.name.clone();
+    // The authorizer sees new bindings after a moment.
+    warmcache_testkit::eventually(
+        "the leader binding to apply",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            let namespace = namespace.clone();
+            async move {
+                may(
+                    &client,
+                    &namespace,
+                    "kvc-leader",
+                    "update",
+                    Some("kvc-leader"),
+                )
+                .await
+                .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    warmcache_testkit::eventually(
+        "the member binding to apply",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            let namespace = namespace.clone();
+            async move {
+                may(&client, &namespace, "kvc-member", "get", Some("kvc-leader"))
+                    .await
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let lease = Some("kvc-leader");
+    for (account, verb, name, allowed) in [
+        ("kvc-leader", "create", None, true),
+        ("kvc-leader", "get", lease, true),
+        ("kvc-leader", "watch", lease, true),
+        ("kvc-leader", "patch", lease, true),
+        ("kvc-leader", "update", Some("another-lease"), false),
+        ("kvc-leader", "delete", lease, false),
+        ("kvc-member", "watch", lease, true),
+        ("kvc-member", "update", lease, false),
+        ("kvc-member", "create", None, false),
+        ("kvc-member", "get", Some("another-lease"), false),
+    ] {
+        assert_eq!(
+            may(&client, &namespace, account, verb, name).await,
+            allowed,
+            "{account} {verb} {name:?}"
+        );
+    }
+    ns.cleanup().await;
 }
 
 #[tokio::test]

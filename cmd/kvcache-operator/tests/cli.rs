@@ -286,6 +286,63 @@ fn render_prints_the_objects_as_a_yaml_stream() {
 }
 
 #[test]
+fn render_of_an_ha_backend_includes_the_accounts_its_pods_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "ha.yaml",
+        &with(vectors::v1(), |o| {
+            managed(o)["leader"] =
+                json!({"replicas": 3, "highAvailability": {"memberAddressing": "Lease"}});
+        }),
+    );
+    let output = run(&["render", "-f", file.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let docs: Vec<Value> = serde_saphyr::from_multiple::<Value>(&stdout(&output))
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect();
+    let kinds: Vec<String> = docs
+        .iter()
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap(),
+                d["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount/kvc-leader",
+            "ServiceAccount/kvc-member",
+            "Role/kvc-leader",
+            "Role/kvc-member",
+            "RoleBinding/kvc-leader",
+            "RoleBinding/kvc-member",
+            "Deployment/kvc-leader",
+            "Service/kvc-leader",
+            "DaemonSet/kvc-member-0",
+        ]
+    );
+    // Every account a Pod names is in the same stream.
+    let accounts: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ServiceAccount")
+        .map(|d| &d["metadata"]["name"])
+        .collect();
+    for workload in docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+    {
+        let named = &workload["spec"]["template"]["spec"]["serviceAccountName"];
+        assert!(accounts.contains(&named), "{named}");
+    }
+}
+
+#[test]
 fn render_refuses_what_validate_refuses_and_bad_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let bad = write(

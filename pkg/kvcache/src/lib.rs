@@ -8,7 +8,9 @@
 //!   list is the whole verdict. Ratchets keep objects admitted under older rules updatable, and an
 //!   update that leaves `spec` unchanged (the operator's finalizer removal) is never refused.
 //! - [`render()`]: the leader Deployment and Service and one member DaemonSet per group, per
-//!   reference section 4; everything `validate` admits renders, deterministically.
+//!   reference section 4, plus, with an active `highAvailability`, the ServiceAccounts, Roles
+//!   and RoleBindings the Lease election needs; everything `validate` admits renders,
+//!   deterministically.
 //! - [`parse_backend`]: a YAML or JSON document read into a backend, with the path of every shape
 //!   problem (what the API server's schema would refuse).
 //!

@@ -37,6 +37,16 @@ pub fn member_component(index: usize) -> String {
 /// `app.kubernetes.io/component` of the leader.
 pub const LEADER_COMPONENT: &str = "leader";
 
+/// `app.kubernetes.io/component` of the members' ServiceAccount, Role and RoleBinding, which
+/// every group shares.
+pub const MEMBER_ACCESS_COMPONENT: &str = "member";
+
+/// Name of the members' ServiceAccount, Role and RoleBinding (HA with Lease addressing only).
+/// Shorter than every `<backend>-member-<index>`, so the object-name rule covers it.
+pub fn member_access_name(backend: &str) -> String {
+    format!("{backend}-member")
+}
+
 /// The selector labels of one part of a backend (name, instance, component).
 pub fn selector_labels(backend: &str, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([

@@ -19,6 +19,37 @@
 //! The workload namespace must therefore allow such Pods (see docs/kvcache-local-disk.md).
 //! `runAsNonRoot` needs an image whose user is a numeric, non-zero uid (the published store
 //! images run as 65532); a group's `securityContext` is merged over these settings.
+//!
+//! # Resources
+//!
+//! Every container has requests. Limits are set where exceeding them is harmless:
+//!
+//! - the `local-disk-survey` init container has small requests and limits (CPU and memory): it
+//!   counts directory entries in a stream (`find ... | wc -l`), so its memory does not grow with
+//!   the size of the tier;
+//! - the member requests its memory segment plus its transfer buffer (DRAM) or the buffer alone
+//!   (VRAM), and a little CPU. It has **no memory limit**: the segment is the cache itself, the
+//!   store's own overhead (transfer engine, offload staging buffers) comes on top of it and is
+//!   not described by any field, and an OOM kill loses every key in the segment at once. It has
+//!   no CPU limit either: throttling lands on the data path of every transfer. Fabric device
+//!   limits (RDMA, EFA) are set, as extended resources require;
+//! - the leader requests CPU and memory and has **no limits**: its memory is the index of every
+//!   key, which grows with the keys stored and which no field sizes, so a fixed limit would be
+//!   wrong for someone, and an OOM kill drops the whole index; a CPU limit would throttle the
+//!   metadata path every read and write goes through.
+//!
+//! A `LimitRange` with default limits in the workload namespace would put limits back; see
+//! docs/kvcache-local-disk.md.
+//!
+//! # Leader election access
+//!
+//! With an active `highAvailability` block (the block and more than one replica) the leaders
+//! elect one of them through the Lease `<backend>-leader` in the workload namespace, so the
+//! rendered objects include what that needs: the ServiceAccount, Role and RoleBinding
+//! `<backend>-leader` (create the Lease; read and renew that one Lease). With
+//! `memberAddressing: Lease` the members find the serving leader by reading the same Lease, and
+//! get their own ServiceAccount, Role and RoleBinding `<backend>-member`, which can only read it.
+//! Without HA no account is rendered and no Pod mounts an API token.
 
 use std::collections::BTreeMap;
 
@@ -30,16 +61,18 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
     HostPathVolumeSource, Lifecycle, LifecycleHandler, LocalObjectReference, ObjectFieldSelector,
     PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
-    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction, Volume,
+    VolumeMount,
 };
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use warmcache_api_kvcache::v1alpha1::{
-    API_VERSION, AllocationStrategy, EvictionPolicy, HostPathType, KIND, KVCacheBackend, LocalDisk,
-    Managed, Medium, MemberAddressing, MemberGroup, Protocol,
+    API_VERSION, AllocationStrategy, EvictionPolicy, HostPathType, KIND, KVCacheBackend, Leader,
+    LocalDisk, Managed, Medium, MemberAddressing, MemberGroup, Protocol,
 };
 use warmcache_api_kvcache::{
     BUCKET_KEYS_FLOOR, BUCKET_SIZE_FLOOR_BYTES, LEADER_ADMIN_PORT, LEADER_RPC_PORT,
@@ -47,7 +80,7 @@ use warmcache_api_kvcache::{
 };
 
 use crate::error::RenderError;
-use crate::names::{self, LEADER_COMPONENT, POD_SPEC_HASH_ANNOTATION};
+use crate::names::{self, LEADER_COMPONENT, MEMBER_ACCESS_COMPONENT, POD_SPEC_HASH_ANNOTATION};
 use crate::quantity;
 use crate::validate::member_path;
 
@@ -67,6 +100,22 @@ pub const TERMINATION_LOG: &str = "/dev/termination-log";
 pub const RDMA_SHARED_RESOURCE: &str = "device.gpustack.ai/rdma.shared";
 /// Extended resource of an EFA device.
 pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
+/// CPU request of the leader (no limit: see the module documentation).
+pub const LEADER_CPU_REQUEST: &str = "100m";
+/// Memory request of the leader (no limit: see the module documentation).
+pub const LEADER_MEMORY_REQUEST: &str = "256Mi";
+/// CPU request of a member (no limit: see the module documentation).
+pub const MEMBER_CPU_REQUEST: &str = "100m";
+/// CPU request of the `local-disk-survey` init container.
+pub const SURVEY_CPU_REQUEST: &str = "10m";
+/// CPU limit of the `local-disk-survey` init container.
+pub const SURVEY_CPU_LIMIT: &str = "100m";
+/// Memory request of the `local-disk-survey` init container.
+pub const SURVEY_MEMORY_REQUEST: &str = "16Mi";
+/// Memory limit of the `local-disk-survey` init container (`sh`, `find`, `wc` and `ls /`).
+pub const SURVEY_MEMORY_LIMIT: &str = "64Mi";
+/// API group of the Lease the leaders elect through.
+pub const LEASE_API_GROUP: &str = "coordination.k8s.io";
 /// Visibility variables set to `void` for groups that do not store in GPU memory, so that a
 /// vendor container runtime hands the member no accelerator.
 pub const VISIBLE_DEVICES_ENVS: [&str; 5] = [
@@ -98,6 +147,13 @@ impl Default for RenderContext {
 /// The objects rendered for a managed backend.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rendered {
+    /// With an active `highAvailability`: `<backend>-leader`, then `<backend>-member` when the
+    /// members address the leader through its Lease. Empty otherwise.
+    pub service_accounts: Vec<ServiceAccount>,
+    /// The Roles of those accounts (same names), on the Lease `<backend>-leader` only.
+    pub roles: Vec<Role>,
+    /// The RoleBindings of those accounts to their Roles (same names).
+    pub role_bindings: Vec<RoleBinding>,
     /// `<backend>-leader`.
     pub leader: Deployment,
     /// `<backend>-leader`, ClusterIP.
@@ -107,10 +163,20 @@ pub struct Rendered {
 }
 
 impl Rendered {
-    /// The objects as a YAML stream (documents separated by `---`): Deployment, Service, then
-    /// the DaemonSets in group order.
+    /// The objects as a YAML stream (documents separated by `---`): the ServiceAccounts, Roles
+    /// and RoleBindings (HA only), so that they exist before a Pod names them, then the
+    /// Deployment, the Service and the DaemonSets in group order.
     pub fn to_yaml_stream(&self) -> Result<String, serde_saphyr::SerializeError> {
         let mut out = String::new();
+        for account in &self.service_accounts {
+            push_document(&mut out, account)?;
+        }
+        for role in &self.roles {
+            push_document(&mut out, role)?;
+        }
+        for binding in &self.role_bindings {
+            push_document(&mut out, binding)?;
+        }
         push_document(&mut out, &self.leader)?;
         push_document(&mut out, &self.service)?;
         for member in &self.members {
@@ -179,12 +245,8 @@ pub fn render(backend: &KVCacheBackend, ctx: &RenderContext) -> Result<Rendered,
         })?
         .to_owned();
     let leader = &managed.leader;
-    let ha_active = leader.high_availability.is_some() && leader.replicas > 1;
-    let lease_addressing = ha_active
-        && leader
-            .high_availability
-            .as_ref()
-            .is_some_and(|ha| ha.member_addressing == MemberAddressing::Lease);
+    let ha_active = ha_active(leader);
+    let lease_addressing = lease_addressing(leader);
     let owner = backend.metadata.uid.as_ref().map(|uid| OwnerReference {
         api_version: API_VERSION.to_owned(),
         kind: KIND.to_owned(),
@@ -209,7 +271,33 @@ pub fn render(backend: &KVCacheBackend, ctx: &RenderContext) -> Result<Rendered,
         .enumerate()
         .map(|(i, group)| member_daemonset(&plan, i, group))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut access = Vec::new();
+    if plan.ha_active {
+        access.push(lease_access(
+            &plan,
+            names::leader_name(name),
+            LEADER_COMPONENT,
+            &["get", "list", "watch", "update", "patch"],
+            true,
+        ));
+    }
+    if plan.lease_addressing {
+        access.push(lease_access(
+            &plan,
+            names::member_access_name(name),
+            MEMBER_ACCESS_COMPONENT,
+            &["get", "list", "watch"],
+            false,
+        ));
+    }
+    let (service_accounts, (roles, role_bindings)) = access
+        .into_iter()
+        .map(|(account, role, binding)| (account, (role, binding)))
+        .unzip();
     Ok(Rendered {
+        service_accounts,
+        roles,
+        role_bindings,
         leader: leader_deployment(&plan),
         service: leader_service(&plan),
         members,
@@ -224,6 +312,67 @@ fn metadata(plan: &Plan<'_>, name: String, component: &str) -> ObjectMeta {
         owner_references: plan.owner.clone().map(|o| vec![o]),
         ..ObjectMeta::default()
     }
+}
+
+/// The ServiceAccount `name`, a Role allowing `verbs` on the Lease `<backend>-leader` (and
+/// creating Leases when `create`, which RBAC cannot narrow to one name), and the RoleBinding
+/// between them.
+fn lease_access(
+    plan: &Plan<'_>,
+    name: String,
+    component: &str,
+    verbs: &[&str],
+    create: bool,
+) -> (ServiceAccount, Role, RoleBinding) {
+    let lease = names::leader_name(plan.name);
+    let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let mut rules = vec![PolicyRule {
+        api_groups: Some(strings(&[LEASE_API_GROUP])),
+        resources: Some(strings(&["leases"])),
+        resource_names: Some(vec![lease]),
+        verbs: strings(verbs),
+        ..PolicyRule::default()
+    }];
+    if create {
+        rules.push(PolicyRule {
+            api_groups: Some(strings(&[LEASE_API_GROUP])),
+            resources: Some(strings(&["leases"])),
+            verbs: strings(&["create"]),
+            ..PolicyRule::default()
+        });
+    }
+    let account = ServiceAccount {
+        metadata: metadata(plan, name.clone(), component),
+        // Only the Pods that need the token mount it (they say so themselves).
+        automount_service_account_token: Some(false),
+        ..ServiceAccount::default()
+    };
+    let role = Role {
+        metadata: metadata(plan, name.clone(), component),
+        rules: Some(rules),
+    };
+    let binding = RoleBinding {
+        metadata: metadata(plan, name.clone(), component),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Role".to_owned(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name,
+            namespace: Some(plan.namespace.to_owned()),
+            api_group: None,
+        }]),
+    };
+    (account, role, binding)
+}
+
+fn quantities(items: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
+    items
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+        .collect()
 }
 
 /// The container security context every container starts from (restricted Pod Security).
@@ -279,10 +428,25 @@ fn plain_env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
+/// Whether the leaders elect one of them: a `highAvailability` block and more than one replica.
+/// (The block with one replica renders a plain single leader.)
+pub fn ha_active(leader: &Leader) -> bool {
+    leader.high_availability.is_some() && leader.replicas > 1
+}
+
+/// Whether the members find the serving leader through its Lease rather than its Service.
+pub fn lease_addressing(leader: &Leader) -> bool {
+    ha_active(leader)
+        && leader
+            .high_availability
+            .as_ref()
+            .is_some_and(|ha| ha.member_addressing == MemberAddressing::Lease)
+}
+
 /// The leader's command-line flags, in their fixed order (reference section 4.1).
 pub fn leader_args(backend_name: &str, namespace: &str, managed: &Managed) -> Vec<String> {
     let leader = &managed.leader;
-    let ha_active = leader.high_availability.is_some() && leader.replicas > 1;
+    let ha_active = ha_active(leader);
     let leader_name = names::leader_name(backend_name);
     let mut args = vec![
         format!("-rpc_port={LEADER_RPC_PORT}"),
@@ -314,6 +478,8 @@ pub fn leader_args(backend_name: &str, namespace: &str, managed: &Managed) -> Ve
         args.push("-enable_offload=true".to_owned());
         args.push("-offload_on_evict=true".to_owned());
     }
+    // Only with HA: the variables these refer to are rendered only then, and the kubelet would
+    // pass an unresolved "$(KUBERNETES_POD_NAME)" on literally.
     if ha_active {
         args.push("-pod_name=$(KUBERNETES_POD_NAME)".to_owned());
         args.push("-pod_namespace=$(KUBERNETES_POD_NAMESPACE)".to_owned());
@@ -373,6 +539,14 @@ fn leader_deployment(plan: &Plan<'_>) -> Deployment {
             },
         ]),
         env: (!env.is_empty()).then_some(env),
+        // Requests only: see "Resources" in the module documentation for the missing limits.
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(&[
+                ("cpu", LEADER_CPU_REQUEST),
+                ("memory", LEADER_MEMORY_REQUEST),
+            ])),
+            ..ResourceRequirements::default()
+        }),
         readiness_probe: Some(http_probe("/get_all_segments", 5, 3)),
         liveness_probe: Some(http_probe("/health", 10, 6)),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
@@ -502,13 +676,7 @@ pub fn member_env(
     let name = backend.metadata.name.as_deref().unwrap_or_default();
     let leader_name = names::leader_name(name);
     let managed = backend.spec.connection.managed.as_ref();
-    let lease = managed.is_some_and(|m| {
-        m.leader.replicas > 1
-            && m.leader
-                .high_availability
-                .as_ref()
-                .is_some_and(|ha| ha.member_addressing == MemberAddressing::Lease)
-    });
+    let lease = managed.is_some_and(|m| lease_addressing(&m.leader));
     let master = if lease {
         format!("k8s://{namespace}/{leader_name}")
     } else {
@@ -628,15 +796,26 @@ pub fn shell_quote(value: &str) -> String {
 /// The survey script: counts the entries of the tier directory and of `/` (the control), and
 /// writes `entries=<n> control=<m>` to the termination log; `entries=-1` when the tier cannot be
 /// listed. It always exits 0, so the member starts whatever it finds.
+///
+/// The tier is counted with `find` piped into `wc`, one name at a time, rather than from an `ls`
+/// listing: `ls` sorts (and the shell would hold) every name first, and a tier of a few terabytes
+/// holds hundreds of thousands of bucket files, which would outgrow the container's memory limit
+/// and fail the init container, keeping the member from starting at all.
 pub fn survey_script(tier_path: &str) -> String {
+    survey_script_to(tier_path, TERMINATION_LOG)
+}
+
+fn survey_script_to(tier_path: &str, log: &str) -> String {
     format!(
         "tier={quoted}\n\
-         if listing=$(ls -A -- \"$tier\"); then\n  entries=$(printf '%s' \"$listing\" | grep -c '')\n\
+         if [ -d \"$tier\" ] && [ -r \"$tier\" ] && [ -x \"$tier\" ]; then\n  \
+         entries=$(( $(find \"$tier/.\" ! -name . -prune -print | wc -l) ))\n\
          else\n  entries=-1\nfi\n\
-         control=$(ls -A / | grep -c '')\n\
-         printf 'entries=%s control=%s' \"$entries\" \"$control\" > {TERMINATION_LOG}\n\
+         control=$(( $(ls -A / | wc -l) ))\n\
+         printf 'entries=%s control=%s' \"$entries\" \"$control\" > {log}\n\
          exit 0\n",
-        quoted = shell_quote(tier_path)
+        quoted = shell_quote(tier_path),
+        log = shell_quote(log),
     )
 }
 
@@ -785,7 +964,8 @@ fn member_daemonset(
     } else {
         buffer
     };
-    let mut requests = BTreeMap::new();
+    // No memory or CPU limit: see "Resources" in the module documentation.
+    let mut requests = quantities(&[("cpu", MEMBER_CPU_REQUEST)]);
     if memory > 0 {
         requests.insert("memory".to_owned(), Quantity(memory.to_string()));
     }
@@ -892,6 +1072,17 @@ fn member_daemonset(
             }]),
             termination_message_path: Some(TERMINATION_LOG.to_owned()),
             termination_message_policy: Some("File".to_owned()),
+            resources: Some(ResourceRequirements {
+                requests: Some(quantities(&[
+                    ("cpu", SURVEY_CPU_REQUEST),
+                    ("memory", SURVEY_MEMORY_REQUEST),
+                ])),
+                limits: Some(quantities(&[
+                    ("cpu", SURVEY_CPU_LIMIT),
+                    ("memory", SURVEY_MEMORY_LIMIT),
+                ])),
+                ..ResourceRequirements::default()
+            }),
             security_context: Some(survey_context),
             ..Container::default()
         });
@@ -904,8 +1095,8 @@ fn member_daemonset(
         command: Some(vec!["mc_store_rest_server".to_owned()]),
         args: (!args.is_empty()).then_some(args),
         env: Some(member_env(plan.backend, plan.namespace, index, group)?),
-        resources: (!requests.is_empty() || !limits.is_empty()).then(|| ResourceRequirements {
-            requests: (!requests.is_empty()).then_some(requests),
+        resources: Some(ResourceRequirements {
+            requests: Some(requests),
             limits: (!limits.is_empty()).then_some(limits),
             ..ResourceRequirements::default()
         }),
@@ -943,7 +1134,9 @@ fn member_daemonset(
             host_network: fabric.then_some(true),
             termination_grace_period_seconds: Some(termination_grace),
             automount_service_account_token: Some(plan.lease_addressing),
-            service_account_name: plan.lease_addressing.then(|| names::leader_name(plan.name)),
+            service_account_name: plan
+                .lease_addressing
+                .then(|| names::member_access_name(plan.name)),
             image_pull_secrets: pull_secrets(plan.backend),
             runtime_class_name: group.runtime_class_name.clone(),
             security_context: Some(restricted_pod_context()),
@@ -980,4 +1173,120 @@ fn member_daemonset(
         },
         status: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::*;
+
+    /// A fresh directory under the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("warmcache-kvcache-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Runs the survey script on `tier` and returns what it wrote to its log.
+    fn survey(tier: &Path, log: &Path) -> String {
+        let script = survey_script_to(tier.to_str().unwrap(), log.to_str().unwrap());
+        let status = Command::new("sh").arg("-c").arg(&script).status().unwrap();
+        assert!(status.success(), "the survey always exits 0");
+        std::fs::read_to_string(log).unwrap()
+    }
+
+    fn control() -> usize {
+        std::fs::read_dir("/").unwrap().count()
+    }
+
+    #[test]
+    fn the_survey_counts_entries_including_dotfiles_but_not_their_content() {
+        let dir = scratch("survey");
+        let tier = dir.join("it's a tier");
+        std::fs::create_dir(&tier).unwrap();
+        let log = dir.join("termination-log");
+        assert_eq!(
+            survey(&tier, &log),
+            format!("entries=0 control={}", control())
+        );
+        std::fs::write(tier.join("1-1.bucket"), b"x").unwrap();
+        std::fs::write(tier.join(".hidden"), b"x").unwrap();
+        std::fs::create_dir(tier.join("sub")).unwrap();
+        std::fs::write(tier.join("sub").join("inner"), b"x").unwrap();
+        assert_eq!(
+            survey(&tier, &log),
+            format!("entries=3 control={}", control())
+        );
+        // A tier that cannot be listed reads as -1, and the member still starts.
+        assert_eq!(
+            survey(&dir.join("missing"), &log),
+            format!("entries=-1 control={}", control())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_prestop_hook_posts_the_grace_to_the_members_endpoint() {
+        if Command::new("python3").arg("--version").output().is_err() {
+            eprintln!("python3 is not installed here; the preStop hook cannot be run");
+            return;
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = i32::from(listener.local_addr().unwrap().port());
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut buffer = [0_u8; 4096];
+            // Read the head and the body announced by Content-Length.
+            loop {
+                let n = stream.read(&mut buffer).unwrap();
+                request.extend_from_slice(&buffer[..n]);
+                let text = String::from_utf8_lossy(&request).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= length {
+                        break;
+                    }
+                }
+                assert!(n > 0, "the connection closed early");
+            }
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                .unwrap();
+            String::from_utf8(request).unwrap()
+        });
+        let status = Command::new("python3")
+            .arg("-c")
+            .arg(prestop_script(port, 30))
+            .status()
+            .unwrap();
+        let request = server.join().unwrap();
+        assert!(status.success());
+        assert!(
+            request.starts_with("POST /api/unmount_local_disk HTTP/1.1\r\n"),
+            "{request}"
+        );
+        assert!(
+            request
+                .to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{request}"
+        );
+        assert!(
+            request.ends_with("\r\n\r\n{\"grace_period_seconds\": 30}"),
+            "{request}"
+        );
+    }
 }

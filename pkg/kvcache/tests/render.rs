@@ -130,6 +130,13 @@ fn v1_leader_deployment_and_service() {
         .collect();
     assert_eq!(ports, [(Some("rpc"), 50051), (Some("admin"), 9003)]);
     assert_eq!(leader.env, None, "no env without HA");
+    // Requests, and deliberately no limits (see the render module's "Resources").
+    let resources = leader.resources.as_ref().unwrap();
+    assert_eq!(resources.requests.as_ref().unwrap()["cpu"].0, "100m");
+    assert_eq!(resources.requests.as_ref().unwrap()["memory"].0, "256Mi");
+    assert_eq!(resources.limits, None);
+    // Without HA nothing elects a leader: no account, no token.
+    assert!(r.service_accounts.is_empty() && r.roles.is_empty() && r.role_bindings.is_empty());
     let readiness = leader.readiness_probe.as_ref().unwrap();
     let get = readiness.http_get.as_ref().unwrap();
     assert_eq!(get.path.as_deref(), Some("/get_all_segments"));
@@ -245,7 +252,12 @@ fn v1_member_daemonset_without_tier() {
         .as_ref()
         .unwrap();
     assert_eq!(requests["memory"].0, "4294967296");
+    assert_eq!(requests["cpu"].0, "100m");
+    assert_eq!(requests.len(), 2);
+    // No memory limit: an OOM kill would lose the whole segment.
     assert_eq!(member.resources.as_ref().unwrap().limits, None);
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(pod.service_account_name, None);
     let annotations = ds
         .spec
         .template
@@ -322,12 +334,23 @@ fn v2_full_tier() {
     assert_eq!(command[2], survey_script("/var/lib/kvcache"));
     assert!(command[2].contains("tier='/var/lib/kvcache'"));
     assert!(command[2].contains("entries=%s control=%s"));
-    assert!(command[2].contains("> /dev/termination-log"));
+    assert!(command[2].contains("> '/dev/termination-log'"));
     assert_eq!(survey.termination_message_policy.as_deref(), Some("File"));
     assert_eq!(
         survey.termination_message_path.as_deref(),
         Some("/dev/termination-log")
     );
+    // The survey has small requests and limits: it counts entries in a stream.
+    let survey_resources = survey.resources.as_ref().unwrap();
+    let quantity = |map: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >,
+                    key: &str| { map.as_ref().unwrap()[key].0.clone() };
+    assert_eq!(quantity(&survey_resources.requests, "cpu"), "10m");
+    assert_eq!(quantity(&survey_resources.requests, "memory"), "16Mi");
+    assert_eq!(quantity(&survey_resources.limits, "cpu"), "100m");
+    assert_eq!(quantity(&survey_resources.limits, "memory"), "64Mi");
+    assert!(command[2].contains("find \"$tier/.\" ! -name . -prune -print | wc -l"));
     let survey_mount = &survey.volume_mounts.as_ref().unwrap()[0];
     assert_eq!(survey_mount.mount_path, "/var/lib/kvcache");
     assert_eq!(survey_mount.read_only, Some(true));
@@ -579,6 +602,68 @@ fn ha_renders_election_flags_env_and_account() {
     );
     let member_pod = pod_of(&r.members[0]);
     assert_eq!(member_pod.automount_service_account_token, Some(true));
+    assert_eq!(
+        member_pod.service_account_name.as_deref(),
+        Some("kvc-member")
+    );
+
+    // What the election needs is rendered with it: leader and member accounts, Roles on the one
+    // Lease, and the bindings.
+    let names = |metas: Vec<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>| {
+        metas
+            .iter()
+            .map(|m| {
+                assert_eq!(m.namespace.as_deref(), Some("gpustack-system"));
+                m.name.clone().unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    let both = ["kvc-leader".to_owned(), "kvc-member".to_owned()];
+    assert_eq!(
+        names(r.service_accounts.iter().map(|a| &a.metadata).collect()),
+        both
+    );
+    assert_eq!(names(r.roles.iter().map(|a| &a.metadata).collect()), both);
+    assert_eq!(
+        names(r.role_bindings.iter().map(|a| &a.metadata).collect()),
+        both
+    );
+    for account in &r.service_accounts {
+        assert_eq!(account.automount_service_account_token, Some(false));
+    }
+    let rules = |i: usize| {
+        r.roles[i]
+            .rules
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|rule| {
+                assert_eq!(
+                    rule.api_groups.as_deref(),
+                    Some(&["coordination.k8s.io".to_owned()][..])
+                );
+                assert_eq!(rule.resources.as_deref(), Some(&["leases".to_owned()][..]));
+                (rule.resource_names.clone(), rule.verbs.join(","))
+            })
+            .collect::<Vec<_>>()
+    };
+    let lease = Some(vec!["kvc-leader".to_owned()]);
+    assert_eq!(
+        rules(0),
+        [
+            (lease.clone(), "get,list,watch,update,patch".to_owned()),
+            (None, "create".to_owned())
+        ]
+    );
+    assert_eq!(rules(1), [(lease, "get,list,watch".to_owned())]);
+    for (i, binding) in r.role_bindings.iter().enumerate() {
+        assert_eq!(binding.role_ref.kind, "Role");
+        assert_eq!(binding.role_ref.name, both[i]);
+        let subject = &binding.subjects.as_ref().unwrap()[0];
+        assert_eq!(subject.kind, "ServiceAccount");
+        assert_eq!(subject.name, both[i]);
+        assert_eq!(subject.namespace.as_deref(), Some("gpustack-system"));
+    }
     let member_env = env(container(&member_pod, "member"));
     assert_eq!(
         member_env[1],
@@ -594,6 +679,29 @@ fn pod_of(ds: &DaemonSet) -> PodSpec {
 }
 
 #[test]
+fn ha_with_service_addressing_renders_the_leader_account_only() {
+    let r = rendered(&with(vectors::v2(), |o| {
+        managed(o)["leader"] = json!({"replicas": 2, "highAvailability": {}});
+    }));
+    let names: Vec<&str> = r
+        .service_accounts
+        .iter()
+        .map(|a| a.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(names, ["kvc-leader"]);
+    assert_eq!(r.roles.len(), 1);
+    assert_eq!(r.role_bindings.len(), 1);
+    let member_pod = pod(&r.members[0]);
+    assert_eq!(member_pod.automount_service_account_token, Some(false));
+    assert_eq!(member_pod.service_account_name, None);
+    let leader_pod = r.leader.spec.template.spec.as_ref().unwrap();
+    assert_eq!(
+        leader_pod.service_account_name.as_deref(),
+        Some("kvc-leader")
+    );
+}
+
+#[test]
 fn ha_block_with_one_replica_is_not_active() {
     let r = rendered(&with(vectors::v2(), |o| {
         managed(o)["leader"] =
@@ -601,6 +709,7 @@ fn ha_block_with_one_replica_is_not_active() {
     }));
     assert!(!leader_args(&r).iter().any(|a| a.contains("enable_ha")));
     assert_eq!(r.leader.spec.replicas, Some(1));
+    assert!(r.service_accounts.is_empty() && r.roles.is_empty() && r.role_bindings.is_empty());
     let member_env = env(container(pod(&r.members[0]), "member"));
     assert_eq!(member_env[1].1, "kvc-leader.gpustack-system.svc:50051");
 }
@@ -764,6 +873,41 @@ fn the_yaml_stream_reads_back_as_the_same_objects() {
     assert_eq!(docs[3]["metadata"]["name"], "kvc-member-1");
     assert_eq!(docs[3], serde_json::to_value(&r.members[1]).unwrap());
     assert_eq!(docs[0], serde_json::to_value(&r.leader).unwrap());
+}
+
+#[test]
+fn the_yaml_stream_puts_the_election_access_first() {
+    let r = rendered(&with(vectors::v2(), |o| {
+        managed(o)["leader"] =
+            json!({"replicas": 2, "highAvailability": {"memberAddressing": "Lease"}});
+    }));
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&r.to_yaml_stream().unwrap()).unwrap();
+    let kinds: Vec<(String, String)> = docs
+        .iter()
+        .filter(|d| !d.is_null())
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap().to_owned(),
+                d["metadata"]["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("ServiceAccount", "kvc-leader"),
+        ("ServiceAccount", "kvc-member"),
+        ("Role", "kvc-leader"),
+        ("Role", "kvc-member"),
+        ("RoleBinding", "kvc-leader"),
+        ("RoleBinding", "kvc-member"),
+        ("Deployment", "kvc-leader"),
+        ("Service", "kvc-leader"),
+        ("DaemonSet", "kvc-member-0"),
+    ]
+    .iter()
+    .map(|(k, n)| ((*k).to_owned(), (*n).to_owned()))
+    .collect();
+    assert_eq!(kinds, expected);
+    assert_eq!(docs[2]["apiVersion"], "rbac.authorization.k8s.io/v1");
 }
 
 #[test]
