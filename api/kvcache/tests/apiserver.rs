@@ -57,27 +57,12 @@ async fn run(prefix: &str, cases: Vec<Case>) -> Vec<String> {
     let mut failures = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let verdict = apply(&api, &format!("{prefix}-{i}"), case).await;
-        match (&verdict, case.allowed) {
-            (Ok(()), true) => {}
-            (Err(msg), false) => {
-                let want = case.schema_message.or(case.message);
-                if let Some(want) = want
-                    && !msg.contains(want)
-                {
-                    failures.push(format!(
-                        "{}: refused, but {msg:?} lacks {want:?}",
-                        case.name
-                    ));
-                }
-            }
-            (Ok(()), false) => {
-                failures.push(format!("{}: admitted, expected a refusal", case.name))
-            }
-            (Err(msg), true) => failures.push(format!(
-                "{}: refused ({msg}), expected admission",
-                case.name
-            )),
-        }
+        failures.extend(warmcache_testkit::verdict_mismatch(
+            case.name,
+            &verdict,
+            case.allowed,
+            case.schema_message.or(case.message),
+        ));
     }
     failures
 }

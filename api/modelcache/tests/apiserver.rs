@@ -72,26 +72,12 @@ async fn real_api_server_gives_the_same_verdicts_as_kube_cel() {
     for (i, case) in cases::cases().iter().enumerate() {
         let name = format!("case-{i}");
         let verdict = apply(&api, &ns.name, &name, case).await;
-        match (&verdict, case.allowed) {
-            (Ok(()), true) => {}
-            (Err(msg), false) => {
-                if let Some(want) = case.message
-                    && !msg.contains(want)
-                {
-                    failures.push(format!(
-                        "{}: refused, but message {msg:?} lacks {want:?}",
-                        case.name
-                    ));
-                }
-            }
-            (Ok(()), false) => {
-                failures.push(format!("{}: admitted, expected a refusal", case.name))
-            }
-            (Err(msg), true) => failures.push(format!(
-                "{}: refused ({msg}), expected admission",
-                case.name
-            )),
-        }
+        failures.extend(warmcache_testkit::verdict_mismatch(
+            case.name,
+            &verdict,
+            case.allowed,
+            case.message,
+        ));
     }
     ns.cleanup().await;
     assert!(

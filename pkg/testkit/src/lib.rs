@@ -129,3 +129,44 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Compares what the API server answered for one admission case with what was expected:
+/// `verdict` is `Ok(())` when the write was admitted and the server's message when it was
+/// refused; `message`, when given, must appear in that refusal. Returns a line describing the
+/// mismatch, or `None` when the verdict is the expected one.
+pub fn verdict_mismatch(
+    case: &str,
+    verdict: &Result<(), String>,
+    allowed: bool,
+    message: Option<&str>,
+) -> Option<String> {
+    match (verdict, allowed) {
+        (Ok(()), true) => None,
+        (Err(msg), false) => message
+            .filter(|want| !msg.contains(want))
+            .map(|want| format!("{case}: refused, but {msg:?} lacks {want:?}")),
+        (Ok(()), false) => Some(format!("{case}: admitted, expected a refusal")),
+        (Err(msg), true) => Some(format!("{case}: refused ({msg}), expected admission")),
+    }
+}
+
+#[cfg(test)]
+mod verdict_tests {
+    use super::verdict_mismatch;
+
+    #[test]
+    fn each_kind_of_mismatch_is_reported() {
+        assert_eq!(verdict_mismatch("a", &Ok(()), true, None), None);
+        assert_eq!(
+            verdict_mismatch("a", &Err("x is bad".into()), false, Some("bad")),
+            None
+        );
+        assert_eq!(
+            verdict_mismatch("a", &Err("x is bad".into()), false, None),
+            None
+        );
+        assert!(verdict_mismatch("a", &Err("x".into()), false, Some("bad")).is_some());
+        assert!(verdict_mismatch("a", &Ok(()), false, None).is_some());
+        assert!(verdict_mismatch("a", &Err("x".into()), true, None).is_some());
+    }
+}
