@@ -8,18 +8,28 @@
 //! How it stays safe:
 //! - Every write of the Lease carries the resourceVersion read just before it (optimistic
 //!   concurrency): two contenders can never both "win" the same Lease version.
-//! - A contender takes the Lease over only after the holder's `renewTime + leaseDurationSeconds`
-//!   has passed, and increments `leaseTransitions` when the holder changes.
+//! - Expiry is judged on the contender's own monotonic clock, never by comparing the holder's
+//!   `renewTime` with the local wall clock (as client-go does). Each contender remembers the
+//!   Lease record it last read (the whole spec plus `resourceVersion`, see [`Observation`]) and
+//!   when it first saw that exact record. It takes the Lease over only when the record has not
+//!   changed for the holder's `leaseDurationSeconds` (ours if unset) since then, and increments
+//!   `leaseTransitions` when the holder changes. A live holder changes the record with every
+//!   renewal, so it keeps the Lease however far its wall clock is from ours; a dead one loses
+//!   it one lease duration after we first saw its last record, even if its clock ran ahead.
+//!   A Lease without a holder (released) is free at once.
 //! - The leader's own claim expires locally `renew_deadline` after the start of its last
-//!   successful renewal (measured on the monotonic clock). `renew_deadline < lease_duration`, so
-//!   a leader whose renewals fail stops considering itself leader (and [`Leadership::is_leader`]
-//!   turns false, even if the election task is stuck) before anyone else may take the Lease. This
-//!   assumes the replicas' wall clocks differ by less than `lease_duration - renew_deadline`.
+//!   successful renewal (measured on the monotonic clock). A contender can only have seen that
+//!   renewal after it was written, so it waits at least `lease_duration` past that start;
+//!   `renew_deadline < lease_duration`, so a leader whose renewals fail stops considering itself
+//!   leader (and [`Leadership::is_leader`] turns false, even if the election task is stuck)
+//!   before anyone else may take the Lease. Wall-clock offsets between replicas do not matter;
+//!   this only assumes their clocks run at nearly the same rate.
 //! - On cancellation the leader first stops reporting leadership, then releases the Lease (empty
 //!   holder) so a successor can take over at once instead of waiting for expiry.
 //!
-//! The decision itself ([`decide`], [`desired_spec`], [`released_spec`]) is pure and unit tested
-//! over times; the task around it only does I/O.
+//! The decision itself ([`observe`], [`decide`], [`desired_spec`], [`released_spec`]) is pure
+//! and unit tested over synthetic times; the task around it only does I/O. The wall clock is used
+//! only for the `acquireTime` / `renewTime` written into the Lease, which other tools display.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -40,11 +50,14 @@ use crate::error::{Error, is_already_exists, is_conflict};
 /// Timing of the election. The defaults match client-go's (15 s / 10 s / 2 s).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseConfig {
-    /// How long a Lease stays valid after its last renewal; a contender waits this long after
-    /// the holder's last `renewTime` before taking over. Stored in whole seconds (rounded up).
+    /// How long a Lease stays valid without a change to its record: a contender takes over only
+    /// after it has seen the same record for this long on its own monotonic clock. Stored in
+    /// whole seconds (rounded up) as `leaseDurationSeconds`; a holder's stored value is what
+    /// contenders use.
     pub lease_duration: Duration,
     /// How long the leader keeps leading without a successful renewal. Must be shorter than
-    /// `lease_duration`: the gap is the safety margin against clock skew between replicas.
+    /// `lease_duration`: the gap is the safety margin for request latency and clock-rate drift
+    /// between replicas.
     pub renew_deadline: Duration,
     /// Pause between attempts to acquire or renew (jittered up to +20% while not leading).
     /// Must be shorter than `renew_deadline`.
@@ -112,7 +125,51 @@ pub enum LeaderElectionError {
 #[error("this replica does not hold the leader lease; the write was skipped")]
 pub struct NotLeader;
 
-/// What to do with the Lease, given its current spec.
+/// One version of the Lease record as this replica read it: the whole spec plus the object's
+/// `resourceVersion`. Any difference between two reads (a renewal, a takeover, a release, or any
+/// other write to the object) counts as a sign of life of the holder.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeaseRecord {
+    /// The Lease spec (holderIdentity, acquireTime, renewTime, leaseDurationSeconds,
+    /// leaseTransitions, ...).
+    pub spec: LeaseSpec,
+    /// `metadata.resourceVersion` of the object the spec was read from.
+    pub resource_version: Option<String>,
+}
+
+impl LeaseRecord {
+    /// The record of a Lease object as read from the API (a missing spec reads as empty).
+    pub fn of(lease: &Lease) -> Self {
+        Self {
+            spec: lease.spec.clone().unwrap_or_default(),
+            resource_version: lease.metadata.resource_version.clone(),
+        }
+    }
+}
+
+/// The Lease record this replica last saw, and when it first saw that exact record, on its own
+/// monotonic clock. Other replicas' wall clocks never enter the decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// The record last read.
+    pub record: LeaseRecord,
+    /// When (monotonic, this replica's clock) `record` was first read.
+    pub observed_at: Instant,
+}
+
+/// Folds a freshly read `record` into the previous observation: an unchanged record keeps the
+/// time it was first seen, a changed (or first) one is stamped with `now`.
+pub fn observe(previous: Option<Observation>, record: LeaseRecord, now: Instant) -> Observation {
+    match previous {
+        Some(previous) if previous.record == record => previous,
+        _ => Observation {
+            record,
+            observed_at: now,
+        },
+    }
+}
+
+/// What to do with the Lease, given what we observed of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeaseAction {
     /// No Lease object exists: create it, held by us.
@@ -129,26 +186,31 @@ pub enum LeaseAction {
     Wait {
         /// The current holder.
         holder: String,
-        /// When the holder's claim runs out unless renewed.
-        expires_at: Timestamp,
+        /// When (monotonic, our clock) the holder's claim runs out unless the record changes
+        /// before then.
+        expires_at: Instant,
     },
 }
 
-/// Decides what `identity` should do with a Lease whose spec is `lease` (`None`: there is no
-/// Lease object) at wall-clock time `now`.
+/// Decides what `identity` should do, given the last `observation` of the Lease (`None`: there
+/// is no Lease object) at monotonic time `now` (the clock `observed_at` was taken from).
 ///
-/// The holder's claim runs until `renewTime` (or `acquireTime` if never renewed) plus its
-/// `leaseDurationSeconds` (or `config.lease_duration` if unset). A Lease without either time is
-/// treated as expired.
+/// A Lease held by someone else stays valid until `observed_at` plus the record's
+/// `leaseDurationSeconds` (or `config.lease_duration` if unset): the holder must change the
+/// record within that time, as measured on our clock, or lose it. The record's `renewTime` and
+/// `acquireTime` are never compared against our wall clock, so clock skew between replicas
+/// cannot end a live holder's claim early nor extend a dead one's. A Lease without a holder is
+/// free at once.
 pub fn decide(
-    lease: Option<&LeaseSpec>,
-    now: Timestamp,
+    observation: Option<&Observation>,
+    now: Instant,
     identity: &str,
     config: &LeaseConfig,
 ) -> LeaseAction {
-    let Some(spec) = lease else {
+    let Some(observation) = observation else {
         return LeaseAction::Create;
     };
+    let spec = &observation.record.spec;
     let holder = spec.holder_identity.as_deref().unwrap_or_default();
     if holder == identity && !identity.is_empty() {
         return LeaseAction::Renew;
@@ -160,23 +222,22 @@ pub fn decide(
     if holder.is_empty() {
         return take_over;
     }
-    match expires_at(spec, config) {
-        Some(expires_at) if now < expires_at => LeaseAction::Wait {
-            holder: holder.to_owned(),
-            expires_at,
-        },
-        _ => take_over,
-    }
-}
-
-/// When the holder's claim on `spec` runs out, if it can be told.
-fn expires_at(spec: &LeaseSpec, config: &LeaseConfig) -> Option<Timestamp> {
-    let last = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
     let duration = match spec.lease_duration_seconds {
         Some(secs) if secs > 0 => Duration::from_secs(u64::from(secs.unsigned_abs())),
         _ => config.lease_duration,
     };
-    Some(last.saturating_add(duration).unwrap_or(Timestamp::MAX))
+    match observation.observed_at.checked_add(duration) {
+        Some(expires_at) if now >= expires_at => take_over,
+        Some(expires_at) => LeaseAction::Wait {
+            holder: holder.to_owned(),
+            expires_at,
+        },
+        // Unrepresentably far in the future: the claim cannot have run out yet.
+        None => LeaseAction::Wait {
+            holder: holder.to_owned(),
+            expires_at: now.checked_add(config.lease_duration).unwrap_or(now),
+        },
+    }
 }
 
 /// The Lease spec to write for `action` (`None` for [`LeaseAction::Wait`]).
@@ -219,8 +280,8 @@ pub fn desired_spec(
     }
 }
 
-/// The spec that gives the Lease up: no holder, one-second duration, so that any contender's
-/// next [`decide`] returns [`LeaseAction::Acquire`] immediately. `leaseTransitions` is kept.
+/// The spec that gives the Lease up: no holder (and a one-second duration), so that any
+/// contender's next [`decide`] returns [`LeaseAction::Acquire`] immediately. `leaseTransitions` is kept.
 pub fn released_spec(previous: &LeaseSpec, now: Timestamp) -> LeaseSpec {
     LeaseSpec {
         holder_identity: None,
@@ -413,6 +474,8 @@ impl LeaderElector {
         );
         let identity = self.identity.as_str();
         info!(%lease, identity, "starting leader election");
+        // The Lease record last read and when we first saw it (our monotonic clock).
+        let mut observation = None;
         loop {
             let started = Instant::now();
             // Bound each round: as leader by the time left on our claim, otherwise by the renew
@@ -423,7 +486,7 @@ impl LeaderElector {
             };
             let round = tokio::select! {
                 () = cancel.cancelled() => break,
-                r = tokio::time::timeout(budget, self.round()) => r,
+                r = tokio::time::timeout(budget, self.round(&mut observation)) => r,
             };
             let was_leading = shared.deadline().is_some();
             match round {
@@ -481,21 +544,31 @@ impl LeaderElector {
             .mul_f64(1.0 + 0.2 * fastrand::f64())
     }
 
-    /// One read-decide-write round.
-    async fn round(&self) -> Result<Round, Error> {
+    /// One read-decide-write round. `observation` carries what earlier rounds saw of the Lease
+    /// and is updated with this round's read.
+    async fn round(&self, observation: &mut Option<Observation>) -> Result<Round, Error> {
         let resource = self.api.resource_url();
         let name = self.lease_name.as_str();
-        let now = Timestamp::now();
         let existing = self
             .api
             .get_opt(name)
             .await
             .map_err(|e| Error::from_kube("get", resource, name, e))?;
-        let spec = existing
+        // Stamped after the read: a later observation can only delay a takeover.
+        let observed_now = Instant::now();
+        // Wall-clock time only goes into what we write (acquireTime / renewTime).
+        let wall_now = Timestamp::now();
+        *observation = existing
             .as_ref()
-            .map(|lease| lease.spec.clone().unwrap_or_default());
-        let action = decide(spec.as_ref(), now, &self.identity, &self.config);
-        let Some(desired) = desired_spec(&action, spec.as_ref(), now, &self.identity, &self.config)
+            .map(|lease| observe(observation.take(), LeaseRecord::of(lease), observed_now));
+        let action = decide(
+            observation.as_ref(),
+            observed_now,
+            &self.identity,
+            &self.config,
+        );
+        let spec = observation.as_ref().map(|o| &o.record.spec);
+        let Some(desired) = desired_spec(&action, spec, wall_now, &self.identity, &self.config)
         else {
             return Ok(match action {
                 LeaseAction::Wait { holder, .. } => Round::HeldBy(holder),
@@ -578,8 +651,14 @@ mod tests {
         LeaseConfig::default()
     }
 
+    /// Wall-clock time `secs` after a fixed base (what gets written into the Lease).
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    /// A fixed monotonic base per test; `at(base, ms)` is `ms` milliseconds after it.
+    fn at(base: Instant, millis: u64) -> Instant {
+        base + Duration::from_millis(millis)
     }
 
     fn held(holder: &str, renewed: i64, duration: Option<i32>, transitions: i32) -> LeaseSpec {
@@ -593,9 +672,27 @@ mod tests {
         }
     }
 
+    fn record(spec: LeaseSpec, resource_version: u32) -> LeaseRecord {
+        LeaseRecord {
+            spec,
+            resource_version: Some(resource_version.to_string()),
+        }
+    }
+
+    /// `spec` first seen at `observed_at`.
+    fn seen(spec: LeaseSpec, observed_at: Instant) -> Observation {
+        Observation {
+            record: record(spec, 1),
+            observed_at,
+        }
+    }
+
     #[test]
     fn no_lease_means_create() {
-        assert_eq!(decide(None, t(0), ME, &cfg()), LeaseAction::Create);
+        assert_eq!(
+            decide(None, Instant::now(), ME, &cfg()),
+            LeaseAction::Create
+        );
         let spec = desired_spec(&LeaseAction::Create, None, t(5), ME, &cfg()).unwrap();
         assert_eq!(spec.holder_identity.as_deref(), Some(ME));
         assert_eq!(spec.lease_duration_seconds, Some(15));
@@ -606,9 +703,17 @@ mod tests {
 
     #[test]
     fn our_lease_is_renewed_even_if_expired() {
+        let base = Instant::now();
         let spec = held(ME, 10, Some(15), 3);
-        assert_eq!(decide(Some(&spec), t(11), ME, &cfg()), LeaseAction::Renew);
-        assert_eq!(decide(Some(&spec), t(100), ME, &cfg()), LeaseAction::Renew);
+        let obs = seen(spec.clone(), base);
+        assert_eq!(
+            decide(Some(&obs), at(base, 1_000), ME, &cfg()),
+            LeaseAction::Renew
+        );
+        assert_eq!(
+            decide(Some(&obs), at(base, 100_000), ME, &cfg()),
+            LeaseAction::Renew
+        );
         let renewed = desired_spec(&LeaseAction::Renew, Some(&spec), t(12), ME, &cfg()).unwrap();
         assert_eq!(renewed.renew_time, Some(MicroTime(t(12))));
         assert_eq!(
@@ -625,20 +730,22 @@ mod tests {
 
     #[test]
     fn valid_foreign_lease_means_wait_until_expiry() {
+        let base = Instant::now();
         let spec = held(OTHER, 10, Some(15), 1);
-        for now in [10, 11, 24] {
+        let obs = seen(spec.clone(), base);
+        for millis in [0, 1_000, 14_999] {
             assert_eq!(
-                decide(Some(&spec), t(now), ME, &cfg()),
+                decide(Some(&obs), at(base, millis), ME, &cfg()),
                 LeaseAction::Wait {
                     holder: OTHER.into(),
-                    expires_at: t(25)
+                    expires_at: at(base, 15_000)
                 },
-                "at {now}"
+                "at +{millis} ms"
             );
         }
         assert!(
             desired_spec(
-                &decide(Some(&spec), t(11), ME, &cfg()),
+                &decide(Some(&obs), at(base, 1_000), ME, &cfg()),
                 Some(&spec),
                 t(11),
                 ME,
@@ -650,14 +757,21 @@ mod tests {
 
     #[test]
     fn expired_foreign_lease_is_taken_over_with_a_transition() {
+        let base = Instant::now();
         let spec = held(OTHER, 10, Some(15), 1);
-        let action = decide(Some(&spec), t(25), ME, &cfg());
+        let action = decide(
+            Some(&seen(spec.clone(), base)),
+            at(base, 15_000),
+            ME,
+            &cfg(),
+        );
         assert_eq!(
             action,
             LeaseAction::Acquire {
                 lease_transitions: 2
             }
         );
+        // What is written carries our wall clock, whatever the monotonic clock said.
         let taken = desired_spec(&action, Some(&spec), t(25), ME, &cfg()).unwrap();
         assert_eq!(taken.holder_identity.as_deref(), Some(ME));
         assert_eq!(taken.acquire_time, Some(MicroTime(t(25))));
@@ -668,35 +782,50 @@ mod tests {
 
     #[test]
     fn holder_declared_duration_wins_over_ours() {
+        let base = Instant::now();
         // The holder declared 60 s; our 15 s default must not let us take over early.
-        let spec = held(OTHER, 10, Some(60), 0);
+        let obs = seen(held(OTHER, 10, Some(60), 0), base);
         assert!(matches!(
-            decide(Some(&spec), t(30), ME, &cfg()),
+            decide(Some(&obs), at(base, 20_000), ME, &cfg()),
             LeaseAction::Wait { .. }
         ));
         assert!(matches!(
-            decide(Some(&spec), t(70), ME, &cfg()),
-            LeaseAction::Acquire { .. }
-        ));
-        // No declared duration: ours applies.
-        let spec = held(OTHER, 10, None, 0);
-        assert!(matches!(
-            decide(Some(&spec), t(24), ME, &cfg()),
+            decide(Some(&obs), at(base, 59_999), ME, &cfg()),
             LeaseAction::Wait { .. }
         ));
         assert!(matches!(
-            decide(Some(&spec), t(25), ME, &cfg()),
+            decide(Some(&obs), at(base, 60_000), ME, &cfg()),
             LeaseAction::Acquire { .. }
         ));
+        // No (or a nonsensical) declared duration: ours applies.
+        for duration in [None, Some(0), Some(-5)] {
+            let obs = seen(held(OTHER, 10, duration, 0), base);
+            assert!(
+                matches!(
+                    decide(Some(&obs), at(base, 14_999), ME, &cfg()),
+                    LeaseAction::Wait { .. }
+                ),
+                "{duration:?}"
+            );
+            assert!(
+                matches!(
+                    decide(Some(&obs), at(base, 15_000), ME, &cfg()),
+                    LeaseAction::Acquire { .. }
+                ),
+                "{duration:?}"
+            );
+        }
     }
 
     #[test]
-    fn released_or_timeless_leases_are_free() {
+    fn released_leases_are_free_at_once() {
+        let base = Instant::now();
         let spec = released_spec(&held(OTHER, 10, Some(15), 4), t(11));
         assert_eq!(spec.holder_identity, None);
         assert_eq!(spec.lease_transitions, Some(4));
+        // Seen this very instant: no waiting.
         assert_eq!(
-            decide(Some(&spec), t(11), ME, &cfg()),
+            decide(Some(&seen(spec, base)), base, ME, &cfg()),
             LeaseAction::Acquire {
                 lease_transitions: 5
             }
@@ -706,40 +835,147 @@ mod tests {
             ..held(OTHER, 10, Some(15), 0)
         };
         assert!(matches!(
-            decide(Some(&empty_holder), t(11), ME, &cfg()),
+            decide(Some(&seen(empty_holder, base)), base, ME, &cfg()),
             LeaseAction::Acquire { .. }
         ));
-        let no_times = LeaseSpec {
-            holder_identity: Some(OTHER.into()),
-            ..LeaseSpec::default()
-        };
+        // A lease object with an empty spec.
         assert_eq!(
-            decide(Some(&no_times), t(0), ME, &cfg()),
+            decide(Some(&seen(LeaseSpec::default(), base)), base, ME, &cfg()),
             LeaseAction::Acquire {
                 lease_transitions: 1
             }
         );
-        // A lease object with an empty spec.
-        assert!(matches!(
-            decide(Some(&LeaseSpec::default()), t(0), ME, &cfg()),
-            LeaseAction::Acquire { .. }
-        ));
     }
 
     #[test]
-    fn acquire_time_is_used_when_never_renewed() {
-        let spec = LeaseSpec {
-            renew_time: None,
-            ..held(OTHER, 0, Some(15), 0)
+    fn record_times_are_never_compared_with_our_wall_clock() {
+        let base = Instant::now();
+        // Holder clocks far behind, far ahead, or no times at all: all the same to us. Each is
+        // respected for a full lease duration after we first saw it and no longer.
+        for (renew_time, acquire_time) in [
+            (Some(t(-3_600)), Some(t(-7_200))),
+            (Some(t(3_600)), Some(t(3_000))),
+            (None, Some(t(-3_600))),
+            (None, None),
+        ] {
+            let spec = LeaseSpec {
+                holder_identity: Some(OTHER.into()),
+                renew_time: renew_time.map(MicroTime),
+                acquire_time: acquire_time.map(MicroTime),
+                lease_duration_seconds: Some(15),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            };
+            let obs = seen(spec, base);
+            assert_eq!(
+                decide(Some(&obs), at(base, 14_999), ME, &cfg()),
+                LeaseAction::Wait {
+                    holder: OTHER.into(),
+                    expires_at: at(base, 15_000)
+                },
+                "renewTime {renew_time:?}, acquireTime {acquire_time:?}"
+            );
+            assert!(
+                matches!(
+                    decide(Some(&obs), at(base, 15_000), ME, &cfg()),
+                    LeaseAction::Acquire { .. }
+                ),
+                "renewTime {renew_time:?}, acquireTime {acquire_time:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn skewed_holder_that_keeps_renewing_is_never_taken_over() {
+        let base = Instant::now();
+        // The holder's wall clock is an hour behind ours: by our wall clock its lease expired
+        // long ago. It renews every 2 s; we read every 3 s for ten minutes.
+        let mut observation = None;
+        for round in 0..200u64 {
+            let now = at(base, round * 3_000);
+            let renewed = i64::try_from(round * 3_000 / 2_000 * 2).unwrap() - 3_600;
+            let rv = u32::try_from(round * 3 / 2).unwrap();
+            let read = record(held(OTHER, renewed, Some(15), 0), rv);
+            let obs = observe(observation.take(), read, now);
+            assert!(
+                matches!(
+                    decide(Some(&obs), now, ME, &cfg()),
+                    LeaseAction::Wait { ref holder, .. } if holder == OTHER
+                ),
+                "round {round}"
+            );
+            observation = Some(obs);
+        }
+    }
+
+    #[test]
+    fn stalled_record_is_taken_over_one_duration_after_we_first_saw_it() {
+        let base = Instant::now();
+        let first = record(held(OTHER, -3_600, Some(15), 2), 7);
+        let obs = observe(None, first.clone(), at(base, 1_000));
+        assert_eq!(obs.observed_at, at(base, 1_000));
+        // Re-reading the same record keeps the first sighting; the clock keeps running.
+        let mut obs = obs;
+        for millis in [4_000, 8_000, 12_000, 15_999] {
+            obs = observe(Some(obs), first.clone(), at(base, millis));
+            assert_eq!(obs.observed_at, at(base, 1_000));
+            assert!(
+                matches!(
+                    decide(Some(&obs), at(base, millis), ME, &cfg()),
+                    LeaseAction::Wait { .. }
+                ),
+                "at +{millis} ms"
+            );
+        }
+        let obs = observe(Some(obs), first.clone(), at(base, 16_000));
+        assert_eq!(
+            decide(Some(&obs), at(base, 16_000), ME, &cfg()),
+            LeaseAction::Acquire {
+                lease_transitions: 3
+            }
+        );
+
+        // Any change restarts the count, even one that only bumps the resourceVersion.
+        let obs = observe(None, first.clone(), base);
+        let bumped = LeaseRecord {
+            resource_version: Some("8".into()),
+            ..first.clone()
         };
+        let obs = observe(Some(obs), bumped, at(base, 14_000));
+        assert_eq!(obs.observed_at, at(base, 14_000));
         assert!(matches!(
-            decide(Some(&spec), t(14), ME, &cfg()),
+            decide(Some(&obs), at(base, 20_000), ME, &cfg()),
             LeaseAction::Wait { .. }
         ));
         assert!(matches!(
-            decide(Some(&spec), t(15), ME, &cfg()),
+            decide(Some(&obs), at(base, 29_000), ME, &cfg()),
             LeaseAction::Acquire { .. }
         ));
+        // A renewal (new renewTime) restarts it too.
+        let renewed = record(held(OTHER, -3_598, Some(15), 2), 7);
+        let obs = observe(Some(observe(None, first, base)), renewed, at(base, 14_000));
+        assert_eq!(obs.observed_at, at(base, 14_000));
+    }
+
+    #[test]
+    fn records_are_read_whole_from_the_object() {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some("l".into()),
+                resource_version: Some("42".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(held(OTHER, 1, Some(15), 0)),
+        };
+        assert_eq!(
+            LeaseRecord::of(&lease),
+            record(held(OTHER, 1, Some(15), 0), 42)
+        );
+        let bare = Lease {
+            spec: None,
+            ..lease
+        };
+        assert_eq!(LeaseRecord::of(&bare).spec, LeaseSpec::default());
     }
 
     #[test]

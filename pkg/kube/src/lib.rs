@@ -29,7 +29,7 @@ pub use events::{EventRecorder, EventType};
 pub use finalizers::{add_finalizer, has_finalizer, remove_finalizer};
 pub use leader::{
     LeaderElectionError, LeaderElector, LeaderHandle, Leadership, LeaseAction, LeaseConfig,
-    NotLeader,
+    LeaseRecord, NotLeader, Observation,
 };
 pub use update::{
     Decision, RetryPolicy, Updated, update_status_with_retry, update_status_with_retry_policy,

@@ -9,9 +9,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use http::Method;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodCondition, PodSpec};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -586,6 +588,115 @@ async fn failing_renewals_drop_leadership_before_the_lease_expires() {
     cancel.cancel();
     handle.stopped().await;
     other.stopped().await;
+    ns.cleanup().await;
+}
+
+#[tokio::test]
+async fn skewed_but_live_holder_is_never_taken_over() {
+    let ns = TestNamespace::new("kube-leader-skew").await.unwrap();
+    let leases: Api<Lease> = ns.api();
+    let config = fast_lease();
+    // A holder whose wall clock is an hour behind ours: by our clock its renewTime is always an
+    // hour old, yet it renews every retry period.
+    let skewed_now = || {
+        MicroTime(
+            Timestamp::now()
+                .checked_sub(Duration::from_secs(3600))
+                .unwrap(),
+        )
+    };
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("skew".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("replica-old-clock".into()),
+            lease_duration_seconds: Some(config.lease_duration_seconds()),
+            acquire_time: Some(skewed_now()),
+            renew_time: Some(skewed_now()),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let stop_renewing = CancellationToken::new();
+    let renewer = tokio::spawn({
+        let leases = leases.clone();
+        let stop = stop_renewing.clone();
+        let period = config.retry_period;
+        async move {
+            let mut renewals = 0u32;
+            // When the last successful renewal was sent: it was committed after this instant.
+            let mut last_sent = None;
+            while !stop.is_cancelled() {
+                let mut lease = leases.get("skew").await.unwrap();
+                let spec = lease.spec.as_mut().unwrap();
+                // Renew only while still the holder: a takeover must stay visible.
+                if spec.holder_identity.as_deref() == Some("replica-old-clock") {
+                    spec.renew_time = Some(skewed_now());
+                    let sent = Instant::now();
+                    match leases.replace("skew", &PostParams::default(), &lease).await {
+                        Ok(_) => {
+                            renewals += 1;
+                            last_sent = Some(sent);
+                        }
+                        Err(e) if warmcache_kube::is_conflict(&e) => {}
+                        Err(e) => panic!("renewing the skewed lease: {e}"),
+                    }
+                }
+                tokio::time::sleep(period).await;
+            }
+            (renewals, last_sent)
+        }
+    });
+
+    let cancel = CancellationToken::new();
+    let elector = LeaderElector::new(
+        client().await,
+        &ns.name,
+        "skew",
+        "replica-new",
+        config.clone(),
+    )
+    .unwrap()
+    .spawn(cancel.clone());
+    // Well past two lease durations: the contender must keep waiting.
+    let watch_until = Instant::now() + config.lease_duration * 3;
+    while Instant::now() < watch_until {
+        assert!(!elector.is_leader(), "took over from a live holder");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        lease_holder(&leases, "skew").await.as_deref(),
+        Some("replica-old-clock")
+    );
+
+    // Once the holder stops renewing, the contender takes over, but only after a full lease
+    // duration of an unchanged record on its own clock.
+    stop_renewing.cancel();
+    let (renewals, last_renewal) = renewer.await.unwrap();
+    assert!(renewals >= 10, "the helper renewed only {renewals} times");
+    let last_renewal = last_renewal.unwrap();
+    eventually("the contender takes over the stalled lease", WAIT, || {
+        let led = elector.is_leader();
+        async move { led.then_some(()) }
+    })
+    .await
+    .unwrap();
+    // The contender saw the last renewal no earlier than it was sent, and waits a full lease
+    // duration from then.
+    let waited = last_renewal.elapsed();
+    assert!(
+        waited >= config.lease_duration,
+        "took over {waited:?} after the last renewal"
+    );
+    let spec = leases.get("skew").await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("replica-new"));
+    assert_eq!(spec.lease_transitions, Some(1));
+
+    cancel.cancel();
+    elector.stopped().await;
     ns.cleanup().await;
 }
 
