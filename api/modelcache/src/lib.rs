@@ -16,7 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use names::{
-    binding_name, handle_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
+    binding_name, identity_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
     writer_pvc_name,
 };
 

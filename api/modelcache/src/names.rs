@@ -1,17 +1,23 @@
-//! Deterministic names and digests derived from a cache handle.
+//! Deterministic names and digests of one cache.
 //!
-//! A cache handle is the model identity URI (for example `hf://Qwen/Qwen3-0.6B@v1`); it is not a
-//! valid Kubernetes name, so every object name is built from a hash of it. All names of one cache
-//! share the same suffix, [`handle_hash`]: 48 lowercase hex characters (the first 24 bytes of
-//! SHA-256 of the handle). Hex digits are DNS-1123 safe and every prefix is lowercase
-//! alphanumerics and dashes, so every name built here is a valid DNS-1123 label (the longest,
-//! the binding name, has 60 characters): it is a valid object name of any kind, a valid Job name
-//! (at most 63 characters, as Job names become label values) and a valid label value.
+//! One binding exists per (workflow, sharing domain, cache handle) — the three values its
+//! `spec.identity` records — so every object name is derived from that whole identity, never
+//! from the cache handle alone: two sharing domains caching the same model get two bindings,
+//! two primary claims and two Leases, and neither can adopt the other's. A cache handle (the
+//! model identity URI, e.g. `hf://Qwen/Qwen3-0.6B@v1`) and a sharing domain are not valid
+//! Kubernetes names, so names carry a hash instead: [`identity_hash`], 48 lowercase hex
+//! characters (the first 24 bytes of SHA-256 of the identity's workflow and two digests). Hex
+//! digits are DNS-1123 safe and every prefix is lowercase alphanumerics and dashes, so every name
+//! built here is a valid DNS-1123 label (the longest, the binding name, has 60 characters): a
+//! valid object name of any kind, a valid Job name (at most 63 characters, as Job names become
+//! label values) and a valid label value.
 
 use sha2::{Digest, Sha256};
 
-/// Number of SHA-256 bytes kept in [`handle_hash`].
-const HANDLE_HASH_BYTES: usize = 24;
+use crate::v2beta1::BindingIdentity;
+
+/// Number of SHA-256 bytes kept in [`identity_hash`].
+const IDENTITY_HASH_BYTES: usize = 24;
 
 /// Prefix of every binding name.
 pub const BINDING_NAME_PREFIX: &str = "model-cache-";
@@ -28,42 +34,48 @@ pub const READER_PVC_PREFIX: &str = "ro-pvc-";
 /// Prefix of the Lease that serializes writers of one cache (Helm workflow).
 pub const INIT_LEASE_PREFIX: &str = "init-lease-";
 
-/// The DNS-safe short hash of a cache handle: lowercase hex of the first 24 bytes of
-/// SHA-256(`cache_handle`), always 48 characters.
-pub fn handle_hash(cache_handle: &str) -> String {
-    let digest = Sha256::digest(cache_handle.as_bytes());
-    hex::encode(&digest[..HANDLE_HASH_BYTES])
+/// The DNS-safe hash naming every object of one cache: lowercase hex of the first 24 bytes of
+/// SHA-256 over `<workflow>\n<sharingDomainDigest>\n<cacheHandleDigest>` of `identity`, always
+/// 48 characters. The contract version is left out, so a later version of the selection
+/// contract does not rename existing caches.
+pub fn identity_hash(identity: &BindingIdentity) -> String {
+    let key = format!(
+        "{}\n{}\n{}",
+        identity.workflow.as_str(),
+        identity.sharing_domain_digest,
+        identity.cache_handle_digest
+    );
+    let digest = Sha256::digest(key.as_bytes());
+    hex::encode(&digest[..IDENTITY_HASH_BYTES])
 }
 
-/// Name of the ModelCacheBinding for a cache handle: `model-cache-<handle_hash>` (60
-/// characters). The name depends on the handle only, so a second workflow or sharing domain with
-/// the same handle collides with the existing binding and must not adopt it.
-pub fn binding_name(cache_handle: &str) -> String {
-    format!("{BINDING_NAME_PREFIX}{}", handle_hash(cache_handle))
+/// Name of the ModelCacheBinding of `identity`: `model-cache-<identity_hash>` (60 characters).
+pub fn binding_name(identity: &BindingIdentity) -> String {
+    format!("{BINDING_NAME_PREFIX}{}", identity_hash(identity))
 }
 
-/// Name of the writer's read-write PersistentVolumeClaim: `rw-pvc-<handle_hash>` (55
+/// Name of the writer's read-write PersistentVolumeClaim: `rw-pvc-<identity_hash>` (55
 /// characters).
-pub fn writer_pvc_name(cache_handle: &str) -> String {
-    format!("{WRITER_PVC_PREFIX}{}", handle_hash(cache_handle))
+pub fn writer_pvc_name(identity: &BindingIdentity) -> String {
+    format!("{WRITER_PVC_PREFIX}{}", identity_hash(identity))
 }
 
-/// Name of the writer (download) Job: `writer-job-<handle_hash>` (59 characters, within the
+/// Name of the writer (download) Job: `writer-job-<identity_hash>` (59 characters, within the
 /// 63-character limit Job names have because they become label values).
-pub fn writer_job_name(cache_handle: &str) -> String {
-    format!("{WRITER_JOB_PREFIX}{}", handle_hash(cache_handle))
+pub fn writer_job_name(identity: &BindingIdentity) -> String {
+    format!("{WRITER_JOB_PREFIX}{}", identity_hash(identity))
 }
 
-/// Name of the read-only PersistentVolumeClaim in a reader namespace: `ro-pvc-<handle_hash>`
-/// (55 characters). One per namespace, so the name needs no namespace part.
-pub fn reader_pvc_name(cache_handle: &str) -> String {
-    format!("{READER_PVC_PREFIX}{}", handle_hash(cache_handle))
+/// Name of the read-only PersistentVolumeClaim in a reader namespace: `ro-pvc-<identity_hash>`
+/// (55 characters). One per namespace and cache.
+pub fn reader_pvc_name(identity: &BindingIdentity) -> String {
+    format!("{READER_PVC_PREFIX}{}", identity_hash(identity))
 }
 
 /// Name of the Lease that allows at most one active writer per cache:
-/// `init-lease-<handle_hash>` (59 characters).
-pub fn init_lease_name(cache_handle: &str) -> String {
-    format!("{INIT_LEASE_PREFIX}{}", handle_hash(cache_handle))
+/// `init-lease-<identity_hash>` (59 characters).
+pub fn init_lease_name(identity: &BindingIdentity) -> String {
+    format!("{INIT_LEASE_PREFIX}{}", identity_hash(identity))
 }
 
 /// Digest of a raw value in the form the binding records: `sha256:` followed by the lowercase
@@ -75,6 +87,7 @@ pub fn sha256_digest(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::v2beta1::Workflow;
 
     fn is_hex(s: &str) -> bool {
         s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -101,44 +114,77 @@ mod tests {
         );
     }
 
+    fn id(workflow: Workflow, domain: &str, handle: &str) -> BindingIdentity {
+        BindingIdentity::new(workflow, domain, handle)
+    }
+
     #[test]
-    fn handle_hash_is_first_24_bytes_of_sha256() {
-        let handle = "abc";
-        let full = sha256_digest(handle);
-        let hash = handle_hash(handle);
+    fn identity_hash_is_first_24_bytes_of_sha256_of_the_identity() {
+        let identity = id(
+            Workflow::RegularModelCache,
+            "team-a",
+            "hf://Qwen/Qwen3-0.6B@v1",
+        );
+        let key = format!(
+            "regularModelCache\n{}\n{}",
+            sha256_digest("team-a"),
+            sha256_digest("hf://Qwen/Qwen3-0.6B@v1")
+        );
+        let full = sha256_digest(&key);
+        let hash = identity_hash(&identity);
         assert_eq!(hash.len(), 48);
         assert!(is_hex(&hash));
         assert_eq!(hash, full["sha256:".len().."sha256:".len() + 48]);
-        assert_eq!(hash, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9c");
     }
 
     #[test]
     fn binding_name_has_expected_shape() {
-        let name = binding_name("hf://Qwen/Qwen3-0.6B@v1");
+        let name = binding_name(&id(
+            Workflow::HelmModelCache,
+            "nca-1",
+            "hf://Qwen/Qwen3-0.6B@v1",
+        ));
         assert!(name.starts_with("model-cache-"));
-        assert_eq!(name.len(), "model-cache-".len() + 48);
+        assert_eq!(name.len(), 60);
         assert!(is_hex(&name["model-cache-".len()..]));
         assert!(is_dns1123_label(&name));
-        assert_eq!(
-            binding_name("abc"),
-            "model-cache-ba7816bf8f01cfea414140de5dae2223b00361a396177a9c"
-        );
     }
 
     #[test]
-    fn names_are_deterministic_and_handle_scoped() {
-        let a = "ngc://org/team/model:1";
-        let b = "ngc://org/team/model:2";
-        assert_eq!(binding_name(a), binding_name(a));
-        assert_ne!(binding_name(a), binding_name(b));
-        assert_ne!(writer_pvc_name(a), writer_pvc_name(b));
-        let suffix = handle_hash(a);
+    fn every_part_of_the_identity_scopes_the_names() {
+        let base = id(
+            Workflow::RegularModelCache,
+            "team-a",
+            "ngc://org/team/model:1",
+        );
+        let others = [
+            id(
+                Workflow::RegularModelCache,
+                "team-a",
+                "ngc://org/team/model:2",
+            ),
+            id(
+                Workflow::RegularModelCache,
+                "team-b",
+                "ngc://org/team/model:1",
+            ),
+            id(Workflow::HelmModelCache, "team-a", "ngc://org/team/model:1"),
+        ];
+        assert_eq!(binding_name(&base), binding_name(&base.clone()));
+        for other in &others {
+            assert_ne!(binding_name(&base), binding_name(other), "{other:?}");
+            assert_ne!(writer_pvc_name(&base), writer_pvc_name(other), "{other:?}");
+            assert_ne!(init_lease_name(&base), init_lease_name(other), "{other:?}");
+            assert_ne!(reader_pvc_name(&base), reader_pvc_name(other), "{other:?}");
+            assert_ne!(writer_job_name(&base), writer_job_name(other), "{other:?}");
+        }
+        let suffix = identity_hash(&base);
         for name in [
-            binding_name(a),
-            writer_pvc_name(a),
-            writer_job_name(a),
-            reader_pvc_name(a),
-            init_lease_name(a),
+            binding_name(&base),
+            writer_pvc_name(&base),
+            writer_job_name(&base),
+            reader_pvc_name(&base),
+            init_lease_name(&base),
         ] {
             assert!(name.ends_with(&suffix), "{name}");
         }
@@ -154,34 +200,24 @@ mod tests {
             &"x".repeat(10_000),
         ];
         for handle in handles {
-            assert_eq!(
-                writer_pvc_name(handle),
-                format!("rw-pvc-{}", handle_hash(handle))
-            );
-            assert_eq!(
-                writer_job_name(handle),
-                format!("writer-job-{}", handle_hash(handle))
-            );
-            assert_eq!(
-                reader_pvc_name(handle),
-                format!("ro-pvc-{}", handle_hash(handle))
-            );
-            assert_eq!(
-                init_lease_name(handle),
-                format!("init-lease-{}", handle_hash(handle))
-            );
+            let identity = id(Workflow::HelmModelCache, "Shared Domain/ü", handle);
+            let hash = identity_hash(&identity);
+            assert_eq!(writer_pvc_name(&identity), format!("rw-pvc-{hash}"));
+            assert_eq!(writer_job_name(&identity), format!("writer-job-{hash}"));
+            assert_eq!(reader_pvc_name(&identity), format!("ro-pvc-{hash}"));
+            assert_eq!(init_lease_name(&identity), format!("init-lease-{hash}"));
             for label in [
-                binding_name(handle),
-                writer_pvc_name(handle),
-                writer_job_name(handle),
-                reader_pvc_name(handle),
-                init_lease_name(handle),
+                binding_name(&identity),
+                writer_pvc_name(&identity),
+                writer_job_name(&identity),
+                reader_pvc_name(&identity),
+                init_lease_name(&identity),
             ] {
                 assert!(is_dns1123_label(&label), "{label}");
             }
+            assert_eq!(binding_name(&identity).len(), 60);
+            assert_eq!(writer_job_name(&identity).len(), 59);
+            assert_eq!(init_lease_name(&identity).len(), 59);
         }
-        assert_eq!(binding_name("abc").len(), 60);
-        assert_eq!(writer_job_name("abc").len(), 59);
-        assert_eq!(init_lease_name("abc").len(), 59);
     }
 }

@@ -120,7 +120,7 @@ const MOUNT_OPTION_PATTERN: &str = "^\\S(.*\\S)?$";
     namespaced,
     status = "ModelCacheBindingStatus",
     derive = "PartialEq",
-    doc = "A shared, read-only model cache: one per (workflow, sharing domain, cache handle). The spec freezes the storage decision taken before any claim, Job or PersistentVolume existed and never changes; the status lists the workloads using the cache and what exists on the storage. Bindings live in the control namespace (nvca-modelcache-init by default) and are named model-cache-<48 hex characters of SHA-256 of the cache handle>.",
+    doc = "A shared, read-only model cache: one per (workflow, sharing domain, cache handle). The spec freezes the storage decision taken before any claim, Job or PersistentVolume existed and never changes; the status lists the workloads using the cache and what exists on the storage. Bindings live in the control namespace (nvca-modelcache-init by default) and are named model-cache-<48 hex characters of SHA-256 of that workflow, sharing domain and cache handle>, so two sharing domains caching one model never share or adopt a binding.",
     printcolumn(
         name = "Workflow",
         type_ = "string",
@@ -737,10 +737,17 @@ mod tests {
 
     use super::*;
 
+    fn identity() -> BindingIdentity {
+        BindingIdentity::new(
+            Workflow::HelmModelCache,
+            "nca-123",
+            "hf://Qwen/Qwen3-0.6B@v1",
+        )
+    }
+
     fn spec() -> ModelCacheBindingSpec {
-        let handle = "hf://Qwen/Qwen3-0.6B@v1";
         ModelCacheBindingSpec {
-            identity: BindingIdentity::new(Workflow::HelmModelCache, "nca-123", handle),
+            identity: identity(),
             decision: BindingDecision {
                 provider: "nvmesh".into(),
                 provisioner: "nvmesh-csi.excelero.com".into(),
@@ -759,17 +766,16 @@ mod tests {
             },
             resources: BindingResources {
                 writer_namespace: "team-a".into(),
-                persistent_volume_claim_names: vec![crate::writer_pvc_name(handle)],
-                job_names: vec![crate::writer_job_name(handle)],
-                lease_name: crate::init_lease_name(handle),
+                persistent_volume_claim_names: vec![crate::writer_pvc_name(&identity())],
+                job_names: vec![crate::writer_job_name(&identity())],
+                lease_name: crate::init_lease_name(&identity()),
                 ..BindingResources::default()
             },
         }
     }
 
     fn binding() -> ModelCacheBinding {
-        let mut binding =
-            ModelCacheBinding::new(&crate::binding_name("hf://Qwen/Qwen3-0.6B@v1"), spec());
+        let mut binding = ModelCacheBinding::new(&crate::binding_name(&identity()), spec());
         binding.metadata.namespace = Some(crate::DEFAULT_CONTROL_NAMESPACE.into());
         binding.metadata.finalizers = Some(vec![crate::FINALIZER.into()]);
         binding
@@ -865,7 +871,7 @@ mod tests {
         assert_eq!(spec["storageClass"]["reclaimPolicy"], "Retain");
         assert_eq!(
             spec["resources"]["leaseName"],
-            crate::init_lease_name("hf://Qwen/Qwen3-0.6B@v1")
+            crate::init_lease_name(&identity())
         );
         // Empty optional lists are omitted, never sent as [] (the schema requires minItems 1).
         let resources = spec["resources"].as_object().expect("object");

@@ -804,7 +804,8 @@ fn binding(d: &Decision) -> Value {
             ..BindingResources::default()
         },
     };
-    let mut b = ModelCacheBinding::new(&warmcache_api_modelcache::binding_name(handle), spec);
+    let name = warmcache_api_modelcache::binding_name(&spec.identity);
+    let mut b = ModelCacheBinding::new(&name, spec);
     b.metadata.namespace = Some(warmcache_api_modelcache::DEFAULT_CONTROL_NAMESPACE.into());
     serde_json::to_value(&b).unwrap()
 }

@@ -17,15 +17,26 @@
 #![allow(dead_code)] // each including test crate uses a different part of this module
 
 use serde_json::{Value, json};
+use warmcache_api_modelcache::v2beta1::{BindingIdentity, Workflow};
 use warmcache_api_modelcache::v2beta1::{
     MSG_ACCESS_MODES_MATCH_TRANSITION, MSG_ENCRYPTION_NEEDS_ROX, MSG_PHASE_KEPT,
     MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE, MSG_RETIRING_IS_FINAL, MSG_SPEC_IMMUTABLE,
     MSG_STATUS_KEPT, MSG_WRITER_IDENTITY_WITH_RWX,
 };
 use warmcache_api_modelcache::{
-    binding_name, handle_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
+    binding_name, identity_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
     writer_pvc_name,
 };
+
+/// The identity of the regularModelCache (rwxReadOnly) binding of the cases.
+pub fn rwx_identity() -> BindingIdentity {
+    BindingIdentity::new(Workflow::RegularModelCache, WRITER_NAMESPACE, CACHE_HANDLE)
+}
+
+/// The identity of the helmModelCache (roxReadOnly) binding of the cases.
+pub fn rox_identity() -> BindingIdentity {
+    BindingIdentity::new(Workflow::HelmModelCache, "nca-0123456789", CACHE_HANDLE)
+}
 
 /// Which endpoint an update goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +79,7 @@ pub fn rwx_binding() -> Value {
         "apiVersion": "nvca.nvcf.nvidia.io/v2beta1",
         "kind": "ModelCacheBinding",
         "metadata": {
-            "name": binding_name(CACHE_HANDLE),
+            "name": binding_name(&rwx_identity()),
             "namespace": NAMESPACE,
             "finalizers": [warmcache_api_modelcache::FINALIZER],
         },
@@ -97,10 +108,10 @@ pub fn rwx_binding() -> Value {
             "resources": {
                 "writerNamespace": WRITER_NAMESPACE,
                 "persistentVolumeClaimNames": [
-                    writer_pvc_name(CACHE_HANDLE),
-                    reader_pvc_name(CACHE_HANDLE),
+                    writer_pvc_name(&rwx_identity()),
+                    reader_pvc_name(&rwx_identity()),
                 ],
-                "jobNames": [writer_job_name(CACHE_HANDLE)],
+                "jobNames": [writer_job_name(&rwx_identity())],
             },
         },
     })
@@ -108,12 +119,12 @@ pub fn rwx_binding() -> Value {
 
 /// A complete helmModelCache binding on NVMesh (roxReadOnly, encrypted), no status.
 pub fn rox_binding() -> Value {
-    let hash = handle_hash(CACHE_HANDLE);
+    let hash = identity_hash(&rox_identity());
     json!({
         "apiVersion": "nvca.nvcf.nvidia.io/v2beta1",
         "kind": "ModelCacheBinding",
         "metadata": {
-            "name": binding_name(CACHE_HANDLE),
+            "name": binding_name(&rox_identity()),
             "namespace": NAMESPACE,
             "finalizers": [warmcache_api_modelcache::FINALIZER],
         },
@@ -141,11 +152,11 @@ pub fn rox_binding() -> Value {
             },
             "resources": {
                 "writerNamespace": WRITER_NAMESPACE,
-                "persistentVolumeClaimNames": [writer_pvc_name(CACHE_HANDLE)],
-                "jobNames": [writer_job_name(CACHE_HANDLE)],
+                "persistentVolumeClaimNames": [writer_pvc_name(&rox_identity())],
+                "jobNames": [writer_job_name(&rox_identity())],
                 "storageClassNames": [format!("{hash}-sc")],
                 "secretNames": [hash],
-                "leaseName": init_lease_name(CACHE_HANDLE),
+                "leaseName": init_lease_name(&rox_identity()),
             },
         },
     })
@@ -166,8 +177,8 @@ pub fn reference(name: &str, uid: &str) -> Value {
 pub fn view(namespace: &str) -> Value {
     json!({
         "namespace": namespace,
-        "persistentVolumeName": format!("ro-pv-{}-{namespace}", &handle_hash(CACHE_HANDLE)[..16]),
-        "persistentVolumeClaimName": reader_pvc_name(CACHE_HANDLE),
+        "persistentVolumeName": format!("ro-pv-{}-{namespace}", &identity_hash(&rwx_identity())[..16]),
+        "persistentVolumeClaimName": reader_pvc_name(&rwx_identity()),
     })
 }
 
@@ -467,7 +478,7 @@ pub fn cases() -> Vec<Case> {
             with(
                 rwx.clone(),
                 "/spec/resources/jobNames",
-                json!([writer_job_name(CACHE_HANDLE), "another-job"]),
+                json!([writer_job_name(&rwx_identity()), "another-job"]),
             ),
             MSG_SPEC_IMMUTABLE,
         ),
@@ -478,7 +489,7 @@ pub fn cases() -> Vec<Case> {
             with(
                 rwx.clone(),
                 "/spec/resources/leaseName",
-                json!(init_lease_name(CACHE_HANDLE)),
+                json!(init_lease_name(&rox_identity())),
             ),
             MSG_SPEC_IMMUTABLE,
         ),
