@@ -1,4 +1,4 @@
-//! `cargo xtask deps-check`: the dependency direction of ARCHITECTURE.md section 4, checked over
+//! `cargo xtask deps-check`: the dependency direction of docs/architecture.md section 4, checked over
 //! `cargo metadata`.
 //!
 //! - `api/*` depends on no internal crate and carries types only: no tokio, and `kube` with the
@@ -16,7 +16,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-/// Crates whose decisions must stay pure: no client, no tokio (ARCHITECTURE.md section 4).
+/// Crates whose decisions must stay pure: no client, no tokio (docs/architecture.md section 4).
 pub const PURE_CRATES: [&str; 4] = [
     "warmcache-catalog",
     "warmcache-modelid",

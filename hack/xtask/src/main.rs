@@ -23,7 +23,7 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Enforce the dependency direction of ARCHITECTURE.md section 4 over `cargo metadata`.
+    /// Enforce the dependency direction of docs/architecture.md section 4 over `cargo metadata`.
     DepsCheck,
 }
 
