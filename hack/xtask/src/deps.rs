@@ -89,7 +89,12 @@ pub fn run(root: &Path) -> Result<bool> {
     let metadata: Value =
         serde_json::from_slice(&output.stdout).context("parsing cargo metadata output")?;
     let members = members(&metadata, root)?;
-    let violations = check(&members);
+    let mut violations = check(&members);
+    for m in &members {
+        if m.layer == Layer::Api || PURE_CRATES.contains(&m.name.as_str()) {
+            violations.extend(reached_clients(root, &m.name)?);
+        }
+    }
     for v in &violations {
         eprintln!("deps-check: {v}");
     }
@@ -100,6 +105,57 @@ pub fn run(root: &Path) -> Result<bool> {
         );
     }
     Ok(violations.is_empty())
+}
+
+/// Client crates that `name` reaches through any chain of normal dependencies, with features
+/// resolved as when building `name` alone (`cargo tree -p`), so a third-party crate cannot bring
+/// tokio or an HTTP stack into an API or pure crate unnoticed.
+fn reached_clients(root: &Path, name: &str) -> Result<Vec<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "-p",
+            name,
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .args(["--format", "{p}"])
+        .current_dir(root)
+        .output()
+        .with_context(|| format!("running cargo tree -p {name}"))?;
+    if !output.status.success() {
+        bail!(
+            "cargo tree -p {name} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(clients_in_tree(
+        name,
+        &String::from_utf8_lossy(&output.stdout),
+    ))
+}
+
+/// The violations in the output of `cargo tree --prefix none --format {p}` for `name`.
+fn clients_in_tree(name: &str, tree: &str) -> Vec<String> {
+    let mut found: Vec<&str> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|krate| CLIENT_CRATES.contains(krate))
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
+        .into_iter()
+        .map(|krate| {
+            format!(
+                "{name} reaches {krate} through its dependencies; API and pure crates must not reach a client, an HTTP stack or an async runtime (see `cargo tree -p {name} -i {krate} -e normal`)"
+            )
+        })
+        .collect()
 }
 
 fn members(metadata: &Value, root: &Path) -> Result<Vec<Member>> {
@@ -308,6 +364,16 @@ mod tests {
                 .push(bad);
             assert_eq!(check(&ms).len(), 1, "{label} was not reported exactly once");
         }
+    }
+
+    #[test]
+    fn transitive_clients_are_found_in_a_dependency_tree() {
+        let tree = "warmcache-kvcache v0.1.0 (/w/pkg/kvcache)\nkube v5.0.0\nkube-client v5.0.0\ntokio v1.54.1\ntokio v1.54.1 (*)\nserde v1.0.0\n";
+        let found = clients_in_tree("warmcache-kvcache", tree);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("reaches kube-client"));
+        assert!(found[1].contains("reaches tokio"));
+        assert!(clients_in_tree("x", "serde v1\nkube-core v5\n").is_empty());
     }
 
     #[test]
