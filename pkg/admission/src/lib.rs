@@ -1,7 +1,8 @@
 //! HTTPS `AdmissionReview` (`admission.k8s.io/v1`) server shared by warmcache's webhooks, with
 //! certificate reload and JSON-patch helpers.
 //!
-//! - [`AdmissionServer`]: routes (`validate`/`mutate`, sync or async handlers) behind a
+//! - [`AdmissionServer`]: routes (`validate`/`mutate`, sync or async handlers, each with an
+//!   [`OnHandlerError`] policy: deny, or allow unchanged with a warning) behind a
 //!   decoding layer with size limit, content-type check, timeouts and panic isolation, served
 //!   over rustls (ring provider only) with ALPN `h2` and `http/1.1`, as kube-apiserver expects.
 //! - [`ReloadingCertResolver`] + [`spawn_reloader`]: the certificate and key are read from
@@ -27,7 +28,7 @@ pub use metrics::{AdmissionMetrics, Verdict};
 pub use review::{DecodeRejection, decode_review, into_v1_review, invalid_response};
 pub use server::{
     AdmissionServer, AdmissionServerConfig, DEFAULT_MAX_BODY_BYTES, HandlerOutput, Listen,
-    RouteKind,
+    OnHandlerError, RouteKind,
 };
 pub use tls::{
     ALPN_PROTOCOLS, ReloadingCertResolver, TlsFiles, install_default_crypto_provider,

@@ -13,7 +13,9 @@ pub enum Verdict {
     /// The request was refused before reaching the handler: wrong content type, too large,
     /// too slow, not an `admission.k8s.io/v1` AdmissionReview, ...
     Invalid,
-    /// The handler failed, panicked or did not answer in time; the request was denied.
+    /// The handler failed, panicked or did not answer in time; the request was denied or, on
+    /// a route with [`OnHandlerError::Allow`](crate::OnHandlerError::Allow), allowed
+    /// unchanged with a warning.
     Error,
 }
 

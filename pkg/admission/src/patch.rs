@@ -121,7 +121,9 @@ pub fn allow_with_patch<K: Resource>(
     }
 }
 
-fn json_type(value: &Value) -> &'static str {
+/// The JSON type name of `value` (`null`, `boolean`, `number`, `string`, `array`, `object`),
+/// for error messages.
+pub(crate) fn json_type(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "boolean",

@@ -22,6 +22,8 @@ use kube::core::admission::{
 use kube::core::{DynamicObject, TypeMeta};
 use serde_json::Value;
 
+use crate::patch::json_type;
+
 /// Why a body did not yield an [`AdmissionRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodeRejection {
@@ -125,17 +127,6 @@ pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Dec
         return Err(invalid("request.uid is empty".to_owned()));
     }
     Ok(request)
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 /// An [`AdmissionResponse::invalid`] carrying `uid` (which may be empty when unknown).

@@ -46,8 +46,8 @@ pub struct AdmissionServerConfig {
     /// client gets `408` and its connection is closed. Also bounds the TLS handshake.
     /// Default 5 s.
     pub body_timeout: Duration,
-    /// Time a handler gets to answer; after that the review is denied with an internal-error
-    /// status. Keep it below the webhook's `timeoutSeconds` (10 s by default) so the API server
+    /// Time a handler gets to answer; after that the handler has failed and the route's
+    /// [`OnHandlerError`] decides the answer. Keep it below the webhook's `timeoutSeconds` (10 s by default) so the API server
     /// sees our message rather than a timeout. Default 8 s.
     pub handler_timeout: Duration,
     /// How long in-flight requests may finish after shutdown is requested. Default 10 s.
@@ -100,9 +100,41 @@ pub enum RouteKind {
     Mutate,
 }
 
-/// What a handler may return: an [`AdmissionResponse`], or a `Result` whose error becomes a
-/// denial with an internal-error status (`code: 500`, `reason: InternalError`) and the error's
-/// text (alternate form, so an `anyhow` chain is shown in full).
+/// What a route answers when its handler fails: returns an error, panics, does not answer
+/// within [`handler_timeout`](AdmissionServerConfig::handler_timeout), or (on a validating
+/// route) returns a patch.
+///
+/// The webhook configuration's `failurePolicy` only covers failures the API server sees
+/// (connection refused, TLS error, timeout); a review we answer is taken as given. So this
+/// policy, not `failurePolicy`, decides what a handler failure does to the request:
+///
+/// - [`Deny`](Self::Deny) for webhooks that guard our own resources, where an unchecked object
+///   is worse than a refused one, e.g. KVCacheBackend validation. This is what
+///   [`validate`](AdmissionServer::validate), [`mutate`](AdmissionServer::mutate) and their
+///   `_async` forms use.
+/// - [`Allow`](Self::Allow) for webhooks on other people's workloads that must never block
+///   them when warmcache misbehaves, e.g. the Pod-mutating webhook: register it with
+///   [`mutate_with`](AdmissionServer::mutate_with) or
+///   [`mutate_async_with`](AdmissionServer::mutate_async_with) and `OnHandlerError::Allow`,
+///   and set `failurePolicy: Ignore` for the transport failures.
+///
+/// Either way the review is logged at warn level and counted with verdict
+/// [`Verdict::Error`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnHandlerError {
+    /// Deny the request: `allowed: false`, `status.code: 500`, `status.reason: InternalError`
+    /// and a message naming the failure.
+    #[default]
+    Deny,
+    /// Allow the request unchanged (no patch, whatever the handler produced) with an
+    /// `AdmissionResponse` warning naming the webhook route and the failure, which `kubectl`
+    /// shows to whoever made the request.
+    Allow,
+}
+
+/// What a handler may return: an [`AdmissionResponse`], or a `Result` whose error is a handler
+/// failure handled by the route's [`OnHandlerError`] policy, with the error's text (alternate
+/// form, so an `anyhow` chain is shown in full) in the message.
 pub trait HandlerOutput: Send + 'static {
     /// The response, or the message of a handler failure.
     fn into_result(self) -> Result<AdmissionResponse, String>;
@@ -126,6 +158,7 @@ type DynHandler = Arc<dyn Fn(AdmissionRequest<DynamicObject>) -> HandlerFuture +
 struct RouteSpec {
     path: String,
     kind: RouteKind,
+    on_error: OnHandlerError,
     handler: DynHandler,
 }
 
@@ -155,9 +188,10 @@ struct RouteSpec {
 ///   [`body_timeout`](AdmissionServerConfig::body_timeout) with `408`;
 /// - decodes the review as described in [`crate::review`] (`400` for non-JSON, `200` with an
 ///   invalid response for review-shaped but unacceptable bodies);
-/// - runs the handler in its own task, so a panic, an error or a timeout is answered with a
-///   denial carrying an internal-error status rather than a dropped connection; the reply's
-///   `uid` is always the request's.
+/// - runs the handler in its own task, so a panic, an error or a timeout is answered (with a
+///   denial carrying an internal-error status, or an unchanged admission with a warning,
+///   according to the route's [`OnHandlerError`]) rather than a dropped connection; the
+///   reply's `uid` is always the request's.
 ///
 /// Every review is traced in an `admission_review` span (route, uid, kind, operation,
 /// namespace, name, verdict) and, with [`with_metrics`](Self::with_metrics), counted.
@@ -176,7 +210,7 @@ impl fmt::Debug for AdmissionServer {
                 &self
                     .routes
                     .iter()
-                    .map(|r| (r.path.as_str(), r.kind))
+                    .map(|r| (r.path.as_str(), r.kind, r.on_error))
                     .collect::<Vec<_>>(),
             )
             .field("metrics", &self.metrics.is_some())
@@ -206,28 +240,63 @@ impl AdmissionServer {
         self
     }
 
-    /// Adds a validating route with a synchronous handler. The handler runs on the async
-    /// runtime, so it must not block; use [`validate_async`](Self::validate_async) for I/O.
+    /// Adds a validating route with a synchronous handler that denies on handler failure
+    /// ([`OnHandlerError::Deny`]). The handler runs on the async runtime, so it must not block;
+    /// use [`validate_async`](Self::validate_async) for I/O.
     #[must_use]
     pub fn validate<F, R>(self, path: impl Into<String>, handler: F) -> Self
     where
         F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
         R: HandlerOutput,
     {
-        self.route(path, RouteKind::Validate, sync_handler(handler))
+        self.validate_with(path, handler, OnHandlerError::Deny)
     }
 
-    /// Adds a mutating route with a synchronous handler (see [`validate`](Self::validate)).
+    /// Adds a validating route with a synchronous handler and the given failure policy.
+    #[must_use]
+    pub fn validate_with<F, R>(
+        self,
+        path: impl Into<String>,
+        handler: F,
+        on_error: OnHandlerError,
+    ) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Validate, on_error, sync_handler(handler))
+    }
+
+    /// Adds a mutating route with a synchronous handler that denies on handler failure
+    /// ([`OnHandlerError::Deny`]; see [`validate`](Self::validate)). For a webhook that must
+    /// never block the request, use [`mutate_with`](Self::mutate_with).
     #[must_use]
     pub fn mutate<F, R>(self, path: impl Into<String>, handler: F) -> Self
     where
         F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
         R: HandlerOutput,
     {
-        self.route(path, RouteKind::Mutate, sync_handler(handler))
+        self.mutate_with(path, handler, OnHandlerError::Deny)
     }
 
-    /// Adds a validating route with an async handler.
+    /// Adds a mutating route with a synchronous handler and the given failure policy
+    /// ([`OnHandlerError::Allow`] for the Pod webhook).
+    #[must_use]
+    pub fn mutate_with<F, R>(
+        self,
+        path: impl Into<String>,
+        handler: F,
+        on_error: OnHandlerError,
+    ) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Mutate, on_error, sync_handler(handler))
+    }
+
+    /// Adds a validating route with an async handler that denies on handler failure
+    /// ([`OnHandlerError::Deny`]).
     #[must_use]
     pub fn validate_async<F, Fut, R>(self, path: impl Into<String>, handler: F) -> Self
     where
@@ -235,10 +304,28 @@ impl AdmissionServer {
         Fut: Future<Output = R> + Send + 'static,
         R: HandlerOutput,
     {
-        self.route(path, RouteKind::Validate, async_handler(handler))
+        self.validate_async_with(path, handler, OnHandlerError::Deny)
     }
 
-    /// Adds a mutating route with an async handler.
+    /// Adds a validating route with an async handler and the given failure policy.
+    #[must_use]
+    pub fn validate_async_with<F, Fut, R>(
+        self,
+        path: impl Into<String>,
+        handler: F,
+        on_error: OnHandlerError,
+    ) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Validate, on_error, async_handler(handler))
+    }
+
+    /// Adds a mutating route with an async handler that denies on handler failure
+    /// ([`OnHandlerError::Deny`]). For a webhook that must never block the request, use
+    /// [`mutate_async_with`](Self::mutate_async_with).
     #[must_use]
     pub fn mutate_async<F, Fut, R>(self, path: impl Into<String>, handler: F) -> Self
     where
@@ -246,13 +333,37 @@ impl AdmissionServer {
         Fut: Future<Output = R> + Send + 'static,
         R: HandlerOutput,
     {
-        self.route(path, RouteKind::Mutate, async_handler(handler))
+        self.mutate_async_with(path, handler, OnHandlerError::Deny)
     }
 
-    fn route(mut self, path: impl Into<String>, kind: RouteKind, handler: DynHandler) -> Self {
+    /// Adds a mutating route with an async handler and the given failure policy
+    /// ([`OnHandlerError::Allow`] for the Pod webhook).
+    #[must_use]
+    pub fn mutate_async_with<F, Fut, R>(
+        self,
+        path: impl Into<String>,
+        handler: F,
+        on_error: OnHandlerError,
+    ) -> Self
+    where
+        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: HandlerOutput,
+    {
+        self.route(path, RouteKind::Mutate, on_error, async_handler(handler))
+    }
+
+    fn route(
+        mut self,
+        path: impl Into<String>,
+        kind: RouteKind,
+        on_error: OnHandlerError,
+        handler: DynHandler,
+    ) -> Self {
         self.routes.push(RouteSpec {
             path: path.into(),
             kind,
+            on_error,
             handler,
         });
         self
@@ -270,6 +381,7 @@ impl AdmissionServer {
             let state = Arc::new(RouteState {
                 path: spec.path.clone(),
                 kind: spec.kind,
+                on_error: spec.on_error,
                 handler: Arc::clone(&spec.handler),
                 max_body_bytes: self.config.max_body_bytes,
                 body_timeout: self.config.body_timeout,
@@ -430,6 +542,7 @@ where
 struct RouteState {
     path: String,
     kind: RouteKind,
+    on_error: OnHandlerError,
     handler: DynHandler,
     max_body_bytes: usize,
     body_timeout: Duration,
@@ -521,7 +634,12 @@ impl RouteState {
         span.record("verdict", verdict.as_str());
         match verdict {
             Verdict::Error => span.in_scope(|| {
-                tracing::warn!(message = %response.result.message, "admission handler failed");
+                tracing::warn!(
+                    allowed = response.allowed,
+                    message = %response.result.message,
+                    warnings = ?response.warnings,
+                    "admission handler failed"
+                );
             }),
             _ => span.in_scope(|| {
                 tracing::debug!(allowed = response.allowed, "admission review answered");
@@ -555,7 +673,7 @@ impl RouteState {
         match outcome {
             Ok(response) if self.kind == RouteKind::Validate && response.patch.is_some() => (
                 Verdict::Error,
-                handler_error(base, "a validating handler returned a patch"),
+                self.handler_error(base, "a validating handler returned a patch"),
             ),
             Ok(mut response) => {
                 response.uid = uid;
@@ -566,7 +684,31 @@ impl RouteState {
                 };
                 (verdict, response)
             }
-            Err(message) => (Verdict::Error, handler_error(base, &message)),
+            Err(message) => (Verdict::Error, self.handler_error(base, &message)),
+        }
+    }
+
+    /// The answer to a failed handler, per the route's [`OnHandlerError`]. `base` is the
+    /// plain allowing response built from the request (uid copied, no patch).
+    fn handler_error(&self, base: AdmissionResponse, message: &str) -> AdmissionResponse {
+        match self.on_error {
+            OnHandlerError::Deny => {
+                let mut response = base.deny(format!(
+                    "internal error in the admission webhook: {message}"
+                ));
+                response.result.code = 500;
+                response.result.reason = "InternalError".to_owned();
+                response
+            }
+            OnHandlerError::Allow => {
+                let mut response = base;
+                response.warnings = Some(vec![format!(
+                    "admission webhook {} failed and let the request through unchanged: \
+                     {message}",
+                    self.path
+                )]);
+                response
+            }
         }
     }
 
@@ -585,15 +727,6 @@ fn format_kind(request: &AdmissionRequest<DynamicObject>) -> String {
     } else {
         format!("{}/{}/{}", kind.group, kind.version, kind.kind)
     }
-}
-
-fn handler_error(base: AdmissionResponse, message: &str) -> AdmissionResponse {
-    let mut response = base.deny(format!(
-        "internal error in the admission webhook: {message}"
-    ));
-    response.result.code = 500;
-    response.result.reason = "InternalError".to_owned();
-    response
 }
 
 fn check_content_type(headers: &HeaderMap) -> Result<(), String> {

@@ -10,8 +10,10 @@
 //! A new pair is served only when the certificate chain parses, the key parses and the key
 //! belongs to the leaf certificate. Anything else keeps the previous pair in service and is
 //! reported (log line, [`AdmissionMetrics::cert_reloads`](crate::AdmissionMetrics) counter).
-//! A half-finished rotation (new certificate, old key) is therefore refused once and picked up
-//! on the next poll, when both files are new.
+//! A pair that cannot be read or used is read once more straight away before it counts as a
+//! failure: a read that straddles the kubelet's `..data` swap (new certificate, old key) then
+//! sees the finished rotation. A rotation still half-finished on the second read is refused
+//! once and picked up on the next poll, when both files are new.
 //!
 //! All crypto goes through rustls' *ring* provider, passed explicitly; nothing here depends on
 //! a process-wide default provider being installed (see [`install_default_crypto_provider`]).
@@ -92,7 +94,8 @@ pub struct ReloadingCertResolver {
     provider: Arc<CryptoProvider>,
     current: RwLock<Arc<CertifiedKey>>,
     /// Raw bytes of the last pair we tried (good or bad), to detect changes and to report
-    /// a bad pair once rather than on every poll.
+    /// a bad pair once rather than on every poll. Held across a whole reload (read, parse,
+    /// compare, swap), which serialises concurrent reloads.
     last_seen: Mutex<FileContents>,
     generation: AtomicU64,
     failures: AtomicU64,
@@ -102,6 +105,13 @@ pub struct ReloadingCertResolver {
 struct FileContents {
     cert: Vec<u8>,
     key: Vec<u8>,
+}
+
+/// A reload attempt that did not put a pair in service.
+struct FailedReload {
+    error: AdmissionError,
+    /// The files as read, when they could be read (the pair was unusable).
+    contents: Option<FileContents>,
 }
 
 impl fmt::Debug for ReloadingCertResolver {
@@ -139,39 +149,72 @@ impl ReloadingCertResolver {
     ///
     /// Returns `Ok(true)` when a new pair is now served, `Ok(false)` when nothing changed on
     /// disk, and an error when the new pair cannot be used; the previous pair then stays in
-    /// service. A pair that fails to parse or match is reported once (later calls return
+    /// service. A read or a pair that fails is re-read once before it counts as a failure, so
+    /// a read that straddles the kubelet's `..data` symlink swap (new certificate, old key) is
+    /// not reported. A pair that fails to parse or match is reported once (later calls return
     /// `Ok(false)` until the files change again); an unreadable file is reported on every call.
-    /// This reads files synchronously; from async code run it on a blocking thread (as
-    /// [`spawn_reloader`] does).
+    ///
+    /// Concurrent calls are serialised: reading, checking and swapping happen under one lock,
+    /// so the pair in service is always the one read last. This reads files synchronously;
+    /// from async code run it on a blocking thread (as [`spawn_reloader`] does).
     pub fn reload_if_changed(&self) -> Result<bool, AdmissionError> {
-        let contents = match read_pair(&self.files) {
-            Ok(contents) => contents,
-            Err(err) => {
-                // A missing file is usually a rotation in progress; keep serving and retry.
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                return Err(err);
-            }
-        };
+        self.reload_with(|| read_pair(&self.files))
+    }
+
+    /// [`reload_if_changed`](Self::reload_if_changed) with the files read by `read`.
+    fn reload_with(
+        &self,
+        mut read: impl FnMut() -> Result<FileContents, AdmissionError>,
+    ) -> Result<bool, AdmissionError> {
         let mut last_seen = self
             .last_seen
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let first = match self.try_swap(&mut last_seen, read()) {
+            Ok(changed) => return Ok(changed),
+            Err(failed) => failed,
+        };
+        tracing::debug!(error = %first.error, "certificate pair not usable; reading it again");
+        match self.try_swap(&mut last_seen, read()) {
+            Ok(changed) => Ok(changed),
+            Err(failed) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                // Remember a bad pair so it is reported once; a read error is retried.
+                if let Some(contents) = failed.contents {
+                    *last_seen = contents;
+                }
+                Err(failed.error)
+            }
+        }
+    }
+
+    /// Puts the pair `read` in service if it differs from `last_seen` and is usable. The
+    /// caller holds the `last_seen` lock for the whole call.
+    fn try_swap(
+        &self,
+        last_seen: &mut FileContents,
+        read: Result<FileContents, AdmissionError>,
+    ) -> Result<bool, Box<FailedReload>> {
+        let contents = read.map_err(|error| {
+            Box::new(FailedReload {
+                error,
+                contents: None,
+            })
+        })?;
         if *last_seen == contents {
             return Ok(false);
         }
-        let parsed = certified_key(&self.files, &contents, &self.provider);
-        *last_seen = contents;
-        drop(last_seen);
-        match parsed {
+        match certified_key(&self.files, &contents, &self.provider) {
             Ok(certified) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(certified);
+                *last_seen = contents;
                 self.generation.fetch_add(1, Ordering::Relaxed);
                 Ok(true)
             }
-            Err(err) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                Err(err)
-            }
+            Err(error) => Err(Box::new(FailedReload {
+                error,
+                contents: Some(contents),
+            })),
         }
     }
 
@@ -332,4 +375,144 @@ pub fn spawn_reloader(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Pair {
+        cert: Vec<u8>,
+        key: Vec<u8>,
+        der: Vec<u8>,
+    }
+
+    fn pair(name: &str) -> Pair {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Pair {
+            cert: cert.pem().into_bytes(),
+            key: key.serialize_pem().into_bytes(),
+            der: cert.der().to_vec(),
+        }
+    }
+
+    fn contents(cert: &Pair, key: &Pair) -> FileContents {
+        FileContents {
+            cert: cert.cert.clone(),
+            key: key.key.clone(),
+        }
+    }
+
+    fn resolver_serving(first: &Pair) -> (tempfile::TempDir, Arc<ReloadingCertResolver>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), &first.cert).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &first.key).unwrap();
+        let resolver = ReloadingCertResolver::load(&TlsFiles::in_dir(dir.path())).unwrap();
+        (dir, resolver)
+    }
+
+    fn served(resolver: &ReloadingCertResolver) -> Vec<u8> {
+        resolver.current().cert[0].to_vec()
+    }
+
+    /// Feeds `reads` to `reload_with` one per read.
+    fn reload_from(
+        resolver: &ReloadingCertResolver,
+        reads: Vec<Result<FileContents, AdmissionError>>,
+    ) -> Result<bool, AdmissionError> {
+        let mut reads = reads.into_iter();
+        resolver.reload_with(|| reads.next().unwrap())
+    }
+
+    #[test]
+    fn a_read_straddling_the_symlink_swap_is_read_again_and_not_counted() {
+        let (a, b) = (pair("a"), pair("b"));
+        let (_dir, resolver) = resolver_serving(&a);
+        // New certificate with the old key, then the finished rotation.
+        let swapped = reload_from(&resolver, vec![Ok(contents(&b, &a)), Ok(contents(&b, &b))]);
+        assert!(swapped.unwrap());
+        assert_eq!(served(&resolver), b.der);
+        assert_eq!(resolver.failed_reloads(), 0);
+        assert_eq!(resolver.generation(), 2);
+    }
+
+    #[test]
+    fn an_unreadable_file_is_read_again_and_not_counted() {
+        let (a, b) = (pair("a"), pair("b"));
+        let (dir, resolver) = resolver_serving(&a);
+        let missing = AdmissionError::ReadFile {
+            what: "private key",
+            path: dir.path().join("tls.key"),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let swapped = reload_from(&resolver, vec![Err(missing), Ok(contents(&b, &b))]);
+        assert!(swapped.unwrap());
+        assert_eq!(served(&resolver), b.der);
+        assert_eq!(resolver.failed_reloads(), 0);
+    }
+
+    #[test]
+    fn a_pair_still_mismatched_on_the_second_read_counts_once() {
+        let (a, b) = (pair("a"), pair("b"));
+        let (_dir, resolver) = resolver_serving(&a);
+        let err =
+            reload_from(&resolver, vec![Ok(contents(&b, &a)), Ok(contents(&b, &a))]).unwrap_err();
+        assert!(matches!(err, AdmissionError::KeyMismatch { .. }), "{err}");
+        assert_eq!(resolver.failed_reloads(), 1);
+        assert_eq!(served(&resolver), a.der);
+        assert_eq!(resolver.generation(), 1);
+        // The same bad pair again is not reported again.
+        assert!(!reload_from(&resolver, vec![Ok(contents(&b, &a))]).unwrap());
+        assert_eq!(resolver.failed_reloads(), 1);
+        // The finished rotation is picked up.
+        assert!(reload_from(&resolver, vec![Ok(contents(&b, &b))]).unwrap());
+        assert_eq!(served(&resolver), b.der);
+    }
+
+    #[test]
+    fn concurrent_reloads_while_files_rotate_end_serving_the_newest_pair() {
+        use std::sync::atomic::AtomicBool;
+
+        let pairs: Vec<Pair> = (0..4).map(|i| pair(&format!("p{i}"))).collect();
+        let (dir, resolver) = resolver_serving(&pairs[0]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let resolver = Arc::clone(&resolver);
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        // Mismatches from non-atomic writes are expected; only the end state
+                        // matters.
+                        let _ = resolver.reload_if_changed();
+                    }
+                })
+            })
+            .collect();
+        // Rotate through the pairs, each file replaced atomically (write + rename).
+        let mut last = 0;
+        for round in 0..300 {
+            last = round % pairs.len();
+            for (name, bytes) in [
+                ("tls.crt", &pairs[last].cert),
+                ("tls.key", &pairs[last].key),
+            ] {
+                let tmp = dir.path().join(format!(".{name}.tmp"));
+                std::fs::write(&tmp, bytes).unwrap();
+                std::fs::rename(&tmp, dir.path().join(name)).unwrap();
+            }
+        }
+        // Let the readers see the final files a few more times, then stop them.
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, Ordering::Relaxed);
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        assert_eq!(served(&resolver), pairs[last].der);
+        // And nothing is left for a later poll to fix: the state is consistent.
+        assert!(!resolver.reload_if_changed().unwrap());
+        assert_eq!(served(&resolver), pairs[last].der);
+    }
 }

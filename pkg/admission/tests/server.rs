@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use warmcache_admission::patch::{self, PatchBuilder};
 use warmcache_admission::{
     AdmissionMetrics, AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig,
-    DynamicObject, Verdict,
+    DynamicObject, OnHandlerError, Verdict,
 };
 
 const VALIDATE: &str = "/validate-kvcachebackend";
@@ -64,7 +64,42 @@ fn test_server(dir: &std::path::Path, metrics: Option<AdmissionMetrics>) -> Admi
             tokio::task::yield_now().await;
             AdmissionResponse::from(&req)
         })
-        .validate("/validate-with-patch", annotate);
+        .validate("/validate-with-patch", annotate)
+        // The same failures on routes that must never block the request.
+        .mutate_with(
+            "/allow/fails",
+            |_req| Err::<AdmissionResponse, _>("the catalog is unreachable"),
+            OnHandlerError::Allow,
+        )
+        .mutate_with(
+            "/allow/panics",
+            |_req| -> AdmissionResponse { panic!("handler bug") },
+            OnHandlerError::Allow,
+        )
+        .mutate_async_with(
+            "/allow/hangs",
+            |req| async move {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                AdmissionResponse::from(&req)
+            },
+            OnHandlerError::Allow,
+        )
+        .validate_with(
+            "/allow/validate-with-patch",
+            annotate,
+            OnHandlerError::Allow,
+        )
+        .validate_async_with(
+            "/deny/hangs",
+            |req| async move {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                AdmissionResponse::from(&req)
+            },
+            OnHandlerError::Deny,
+        )
+        // Healthy handler on an Allow route: its patch and denials pass through as usual.
+        .mutate_with("/allow/annotate", annotate, OnHandlerError::Allow)
+        .validate_with("/allow/validate-name", validate_name, OnHandlerError::Allow);
     if let Some(metrics) = metrics {
         server = server.with_metrics(metrics);
     }
@@ -184,6 +219,7 @@ async fn handler_failures_become_denials_with_the_uid() {
         ("/fails", "the catalog is unreachable"),
         ("/panics", "panicked"),
         ("/hangs", "did not answer within"),
+        ("/deny/hangs", "did not answer within"),
         (
             "/validate-with-patch",
             "validating handler returned a patch",
@@ -199,6 +235,7 @@ async fn handler_failures_become_denials_with_the_uid() {
         let message = response["status"]["message"].as_str().unwrap();
         assert!(message.contains(needle), "{path}: {message}");
         assert!(response.get("patch").is_none(), "{path}");
+        assert!(response.get("warnings").is_none(), "{path}");
         assert!(started.elapsed() < Duration::from_secs(5), "{path}");
     }
     // The server survived the panic.
@@ -210,6 +247,69 @@ async fn handler_failures_become_denials_with_the_uid() {
     )
     .await;
     assert_eq!(reply.response()["allowed"], true);
+    f.running.stop().await;
+}
+
+#[tokio::test]
+async fn handler_failures_on_allow_routes_let_the_request_through_unchanged() {
+    let f = start(None);
+    for (path, needle) in [
+        ("/allow/fails", "the catalog is unreachable"),
+        ("/allow/panics", "panicked"),
+        ("/allow/hangs", "did not answer within"),
+        (
+            "/allow/validate-with-patch",
+            "validating handler returned a patch",
+        ),
+    ] {
+        for alpn in [b"h2".as_slice(), b"http/1.1".as_slice()] {
+            let started = Instant::now();
+            let reply = post(
+                f.running.addr,
+                &f.ca,
+                alpn,
+                path,
+                Some("application/json"),
+                serde_json::to_vec(&pod_review("uid-err", "bad")).unwrap(),
+            )
+            .await;
+            let response = reply.response();
+            assert_eq!(response["uid"], "uid-err", "{path}");
+            assert_eq!(response["allowed"], true, "{path}: {response}");
+            assert!(response.get("patch").is_none(), "{path}: {response}");
+            assert!(response.get("patchType").is_none(), "{path}: {response}");
+            assert_ne!(response["status"]["code"], 500, "{path}: {response}");
+            let warnings = response["warnings"].as_array().unwrap();
+            assert_eq!(warnings.len(), 1, "{path}: {response}");
+            let warning = warnings[0].as_str().unwrap();
+            assert!(warning.contains(path), "{path}: {warning}");
+            assert!(warning.contains(needle), "{path}: {warning}");
+            assert!(started.elapsed() < Duration::from_secs(5), "{path}");
+        }
+    }
+
+    // A healthy handler on an Allow route answers as it likes: patch, denial, no warning.
+    let response = post_json(
+        f.running.addr,
+        &f.ca,
+        "/allow/annotate",
+        &pod_review("uid-patch", "p"),
+    )
+    .await
+    .response();
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    assert!(response.get("warnings").is_none(), "{response}");
+    let response = post_json(
+        f.running.addr,
+        &f.ca,
+        "/allow/validate-name",
+        &pod_review("uid-deny", "bad"),
+    )
+    .await
+    .response();
+    assert_eq!(response["allowed"], false);
+    assert!(response.get("warnings").is_none(), "{response}");
     f.running.stop().await;
 }
 
@@ -416,6 +516,7 @@ async fn metrics_count_verdicts_per_route() {
     post_json(addr, &f.ca, VALIDATE, &json!({"kind": "AdmissionReview"})).await;
     post_json(addr, &f.ca, "/fails", &pod_review("c", "p")).await;
     post_json(addr, &f.ca, MUTATE, &pod_review("d", "p")).await;
+    post_json(addr, &f.ca, "/allow/fails", &pod_review("e", "p")).await;
 
     let count = |route: &str, verdict: Verdict| {
         metrics
@@ -428,6 +529,9 @@ async fn metrics_count_verdicts_per_route() {
     assert_eq!(count(VALIDATE, Verdict::Invalid), 1);
     assert_eq!(count("/fails", Verdict::Error), 1);
     assert_eq!(count(MUTATE, Verdict::Allowed), 1);
+    // A failure let through on an Allow route still counts as an error, not as allowed.
+    assert_eq!(count("/allow/fails", Verdict::Error), 1);
+    assert_eq!(count("/allow/fails", Verdict::Allowed), 0);
     assert_eq!(
         metrics
             .duration()
