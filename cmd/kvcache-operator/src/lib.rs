@@ -9,7 +9,10 @@
 //!
 //! - `validate` prints `ok` and exits 0 when the backend (created, or updated from `--old`) is
 //!   admitted; otherwise it prints one `<field path>: <reason>` line per refusal and exits 1.
-//!   Input that cannot be read, is not YAML, or is not a `KVCacheBackend` exits 2.
+//!   Input that cannot be read, is not YAML, or is not a `KVCacheBackend` exits 2, as does a
+//!   change to the spec of an `--old` object that does not fit the API. The decision is
+//!   [`warmcache_kvcache::validate_values`], the webhook's: an update that leaves `spec`
+//!   unchanged is admitted before either object is decoded.
 //! - `render` prints the leader Deployment, the leader Service and one member DaemonSet per
 //!   group as a YAML stream, exactly as the operator applies them, preceded for an HA leader by
 //!   the ServiceAccounts, Roles and RoleBindings of its Lease election; a backend `validate`
@@ -54,7 +57,9 @@ pub struct Cli {
 pub enum Command {
     /// Validate a backend as the webhook would (exit 0 admitted, 1 refused, 2 unreadable input).
     Validate(ValidateArgs),
-    /// Print the objects the operator applies for a backend, as a YAML stream.
+    /// Print the objects the operator applies for a backend, as a YAML stream: the leader
+    /// Deployment and Service and one member DaemonSet per group, preceded for an HA backend by
+    /// the ServiceAccounts, Roles and RoleBindings of its Lease election.
     Render(RenderArgs),
     /// Serve the validating webhook for KVCacheBackend over HTTPS.
     Webhook(WebhookArgs),

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use warmcache_api_kvcache::v1alpha1::KVCacheBackend;
 use warmcache_kvcache::{
-    DecodeFailure, FieldError, RenderContext, ValidationContext, parse_backend,
-    render as render_backend, validate as validate_backend,
+    DecodeFailure, FieldError, RenderContext, StoredObjectError, ValidationContext, parse_backend,
+    parse_document, render as render_backend, validate as validate_backend, validate_values,
 };
 
 use crate::{ImageSetting, Outcome, RenderArgs, RunError, ValidateArgs};
@@ -53,48 +53,38 @@ fn print_refusals(out: &mut dyn Write, errors: &[FieldError]) -> Result<(), RunE
     Ok(())
 }
 
-/// Loads `--filename` and `--old` and validates; `Ok(Err(refusals))` when refused.
-fn check(
-    file: &Path,
-    old: Option<&Path>,
-    image: &ImageSetting,
-) -> Result<Result<KVCacheBackend, Vec<FieldError>>, RunError> {
-    let old = match old {
-        None => None,
-        Some(path) => match load(path)? {
-            Ok(backend) => Some(backend),
-            Err(errors) => {
-                let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-                return Err(RunError::OldShape {
-                    path: path.display().to_string(),
-                    lines: lines.join("\n"),
-                });
-            }
-        },
-    };
-    let new = match load(file)? {
-        Ok(backend) => backend,
-        Err(errors) => return Ok(Err(errors)),
-    };
-    let errors = validate_backend(&new, old.as_ref(), &validation_context(image));
-    if errors.is_empty() {
-        Ok(Ok(new))
-    } else {
-        Ok(Err(errors))
-    }
+/// The document in `path`, checked to be a `KVCacheBackend` but not decoded.
+fn load_document(path: &Path) -> Result<serde_json::Value, RunError> {
+    let text = read(path)?;
+    parse_document(&text).map_err(|source| RunError::NotABackend {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
-/// `kvcache-operator validate`.
+/// `kvcache-operator validate`: the same decision as the webhook ([`validate_values`]), so an
+/// update that leaves `spec` unchanged is admitted even when the stored object no longer decodes.
 pub fn validate(args: &ValidateArgs, out: &mut dyn Write) -> Result<Outcome, RunError> {
-    match check(&args.file, args.old.as_deref(), &args.image)? {
-        Ok(_) => {
-            writeln!(out, "ok")?;
-            Ok(Outcome::Success)
-        }
-        Err(errors) => {
-            print_refusals(out, &errors)?;
-            Ok(Outcome::Refused)
-        }
+    let old = args.old.as_deref().map(load_document).transpose()?;
+    let new = load_document(&args.file)?;
+    let errors = validate_values(&new, old.as_ref(), &validation_context(&args.image)).map_err(
+        |StoredObjectError(errors)| {
+            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            RunError::OldShape {
+                path: args
+                    .old
+                    .as_deref()
+                    .map_or_else(String::new, |p| p.display().to_string()),
+                lines: lines.join("\n"),
+            }
+        },
+    )?;
+    if errors.is_empty() {
+        writeln!(out, "ok")?;
+        Ok(Outcome::Success)
+    } else {
+        print_refusals(out, &errors)?;
+        Ok(Outcome::Refused)
     }
 }
 
@@ -110,13 +100,18 @@ pub fn render(
             problem,
         });
     }
-    let backend = match check(&args.file, None, &args.image)? {
+    let backend = match load(&args.file)? {
         Ok(backend) => backend,
         Err(errors) => {
             print_refusals(out, &errors)?;
             return Ok(Outcome::Refused);
         }
     };
+    let errors = validate_backend(&backend, None, &validation_context(&args.image));
+    if !errors.is_empty() {
+        print_refusals(out, &errors)?;
+        return Ok(Outcome::Refused);
+    }
     if backend.spec.connection.external.is_some() {
         writeln!(
             err,

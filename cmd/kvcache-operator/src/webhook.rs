@@ -15,8 +15,8 @@ use warmcache_admission::{
     AdmissionError, AdmissionMetrics, AdmissionServer, AdmissionServerConfig,
     ReloadingCertResolver, TlsFiles, install_default_crypto_provider, spawn_reloader,
 };
-use warmcache_api_kvcache::v1alpha1::{GROUP, KIND, KVCacheBackend};
-use warmcache_kvcache::{FieldError, ValidationContext, from_value, validate};
+use warmcache_api_kvcache::v1alpha1::{GROUP, KIND};
+use warmcache_kvcache::{FieldError, ValidationContext, validate_values};
 use warmcache_telemetry::{self as telemetry, Readiness, TelemetryError};
 
 use crate::WebhookArgs;
@@ -83,33 +83,12 @@ pub fn review(
         Ok(value) => value,
         Err(err) => return response.deny(format!("the stored object cannot be read: {err}")),
     };
-    if let Some(old) = &old_value
-        && old.get("spec") == new_value.get("spec")
-    {
-        // Metadata-only update (finalizers, labels): never refused, even for an object that
-        // today's rules would refuse.
-        return response;
-    }
-    let new = match from_value(new_value) {
-        Ok(backend) => backend,
-        Err(errors) => return deny(response, request, &errors),
-    };
-    let old = match old_value
-        .map(serde_json::from_value::<KVCacheBackend>)
-        .transpose()
-    {
-        Ok(old) => old,
-        Err(err) => {
-            return response.deny(format!(
-                "the stored object cannot be read as a {KIND}: {err}"
-            ));
-        }
-    };
-    let errors = validate(&new, old.as_ref(), ctx);
-    if errors.is_empty() {
-        response
-    } else {
-        deny(response, request, &errors)
+    match validate_values(&new_value, old_value.as_ref(), ctx) {
+        Ok(errors) if errors.is_empty() => response,
+        Ok(errors) => deny(response, request, &errors),
+        Err(err) => response.deny(format!(
+            "{err}; this operator cannot judge a change to its spec (a metadata-only update is admitted)"
+        )),
     }
 }
 
@@ -339,10 +318,25 @@ mod tests {
         // A spec change of that object is refused with a reason.
         let mut changed = stored.clone();
         changed["spec"]["image"] = json!("repo/store:2");
-        let refused = review(&request("UPDATE", Some(changed), Some(stored)), &ctx);
+        let refused = review(
+            &request("UPDATE", Some(changed), Some(stored.clone())),
+            &ctx,
+        );
         assert!(!refused.allowed);
         assert!(
             refused.result.message.contains("medium"),
+            "{}",
+            refused.result.message
+        );
+        // A change whose new object decodes, of a stored object that does not: refused, naming
+        // the stored object's problem.
+        let fixed = tiered("1Gi");
+        let refused = review(&request("UPDATE", Some(fixed), Some(stored)), &ctx);
+        assert!(!refused.allowed);
+        assert!(
+            refused.result.message.starts_with(
+                "the stored object does not fit the API: spec.connection.managed.members[0].medium: "
+            ),
             "{}",
             refused.result.message
         );

@@ -207,6 +207,44 @@ fn validate_with_old_applies_the_transition_rules_and_ratchets() {
 }
 
 #[test]
+fn validate_with_old_admits_a_metadata_only_update_of_an_object_that_no_longer_decodes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Stored by a newer operator: a medium this one does not know.
+    let stored = with(vectors::v2(), |o| members(o)[0]["medium"] = json!("HBM"));
+    let old = write(dir.path(), "old.yaml", &stored);
+    let released = write(
+        dir.path(),
+        "released.yaml",
+        &with(stored, |o| o["metadata"]["finalizers"] = json!([])),
+    );
+    let output = run(&[
+        "validate",
+        "-f",
+        released.to_str().unwrap(),
+        "--old",
+        old.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "ok\n");
+
+    // A spec change of that stored object cannot be judged: exit 2, naming the problem.
+    let edited = write(dir.path(), "edited.yaml", &vectors::v2());
+    let output = run(&[
+        "validate",
+        "-f",
+        edited.to_str().unwrap(),
+        "--old",
+        old.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", stdout(&output));
+    assert!(
+        stderr(&output).contains("spec.connection.managed.members[0].medium: "),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
 fn the_default_image_setting_comes_from_the_flag_or_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(

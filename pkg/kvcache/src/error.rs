@@ -127,3 +127,14 @@ pub enum ParseError {
         found: String,
     },
 }
+
+/// The stored object of an update does not fit the API, so an update that changes its `spec`
+/// cannot be judged (see [`crate::validate_values`]). Each problem carries its field path.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the stored object does not fit the API: {}", join(.0))]
+pub struct StoredObjectError(pub Vec<FieldError>);
+
+fn join(errors: &[FieldError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("; ")
+}

@@ -7,6 +7,9 @@
 //!   update, with its field path and a reason; the CRD's schema and CEL rules are repeated, so the
 //!   list is the whole verdict. Ratchets keep objects admitted under older rules updatable, and an
 //!   update that leaves `spec` unchanged (the operator's finalizer removal) is never refused.
+//!   [`validate_values`] is the same verdict on the raw JSON objects of an admission request; the
+//!   webhook and the offline `validate` command both call it, so an update whose `spec` is
+//!   unchanged is admitted before either object is decoded.
 //! - [`render()`]: the leader Deployment and Service and one member DaemonSet per group, per
 //!   reference section 4, plus, with an active `highAvailability`, the ServiceAccounts, Roles
 //!   and RoleBindings the Lease election needs; everything `validate` admits renders,
@@ -49,7 +52,7 @@ pub mod validate;
 #[cfg(feature = "vectors")]
 pub mod vectors;
 
-pub use error::{FieldError, FieldErrorKind, ParseError, RenderError};
-pub use parse::{DecodeFailure, from_value, parse_backend};
+pub use error::{FieldError, FieldErrorKind, ParseError, RenderError, StoredObjectError};
+pub use parse::{DecodeFailure, from_value, parse_backend, parse_document, stored_from_value};
 pub use render::{RenderContext, Rendered, render};
-pub use validate::{ValidationContext, validate};
+pub use validate::{ValidationContext, validate, validate_values};

@@ -23,16 +23,24 @@ pub enum DecodeFailure {
 /// Reads exactly one YAML (or JSON) document holding a `worker.gpustack.ai/v1alpha1`
 /// `KVCacheBackend`.
 pub fn parse_backend(text: &str) -> Result<KVCacheBackend, DecodeFailure> {
+    let document = parse_document(text)?;
+    from_value(document).map_err(DecodeFailure::Shape)
+}
+
+/// Reads exactly one YAML (or JSON) document and checks that it names itself a
+/// `worker.gpustack.ai/v1alpha1` `KVCacheBackend`, without decoding its fields (see
+/// [`crate::validate_values`], which decides some updates on the raw document).
+pub fn parse_document(text: &str) -> Result<Value, ParseError> {
     let mut documents: Vec<Value> =
         serde_saphyr::from_multiple(text).map_err(|e| ParseError::Yaml(e.to_string()))?;
     // A trailing "---" or an empty file yields null documents; they hold nothing.
     documents.retain(|d| !d.is_null());
     if documents.len() != 1 {
-        return Err(ParseError::Documents(documents.len()).into());
+        return Err(ParseError::Documents(documents.len()));
     }
     let document = documents.remove(0);
     if !document.is_object() {
-        return Err(ParseError::NotAnObject.into());
+        return Err(ParseError::NotAnObject);
     }
     let api_version = document.get("apiVersion").and_then(Value::as_str);
     let kind = document.get("kind").and_then(Value::as_str);
@@ -43,16 +51,36 @@ pub fn parse_backend(text: &str) -> Result<KVCacheBackend, DecodeFailure> {
                 api_version.map_or_else(|| "(none)".to_owned(), |v| format!("{v:?}")),
                 kind.map_or_else(|| "(none)".to_owned(), |k| format!("{k:?}")),
             ),
-        }
-        .into());
+        });
     }
-    from_value(document).map_err(DecodeFailure::Shape)
+    Ok(document)
 }
 
 /// Converts a JSON object (an admission request's object, or a parsed document) into a backend,
 /// refusing fields the API does not have and values of the wrong shape, each with its path.
 pub fn from_value(value: Value) -> Result<KVCacheBackend, Vec<FieldError>> {
-    let backend: KVCacheBackend = serde_path_to_error::deserialize(&value).map_err(|err| {
+    let backend = decode_typed(&value)?;
+    let mut unknown = Vec::new();
+    if let (Some(input), Ok(output)) = (value.get("spec"), serde_json::to_value(&backend.spec)) {
+        unknown_fields("spec", input, &output, &mut unknown);
+    }
+    if unknown.is_empty() {
+        Ok(backend)
+    } else {
+        Err(unknown)
+    }
+}
+
+/// Converts a stored object (the old object of an update) into a backend: like [`from_value`],
+/// but fields the API does not have are ignored rather than refused, since the API server, not
+/// the author, wrote them (a newer CRD version may carry fields this operator does not know).
+pub fn stored_from_value(value: &Value) -> Result<KVCacheBackend, Vec<FieldError>> {
+    decode_typed(value)
+}
+
+/// Decodes `value`, reporting the first wrong type, enum value or missing field with its path.
+fn decode_typed(value: &Value) -> Result<KVCacheBackend, Vec<FieldError>> {
+    serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
         let path = if path == "." { String::new() } else { path };
         vec![FieldError::new(
@@ -64,16 +92,7 @@ pub fn from_value(value: Value) -> Result<KVCacheBackend, Vec<FieldError>> {
             FieldErrorKind::Invalid,
             format!("does not fit the API: {}", err.into_inner()),
         )]
-    })?;
-    let mut unknown = Vec::new();
-    if let (Some(input), Ok(output)) = (value.get("spec"), serde_json::to_value(&backend.spec)) {
-        unknown_fields("spec", input, &output, &mut unknown);
-    }
-    if unknown.is_empty() {
-        Ok(backend)
-    } else {
-        Err(unknown)
-    }
+    })
 }
 
 /// Reports every key of `input` that the typed value (serialized back, `output`) does not have.

@@ -16,22 +16,28 @@
 //!   `keyLimit`, compared as quantities), the `extraArgs`/`extraEnv` rules of the leader (also
 //!   re-run when highAvailability appears, disappears or changes its snapshot) and of each
 //!   group, the image fallback (`spec.image` absent or blank), the snapshot refusal (when
-//!   `snapshot` or `replicas` moves), the multi-tenancy refusal, and the object-name rule (only
-//!   names of groups the old object did not have).
+//!   `snapshot` or `replicas` moves), the multi-tenancy refusal, the object-name rule (only
+//!   names of groups the old object did not have), the tier path rules (P1-P6, length included:
+//!   skipped for a tier whose path equals the old tier's at the same position, since the path is
+//!   frozen there and the data already lives at it), and the hostPaths-overlap-with-tier rule
+//!   (skipped for a mount path the old group already had, while its tier path is unchanged).
 //!
 //! Member groups are compared by position: the group at index `i` of the new list with the
 //! group at index `i` of the old one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use warmcache_api_kvcache::v1alpha1::rules::messages;
+use serde_json::Value;
+
+use warmcache_api_kvcache::v1alpha1::rules::{MAX_MEMBER_GROUPS, messages};
 use warmcache_api_kvcache::v1alpha1::{
     EndpointName, EnvEntry, External, HostPathMount, KVCacheBackend, Leader, LocalDisk, Managed,
     Medium, MemberGroup,
 };
 use warmcache_api_kvcache::{BUCKET_KEYS_FLOOR, BUCKET_SIZE_FLOOR_BYTES, IMAGE_SETTING_NAME};
 
-use crate::error::{FieldError, FieldErrorKind};
+use crate::error::{FieldError, FieldErrorKind, StoredObjectError};
+use crate::parse::{from_value, stored_from_value};
 use crate::quantity::{self, Amount};
 use crate::{image, names};
 
@@ -65,8 +71,6 @@ pub fn member_path(index: usize) -> String {
     format!("{MEMBERS_PATH}[{index}]")
 }
 
-/// Most member groups per backend (`members` `maxItems`).
-pub const MAX_MEMBER_GROUPS: usize = 32;
 /// Most leader replicas.
 pub const MAX_LEADER_REPLICAS: i32 = 5;
 /// Longest `scaleIn.gracePeriodSeconds` the member's unmount endpoint accepts.
@@ -234,7 +238,41 @@ const MAX_ADDRESS_LENGTH: usize = 259;
 /// Consumers named in a refusal before "and N more".
 const MAX_NAMED_CONSUMERS: usize = 20;
 
+/// Validates an admission request's objects as the API server sends them: `new`, created (`old`
+/// is `None`) or updated from `old`. This is the one entry point of the webhook and of the
+/// offline `validate` command, so both decide every update the same way:
+///
+/// 1. an update whose `spec` is unchanged as JSON (metadata only: the operator's finalizer
+///    removal, labels, annotations) is admitted at once, even when the stored object no longer
+///    decodes or breaks today's rules: the operator must always be able to release its objects;
+/// 2. otherwise `new` is decoded (its shape problems are the refusals), then `old` (fields the
+///    API does not have are ignored there), and [`validate`] decides.
+///
+/// `Ok` carries the refusals (empty admits); `Err` means the update changes the spec of a stored
+/// object that does not fit the API, which no verdict can be given for.
+pub fn validate_values(
+    new: &Value,
+    old: Option<&Value>,
+    ctx: &ValidationContext,
+) -> Result<Vec<FieldError>, StoredObjectError> {
+    if let Some(old) = old
+        && old.get("spec") == new.get("spec")
+    {
+        return Ok(Vec::new());
+    }
+    let new = match from_value(new.clone()) {
+        Ok(backend) => backend,
+        Err(errors) => return Ok(errors),
+    };
+    let old = old
+        .map(stored_from_value)
+        .transpose()
+        .map_err(StoredObjectError)?;
+    Ok(validate(&new, old.as_ref(), ctx))
+}
+
 /// Validates `new`, created (`old` is `None`) or updated from `old`. An empty list admits it.
+/// An update with an unchanged `spec` is admitted at once, as in [`validate_values`].
 pub fn validate(
     new: &KVCacheBackend,
     old: Option<&KVCacheBackend>,
@@ -718,7 +756,8 @@ impl Validator<'_> {
                 "at least one member group is required: the leader alone stores nothing",
             );
         }
-        if members.len() > MAX_MEMBER_GROUPS {
+        // `u32` to `usize` is lossless on every target this runs on.
+        if members.len() > MAX_MEMBER_GROUPS as usize {
             self.push(
                 MEMBERS_PATH,
                 FieldErrorKind::TooMany,
@@ -745,9 +784,8 @@ impl Validator<'_> {
             self.forbidden(
                 format!("{}.localDisks", member_path(*second)),
                 format!(
-                    "only one member group may declare localDisks, and groups [{}] do: the leader reports every \
-                     disk tier through one pair of gauges, so status.capacity could not tell which figure \
-                     belongs to which group",
+                    "{} (groups [{}] declare it)",
+                    messages::ONE_TIER_GROUP,
                     list.join(" ")
                 ),
             );
@@ -940,7 +978,7 @@ impl Validator<'_> {
 
         // M8: host paths.
         if let Some(host_paths) = &group.host_paths {
-            self.host_paths(&path, host_paths, group.local_disk());
+            self.host_paths(&path, host_paths, group.local_disk(), old);
         }
     }
 
@@ -969,14 +1007,19 @@ impl Validator<'_> {
     /// P1-P6, C1-C5, E1-E4 for one tier entry.
     fn tier(&mut self, path: &str, disk: &LocalDisk, old: Option<&LocalDisk>) {
         let path_path = format!("{path}.path");
-        if disk.path.len() > MAX_TIER_PATH_LENGTH {
-            self.push(
-                &path_path,
-                FieldErrorKind::TooMany,
-                format!("must be at most {MAX_TIER_PATH_LENGTH} characters long"),
-            );
-        } else if let Some((kind, reason)) = tier_path_problem(&disk.path) {
-            self.push(&path_path, kind, reason);
+        // P1-P6, ratcheted: the path is frozen per position, so a path stored under older rules
+        // is not re-judged by today's (the stored data already lives there).
+        let path_unchanged = old.is_some_and(|o| o.path == disk.path);
+        if !path_unchanged {
+            if disk.path.len() > MAX_TIER_PATH_LENGTH {
+                self.push(
+                    &path_path,
+                    FieldErrorKind::TooMany,
+                    format!("must be at most {MAX_TIER_PATH_LENGTH} characters long"),
+                );
+            } else if let Some((kind, reason)) = tier_path_problem(&disk.path) {
+                self.push(&path_path, kind, reason);
+            }
         }
 
         let capacity_path = format!("{path}.capacity");
@@ -1051,8 +1094,8 @@ impl Validator<'_> {
                     self.invalid(
                         format!("{mark_path}.low"),
                         format!(
-                            "must be below high ({}): with equal or inverted marks every write past the mark \
-                             evicts, and the member refuses the pair at startup, where only its log would tell",
+                            "{} (high is {})",
+                            messages::WATERMARK_LOW_BELOW_HIGH,
                             watermark.high
                         ),
                     );
@@ -1067,6 +1110,7 @@ impl Validator<'_> {
         group_path: &str,
         host_paths: &[HostPathMount],
         tier: Option<&LocalDisk>,
+        old: Option<&MemberGroup>,
     ) {
         if host_paths.len() > MAX_LIST_ITEMS {
             self.push(
@@ -1081,6 +1125,18 @@ impl Validator<'_> {
         let tier_path = tier
             .filter(|t| tier_path_problem(&t.path).is_none())
             .map(|t| clean(&t.path));
+        // The overlap with the tier is ratcheted: while the tier path is unchanged, a mount path
+        // the old group already had is not re-judged against it.
+        let tier_unchanged = tier.is_some_and(|t| {
+            old.and_then(MemberGroup::local_disk)
+                .is_some_and(|o| o.path == t.path)
+        });
+        let old_mounts: &[HostPathMount] = if tier_unchanged {
+            old.and_then(|o| o.host_paths.as_deref())
+                .unwrap_or_default()
+        } else {
+            &[]
+        };
         let mut earlier: Vec<(usize, String)> = Vec::new();
         for (j, entry) in host_paths.iter().enumerate() {
             let entry_path = format!("{group_path}.hostPaths[{j}]");
@@ -1112,6 +1168,7 @@ impl Validator<'_> {
                 );
             } else if let Some(tier) = tier_path.as_deref()
                 && overlaps(&mount, tier)
+                && !old_mounts.iter().any(|o| o.mount_path == entry.mount_path)
             {
                 self.invalid(
                     &mount_path,
@@ -1346,6 +1403,139 @@ pub fn host_port_problem(address: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn tiered_value(medium: &str, capacity: &str) -> Value {
+        json!({
+            "apiVersion": "worker.gpustack.ai/v1alpha1",
+            "kind": "KVCacheBackend",
+            "metadata": {"name": "kvc", "finalizers": ["worker.gpustack.ai/kvcache"]},
+            "spec": {"image": "repo/store:1", "connection": {"managed": {"leader": {}, "members": [
+                {"nodeSelector": {}, "medium": medium, "capacityPerMember": capacity,
+                 "localDisks": [{"path": "/var/lib/kvcache"}]}
+            ]}}},
+        })
+    }
+
+    #[test]
+    fn values_admit_an_unchanged_spec_before_decoding_anything() {
+        let ctx = ValidationContext::default();
+        // Stored by a newer operator: a medium this one does not know, and a spec that today's
+        // rules refuse (8Mi under a tier).
+        let stored = tiered_value("HBM", "8Mi");
+        let mut released = stored.clone();
+        released["metadata"]["finalizers"] = json!([]);
+        assert_eq!(validate_values(&released, Some(&stored), &ctx), Ok(vec![]));
+
+        // A spec change of that object: the new object's own shape problem is the refusal.
+        let mut edited = stored.clone();
+        edited["spec"]["image"] = json!("repo/store:2");
+        let errors = validate_values(&edited, Some(&stored), &ctx).unwrap();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "spec.connection.managed.members[0].medium");
+
+        // A spec change whose new object decodes, of a stored object that does not: no verdict.
+        let fixed = tiered_value("DRAM", "1Gi");
+        let err = validate_values(&fixed, Some(&stored), &ctx).unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert_eq!(err.0[0].path, "spec.connection.managed.members[0].medium");
+
+        // Create: no shortcut, the rules apply.
+        let errors = validate_values(&tiered_value("DRAM", "8Mi"), None, &ctx).unwrap();
+        assert_eq!(
+            errors[0].path,
+            "spec.connection.managed.members[0].capacityPerMember"
+        );
+        assert_eq!(validate_values(&fixed, None, &ctx), Ok(vec![]));
+    }
+
+    #[test]
+    fn values_ignore_fields_of_the_stored_object_this_api_does_not_have() {
+        let ctx = ValidationContext::default();
+        let mut stored = tiered_value("DRAM", "1Gi");
+        stored["spec"]["connection"]["managed"]["futureField"] = json!(true);
+        let edited = tiered_value("DRAM", "2Gi");
+        assert_eq!(validate_values(&edited, Some(&stored), &ctx), Ok(vec![]));
+        // In the new object the same field is refused.
+        let errors = validate_values(&stored, None, &ctx).unwrap();
+        assert_eq!(errors[0].path, "spec.connection.managed.futureField");
+    }
+
+    fn typed(value: Value) -> KVCacheBackend {
+        from_value(value).unwrap()
+    }
+
+    fn with_tier_path(capacity: &str, path: &str) -> Value {
+        let mut value = tiered_value("DRAM", capacity);
+        value["spec"]["connection"]["managed"]["members"][0]["localDisks"][0]["path"] = json!(path);
+        value
+    }
+
+    #[test]
+    fn tier_path_rules_are_ratcheted_per_position() {
+        let ctx = ValidationContext::default();
+        let path_field = "spec.connection.managed.members[0].localDisks[0].path";
+        // Admitted by an older operator, refused by today's rule.
+        let stored = typed(with_tier_path("1Gi", "/dev/infiniband/x"));
+        let created = validate(&stored, None, &ctx);
+        assert_eq!(created.len(), 1, "{created:?}");
+        assert_eq!(created[0].path, path_field);
+        // An update that changes only the capacity: admitted.
+        let resized = typed(with_tier_path("2Gi", "/dev/infiniband/x"));
+        assert_eq!(validate(&resized, Some(&stored), &ctx), vec![]);
+        // Moving the path is refused (frozen), and the new path is checked again.
+        let moved = typed(with_tier_path("2Gi", "/dev/infiniband/y"));
+        let errors = validate(&moved, Some(&stored), &ctx);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors.iter().all(|e| e.path == path_field));
+        // The ratchet is per position: the same path in an appended group is checked.
+        let mut appended = with_tier_path("2Gi", "/dev/infiniband/x");
+        let mut plain = appended["spec"]["connection"]["managed"]["members"][0].clone();
+        plain.as_object_mut().unwrap().remove("localDisks");
+        appended["spec"]["connection"]["managed"]["members"]
+            .as_array_mut()
+            .unwrap()
+            .insert(0, plain);
+        let errors = validate(&typed(appended), Some(&stored), &ctx);
+        assert!(
+            errors.iter().any(|e| e.path
+                == "spec.connection.managed.members[1].localDisks[0].path"
+                && e.reason.contains("/dev/infiniband")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn host_path_overlap_with_an_unchanged_tier_is_ratcheted_per_entry() {
+        let ctx = ValidationContext::default();
+        let with_host_paths = |capacity: &str, mounts: &[&str]| {
+            let mut value = with_tier_path(capacity, "/var/lib/kvcache");
+            let entries: Vec<Value> = mounts
+                .iter()
+                .map(|m| json!({"path": "/srv/extra", "mountPath": m}))
+                .collect();
+            value["spec"]["connection"]["managed"]["members"][0]["hostPaths"] = json!(entries);
+            typed(value)
+        };
+        // Stored by an operator that did not yet check this overlap.
+        let stored = with_host_paths("1Gi", &["/var/lib/kvcache/extra"]);
+        let created = validate(&stored, None, &ctx);
+        assert_eq!(created.len(), 1, "{created:?}");
+        assert_eq!(
+            created[0].path,
+            "spec.connection.managed.members[0].hostPaths[0].mountPath"
+        );
+        let resized = with_host_paths("2Gi", &["/var/lib/kvcache/extra"]);
+        assert_eq!(validate(&resized, Some(&stored), &ctx), vec![]);
+        // A new entry overlapping the tier is still refused.
+        let added = with_host_paths("2Gi", &["/var/lib/kvcache/extra", "/var/lib/kvcache/more"]);
+        let errors = validate(&added, Some(&stored), &ctx);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(
+            errors[0].path,
+            "spec.connection.managed.members[0].hostPaths[1].mountPath"
+        );
+    }
 
     #[test]
     fn path_rules_in_order() {

@@ -482,7 +482,7 @@ pub fn invalid() -> Vec<Vector> {
             }),
             (
                 "spec.connection.managed.members[0].localDisks[0].eviction.watermark.low",
-                "must be below high (80)",
+                "where only its log would tell (high is 80)",
                 Layer::Cel("low must be below high"),
             ),
         ),
@@ -495,7 +495,7 @@ pub fn invalid() -> Vec<Vector> {
             }),
             (
                 "spec.connection.managed.members[0].localDisks[0].eviction.watermark.low",
-                "must be below high (70)",
+                "where only its log would tell (high is 70)",
                 Layer::Cel("low must be below high"),
             ),
         ),
@@ -550,7 +550,7 @@ pub fn invalid() -> Vec<Vector> {
             }),
             (
                 "spec.connection.managed.members[1].localDisks",
-                "only one member group may declare localDisks, and groups [0 1] do",
+                "which figure belongs to which group (groups [0 1] declare it)",
                 Layer::Cel("only one member group may declare localDisks"),
             ),
         ),
