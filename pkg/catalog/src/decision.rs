@@ -318,6 +318,16 @@ pub enum DecisionError {
         "StorageClass {MODEL_CACHE_STORAGE_CLASS:?} has no metadata.uid: pass the object as read from the API server"
     )]
     StorageClassWithoutUid,
+    /// The CSIDriver given is not the one named after the StorageClass's provisioner.
+    #[error(
+        "the CSIDriver passed must be the one named after the provisioner {expected:?}, got {found:?}: pass the CSIDriver read by that name, or none when it does not exist"
+    )]
+    WrongCsiDriver {
+        /// The provisioner of the StorageClass.
+        expected: String,
+        /// The name of the CSIDriver given.
+        found: String,
+    },
 }
 
 /// Decides how a cache for `inputs.workflow` is stored (module docs for the order of checks).
@@ -352,6 +362,15 @@ pub fn decide(inputs: &DecisionInputs<'_>) -> Result<Outcome, DecisionError> {
     let provisioner = class.provisioner.as_str();
     if provisioner.chars().all(is_ecma_whitespace) {
         return non_durable(NonDurable::BlankProvisioner);
+    }
+    if let Some(csi) = inputs.csi_driver {
+        let found = csi.metadata.name.as_deref().unwrap_or_default();
+        if found != provisioner {
+            return Err(DecisionError::WrongCsiDriver {
+                expected: provisioner.to_owned(),
+                found: found.to_owned(),
+            });
+        }
     }
 
     let loaded;

@@ -584,6 +584,20 @@ fn inputs_that_make_a_decision_impossible_are_errors() {
             Err(DecisionError::StorageClassWithoutUid)
         );
     }
+    // A CSIDriver of another provisioner is a caller's mistake, not "no CSIDriver": treating it
+    // as absent would freeze a writer identity nobody decided.
+    let sc = class("csi.weka.io");
+    let other = csi_driver("fss.csi.oraclecloud.com", Some("ReadWriteOnceWithFSType"));
+    assert!(matches!(
+        run(
+            Some(&sc),
+            Some(&other),
+            CatalogInput::Absent,
+            REGULAR,
+            gates()
+        ),
+        Err(DecisionError::WrongCsiDriver { .. })
+    ));
 }
 
 // ---------------------------------------------------------------- writer identity
@@ -591,7 +605,7 @@ fn inputs_that_make_a_decision_impossible_are_errors() {
 #[test]
 fn writer_identity_from_catalog_then_csi_driver() {
     let sc = class("csi.weka.io");
-    let cases: [(Option<CSIDriver>, WriterIdentity, WriterIdentitySource); 6] = [
+    let cases: [(Option<CSIDriver>, WriterIdentity, WriterIdentitySource); 5] = [
         (
             Some(csi_driver("csi.weka.io", Some("File"))),
             WriterIdentity::FsGroup,
@@ -614,15 +628,6 @@ fn writer_identity_from_catalog_then_csi_driver() {
         ),
         (
             None,
-            WriterIdentity::FsGroup,
-            WriterIdentitySource::NoCsiDriver,
-        ),
-        // A CSIDriver of another provisioner says nothing about this one.
-        (
-            Some(csi_driver(
-                "fss.csi.oraclecloud.com",
-                Some("ReadWriteOnceWithFSType"),
-            )),
             WriterIdentity::FsGroup,
             WriterIdentitySource::NoCsiDriver,
         ),
