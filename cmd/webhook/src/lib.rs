@@ -55,6 +55,9 @@ pub enum Error {
     /// Writing the answer failed.
     #[error("writing the result: {0}")]
     Output(#[from] std::io::Error),
+    /// The report could not be serialized as JSON.
+    #[error("serializing the report: {0}")]
+    Report(#[from] serde_json::Error),
 }
 
 impl Error {
@@ -62,7 +65,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Input { .. } => 2,
-            Error::Output(_) => 1,
+            Error::Output(_) | Error::Report(_) => 1,
         }
     }
 }
@@ -120,9 +123,9 @@ pub fn identify(args: &IdentifyArgs, out: &mut dyn Write) -> Result<(), Error> {
         None => None,
     };
     let text = match resolve_with_group(&pod, group.as_ref()) {
-        Ok(outcome) => outcome.report_json(),
+        Ok(outcome) => outcome.report_json()?,
         Err(e @ GroupError::Missing { .. }) => {
-            unresolved_report(&format!("{e}; pass it with --lws"))
+            unresolved_report(&format!("{e}; pass it with --lws"))?
         }
         Err(e @ GroupError::Mismatch { .. }) => {
             let p = args.lws.as_deref().unwrap_or(Path::new("--lws"));
@@ -137,5 +140,23 @@ pub fn identify(args: &IdentifyArgs, out: &mut dyn Write) -> Result<(), Error> {
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
     match cli.command {
         Command::Identify(args) => identify(&args, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn a_report_that_cannot_be_serialized_fails_with_exit_code_1() {
+        let Err(e) = serde_json::from_str::<serde_json::Value>("{") else {
+            panic!("an unterminated object does not parse");
+        };
+        let err = Error::from(e);
+        assert_eq!(err.exit_code(), 1);
+        assert!(
+            err.to_string().starts_with("serializing the report: "),
+            "{err}"
+        );
     }
 }

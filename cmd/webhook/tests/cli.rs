@@ -383,3 +383,74 @@ fn usage_errors_exit_2() {
     let out = webhook().arg("serve").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "no other subcommand exists yet");
 }
+
+#[test]
+fn customer_claim_below_an_empty_dir_landing_is_not_substitutable() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "pod.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: qwen}
+spec:
+  containers:
+    - name: vllm
+      image: vllm/vllm-openai:v0.20.0
+      args: [--model, Qwen/Qwen3-0.6B]
+      env:
+        - {name: HF_HOME, value: /models}
+      volumeMounts:
+        - {name: scratch, mountPath: /models}
+        - {name: team, mountPath: /models/hub}
+  volumes:
+    - name: scratch
+      emptyDir: {}
+    - name: team
+      persistentVolumeClaim: {claimName: team-hf-cache}
+"#,
+    );
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert_eq!(v["landing"]["kind"], "pvc");
+    assert_eq!(v["landing"]["volume"], "team");
+    assert_eq!(v["landing"]["substitutable"], false);
+    let nested = v["landing"]["nested"].as_str().unwrap();
+    assert!(
+        nested.starts_with("spec.containers[0].volumeMounts[1]: "),
+        "{nested}"
+    );
+}
+
+#[test]
+fn custom_hf_endpoint_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "pod.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: qwen}
+spec:
+  containers:
+    - name: vllm
+      image: vllm/vllm-openai:v0.20.0
+      args: [--model, Qwen/Qwen3-0.6B]
+      env:
+        - {name: HF_ENDPOINT, value: "https://hf-mirror.internal"}
+"#,
+    );
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = stdout_json(&out);
+    assert!(v["uri"].is_null(), "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("spec.containers[0].env[HF_ENDPOINT]: ")
+            && reason.contains("https://hf-mirror.internal"),
+        "{reason}"
+    );
+}

@@ -70,10 +70,15 @@ pub struct Landing {
     pub path: String,
     /// The pod volume holding it (`None` on rootfs).
     pub volume: Option<String>,
-    /// The kind of that volume.
+    /// The kind of that volume; when another volume is mounted below `path`, the kind of that
+    /// nested volume (see `nested`).
     pub kind: LandingKind,
-    /// `kind.substitutable()`.
+    /// Whether the shared copy may take this place: `kind.substitutable()` and nothing is mounted
+    /// below `path`.
     pub substitutable: bool,
+    /// Set when a container mounts a volume strictly below `path` (then `volume` and `kind` are
+    /// that mount's and `substitutable` is false): the mount's field path and why it blocks.
+    pub nested: Option<String>,
     /// Set when the landing was moved from this path (the rootfs [`DEFAULT_HF_HOME`]) to `path`;
     /// the webhook must then point `HF_HOME` at `path`.
     pub relanded_from: Option<String>,
@@ -143,17 +148,73 @@ fn landing(path: String, volume: Option<String>, kind: LandingKind) -> Landing {
         volume,
         kind,
         substitutable: kind.substitutable(),
+        nested: None,
         relanded_from: None,
     }
 }
 
-/// The landing of `dest` in container `main`: the mount at or above it, or rootfs.
-pub fn landing_in(pod: &Pod, main: &Container, dest: &str) -> Landing {
-    let dest = paths::clean(dest);
-    match covering_mount(main, &dest) {
-        Some((m, _)) => landing(dest, Some(m.name.clone()), volume_kind(pod, &m.name)),
-        None => landing(dest, None, LandingKind::Rootfs),
+/// The mount of `c` (at field path `c_path`) strictly below clean absolute `dest`: the first whose
+/// kind is not substitutable, else the first. Any such mount blocks substitution: the shared copy
+/// placed at `dest` would hide it (a customer claim at `$HF_HOME/hub`, say) or mix its bytes
+/// into the pod's own. An `emptyDir` below an `emptyDir` landing blocks too: the pod chose to
+/// split the place, and the resolver does not guess which part the download fills.
+fn nested_mount(
+    pod: &Pod,
+    c: &Container,
+    c_path: &str,
+    dest: &str,
+) -> Option<(String, String, LandingKind)> {
+    let below: Vec<(usize, &VolumeMount, String, LandingKind)> = mounts(c)
+        .enumerate()
+        .map(|(i, m)| (i, m, paths::clean(&m.mount_path)))
+        .filter(|(_, _, p)| p != dest && paths::is_within(p, dest))
+        .map(|(i, m, p)| (i, m, p, volume_kind(pod, &m.name)))
+        .collect();
+    let (i, m, p, kind) = below
+        .iter()
+        .find(|(_, _, _, k)| !k.substitutable())
+        .or_else(|| below.first())?;
+    let reason = format!(
+        "{c_path}.volumeMounts[{i}]: volume {:?} ({}) is mounted at {p}, below the landing {dest}; \
+         the shared copy would hide it",
+        m.name,
+        kind.as_str()
+    );
+    Some((m.name.clone(), reason, *kind))
+}
+
+/// Mark `l` not substitutable when container `c` mounts a volume strictly below `dest` (`c`'s
+/// own view of the landing). The first nested mount found is kept.
+fn check_nested(pod: &Pod, c: &Container, c_path: &str, dest: &str, l: Landing) -> Landing {
+    if l.nested.is_some() {
+        return l;
     }
+    match nested_mount(pod, c, c_path, &paths::clean(dest)) {
+        Some((volume, reason, kind)) => Landing {
+            volume: Some(volume),
+            kind,
+            substitutable: false,
+            nested: Some(reason),
+            ..l
+        },
+        None => l,
+    }
+}
+
+/// The landing of `dest` in container `main` (at field path `main_path`, e.g.
+/// `spec.containers[0]`): the mount at or above it, or rootfs; not substitutable when `main`
+/// mounts another volume below it.
+pub fn landing_in(pod: &Pod, main: &Container, main_path: &str, dest: &str) -> Landing {
+    let dest = paths::clean(dest);
+    let l = match covering_mount(main, &dest) {
+        Some((m, _)) => landing(
+            dest.clone(),
+            Some(m.name.clone()),
+            volume_kind(pod, &m.name),
+        ),
+        None => landing(dest.clone(), None, LandingKind::Rootfs),
+    };
+    check_nested(pod, main, main_path, &dest, l)
 }
 
 /// Why an init container's destination has no place in the main container.
@@ -173,16 +234,31 @@ fn sub_path(m: &VolumeMount) -> String {
 /// The landing of a download an init container writes to `dest` (in the init's own view): the
 /// init's volume at that place, seen through the main container's mount of the same volume.
 /// When the init writes outside its volumes, the path is looked up in the main container as is.
+/// A volume mounted below the landing, in the init's view or the main container's, makes it not
+/// substitutable.
 pub(crate) fn landing_for_init(
     pod: &Pod,
     init: &Container,
     init_path: &str,
     main: &Container,
+    main_path: &str,
     dest: &str,
 ) -> Result<Landing, InitLandingError> {
     let dest = paths::clean(dest);
-    let Some((im, im_path)) = covering_mount(init, &dest) else {
-        return Ok(landing_in(pod, main, &dest));
+    landing_for_init_inner(pod, init, init_path, main, main_path, &dest)
+        .map(|l| check_nested(pod, init, init_path, &dest, l))
+}
+
+fn landing_for_init_inner(
+    pod: &Pod,
+    init: &Container,
+    init_path: &str,
+    main: &Container,
+    main_path: &str,
+    dest: &str,
+) -> Result<Landing, InitLandingError> {
+    let Some((im, im_path)) = covering_mount(init, dest) else {
+        return Ok(landing_in(pod, main, main_path, dest));
     };
     if im.sub_path_expr.as_deref().is_some_and(|s| !s.is_empty()) {
         let idx = mounts(init)
@@ -192,7 +268,7 @@ pub(crate) fn landing_for_init(
             field: format!("{init_path}.volumeMounts[{idx}].subPathExpr"),
         });
     }
-    let rel = paths::strip_dir(&dest, &im_path).unwrap_or_default();
+    let rel = paths::strip_dir(dest, &im_path).unwrap_or_default();
     let in_volume = {
         let p = paths::clean(&format!("{}/{rel}", sub_path(im)));
         if p == "." || p == "/" {
@@ -218,11 +294,14 @@ pub(crate) fn landing_for_init(
         })
         .max_by_key(|(len, _)| *len);
     match best {
-        Some((_, path)) => Ok(landing(
-            path,
-            Some(im.name.clone()),
-            volume_kind(pod, &im.name),
-        )),
+        Some((_, path)) => {
+            let l = landing(
+                path.clone(),
+                Some(im.name.clone()),
+                volume_kind(pod, &im.name),
+            );
+            Ok(check_nested(pod, main, main_path, &path, l))
+        }
         None => Err(InitLandingError::NotMounted {
             volume: im.name.clone(),
         }),
@@ -231,14 +310,16 @@ pub(crate) fn landing_for_init(
 
 /// Move a rootfs landing at [`DEFAULT_HF_HOME`] to [`RELANDED_HF_HOME`]. The new place is looked
 /// up in `main` like any landing, so a volume the pod already mounts at or above it is reported
-/// (and decides substitutability) instead of a rootfs that is not there.
-pub(crate) fn reland(pod: &Pod, main: &Container, l: Landing) -> Landing {
-    if l.kind != LandingKind::Rootfs || l.path != DEFAULT_HF_HOME {
+/// (and decides substitutability) instead of a rootfs that is not there. A landing that is not
+/// substitutable (a volume mounted below it) stays where it is: moving `HF_HOME` would take the
+/// engine away from that volume.
+pub(crate) fn reland(pod: &Pod, main: &Container, main_path: &str, l: Landing) -> Landing {
+    if l.kind != LandingKind::Rootfs || l.path != DEFAULT_HF_HOME || !l.substitutable {
         return l;
     }
     Landing {
         relanded_from: Some(l.path),
-        ..landing_in(pod, main, RELANDED_HF_HOME)
+        ..landing_in(pod, main, main_path, RELANDED_HF_HOME)
     }
 }
 

@@ -180,6 +180,14 @@ pub enum Unresolved {
         /// Why.
         why: String,
     },
+    /// The download reads from a custom endpoint (a mirror, MinIO, another S3-compatible store):
+    /// the identity names the artifact, not the store, so two stores would share one copy.
+    CustomEndpoint {
+        /// Field path of the endpoint setting.
+        field: String,
+        /// The endpoint; `None` when it is not set literally.
+        endpoint: Option<String>,
+    },
     /// The landing cannot be placed in the main container.
     LandingUnknown {
         /// Field path.
@@ -209,6 +217,7 @@ impl Unresolved {
             Unresolved::PartialDownload { .. } => "partial-download",
             Unresolved::MultipleDownloads { .. } => "multiple-downloads",
             Unresolved::InvalidReference { .. } => "invalid-reference",
+            Unresolved::CustomEndpoint { .. } => "custom-endpoint",
             Unresolved::LandingUnknown { .. } => "landing-unknown",
             Unresolved::LeaderUnresolved { .. } => "leader-unresolved",
         }
@@ -244,6 +253,18 @@ impl fmt::Display for Unresolved {
             Unresolved::InvalidReference { field, value, why } => {
                 write!(f, "{field}: {value:?} does not name an artifact: {why}")
             }
+            Unresolved::CustomEndpoint { field, endpoint } => {
+                match endpoint {
+                    Some(e) => write!(f, "{field}: the download uses the custom endpoint {e:?}")?,
+                    None => write!(
+                        f,
+                        "{field}: the download endpoint is not set literally and may be a custom store"
+                    )?,
+                }
+                f.write_str(
+                    "; the identity would not say which store the bytes come from, so the pod is left alone",
+                )
+            }
             Unresolved::LandingUnknown { field, why } => write!(f, "{field}: {why}"),
             Unresolved::LeaderUnresolved {
                 leader_worker_set,
@@ -276,14 +297,24 @@ impl Outcome {
 
     /// The report `webhook identify` prints, as a JSON value:
     /// `{"uri", "source", "downloader", "initContainer", "landing": {"path", "volume", "kind",
-    /// "substitutable"}}`, or `{"uri": null, "reason": "..."}`.
-    pub fn report(&self) -> Value {
-        serde_json::to_value(self.ordered_report()).unwrap_or(Value::Null)
+    /// "substitutable"[, "nested"]}}`, or `{"uri": null, "reason": "..."}`. `landing.nested` is
+    /// present only when a volume mounted below the landing blocks substitution.
+    ///
+    /// # Errors
+    ///
+    /// A serialization error from `serde_json` (not expected for these plain structs; returned
+    /// rather than hidden).
+    pub fn report(&self) -> Result<Value, serde_json::Error> {
+        serde_json::to_value(self.ordered_report())
     }
 
     /// The same report as pretty-printed JSON text, keys in the documented order.
-    pub fn report_json(&self) -> String {
-        serde_json::to_string_pretty(&self.ordered_report()).unwrap_or_default()
+    ///
+    /// # Errors
+    ///
+    /// As [`Outcome::report`].
+    pub fn report_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(&self.ordered_report())
     }
 
     fn ordered_report(&self) -> Report<'_> {
@@ -298,6 +329,7 @@ impl Outcome {
                     volume: r.landing.volume.as_deref(),
                     kind: r.landing.kind.as_str(),
                     substitutable: r.landing.substitutable,
+                    nested: r.landing.nested.as_deref(),
                 },
             },
             Outcome::Unresolved(u) => Report::Unresolved {
@@ -331,14 +363,19 @@ struct LandingReport<'a> {
     volume: Option<&'a str>,
     kind: &'static str,
     substitutable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nested: Option<&'a str>,
 }
 
 /// `{"uri": null, "reason": reason}` as pretty-printed JSON text, for answers that are not an
 /// [`Outcome`] (a LeaderWorkerSet worker whose group is missing).
-pub fn unresolved_report(reason: &str) -> String {
+///
+/// # Errors
+///
+/// As [`Outcome::report`].
+pub fn unresolved_report(reason: &str) -> Result<String, serde_json::Error> {
     serde_json::to_string_pretty(&Report::Unresolved {
         uri: (),
         reason: reason.to_owned(),
     })
-    .unwrap_or_default()
 }

@@ -247,6 +247,101 @@ fn hf_with_revision(
     })
 }
 
+/// Env variables that point a download of `scheme` at another store than the public one.
+fn endpoint_env(scheme: Scheme) -> &'static [&'static str] {
+    match scheme {
+        Scheme::Hf => &["HF_ENDPOINT"],
+        // The AWS CLI and SDKs; s5cmd; KServe's storage-initializer.
+        Scheme::S3 => &[
+            "AWS_ENDPOINT_URL_S3",
+            "AWS_ENDPOINT_URL",
+            "S3_ENDPOINT_URL",
+            "S3_ENDPOINT",
+        ],
+        Scheme::Gs => &["CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE"],
+        Scheme::Ngc | Scheme::Oci | Scheme::Nim | Scheme::Path => &[],
+    }
+}
+
+/// The host of `scheme://host[:port][/...]` (or of a bare `host[:port]`), lower-cased.
+fn endpoint_host(url: &str) -> String {
+    let rest = url.trim().split_once("://").map_or(url.trim(), |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host.split(':')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+/// Whether `url` is the scheme's own public store (so the identity still says where the bytes
+/// come from): `huggingface.co` for Hugging Face, an `s3.` host of the AWS commercial partition
+/// (`amazonaws.com`, not GovCloud, whose buckets are a separate namespace) for S3.
+fn is_public_endpoint(scheme: Scheme, url: &str) -> bool {
+    let host = endpoint_host(url);
+    match scheme {
+        Scheme::Hf => host == "huggingface.co",
+        Scheme::S3 => {
+            (host.starts_with("s3.") || host.starts_with("s3-"))
+                && host.ends_with(".amazonaws.com")
+                && !host.contains("us-gov")
+        }
+        _ => false,
+    }
+}
+
+/// `Err(CustomEndpoint)` when the download of `scheme` by `cmd` (or by the container, `None`)
+/// reads from a custom endpoint: `--endpoint-url` on the command (S3 clients), or an endpoint
+/// variable in the command's literal env.
+pub(crate) fn custom_endpoint(
+    scheme: Scheme,
+    cmd: Option<&Command>,
+    view: &View<'_>,
+) -> Result<(), Unresolved> {
+    if scheme == Scheme::S3
+        && let Some(c) = cmd
+        && has_flag(&c.words, &["--endpoint-url"]).is_some()
+    {
+        let endpoint = flag(&c.words, &["--endpoint-url"]);
+        if endpoint
+            .as_ref()
+            .is_none_or(|e| e.unknown || !is_public_endpoint(scheme, &e.text))
+        {
+            return Err(Unresolved::CustomEndpoint {
+                field: argv_field(view),
+                endpoint: endpoint.filter(|e| !e.unknown).map(|e| e.text),
+            });
+        }
+    }
+    for name in endpoint_env(scheme) {
+        let from_script = cmd.is_some_and(|c| c.overrides.iter().any(|(n, _)| n == name));
+        match cmd_env(cmd, &view.env, name) {
+            Val::Known(v) if !v.trim().is_empty() && !is_public_endpoint(scheme, &v) => {
+                return Err(Unresolved::CustomEndpoint {
+                    field: if from_script {
+                        argv_field(view)
+                    } else {
+                        format!("{}.env[{name}]", view.path)
+                    },
+                    endpoint: Some(v.into_owned()),
+                });
+            }
+            Val::Unknown { field } => {
+                return Err(Unresolved::CustomEndpoint {
+                    field: if field.starts_with("spec.") {
+                        field
+                    } else {
+                        argv_field(view)
+                    },
+                    endpoint: None,
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Init-container downloaders
 // ---------------------------------------------------------------------------------------------
@@ -369,8 +464,14 @@ pub(crate) fn hf_download(cmd: &Command, view: &View<'_>) -> Found {
         Ok(i) => i,
         Err(e) => return Some(Err(e)),
     };
-    let dest = match flag(rest, &["--local-dir"]).or_else(|| flag(rest, &["--cache-dir"])) {
-        Some(d) => match dest_path(&d, cmd.cwd.as_deref(), &field, "--local-dir") {
+    if let Err(e) = custom_endpoint(Scheme::Hf, Some(cmd), view) {
+        return Some(Err(e));
+    }
+    let dest_flag = flag(rest, &["--local-dir"])
+        .map(|d| (d, "--local-dir"))
+        .or_else(|| flag(rest, &["--cache-dir"]).map(|d| (d, "--cache-dir")));
+    let dest = match dest_flag {
+        Some((d, name)) => match dest_path(&d, cmd.cwd.as_deref(), &field, name) {
             Ok(d) => Some(d),
             Err(e) => return Some(Err(e)),
         },
@@ -607,6 +708,9 @@ pub(crate) fn object_copy(cmd: &Command, view: &View<'_>) -> Found {
         Ok(i) => i,
         Err(e) => return Some(Err(e)),
     };
+    if let Err(e) = custom_endpoint(scheme, Some(cmd), view) {
+        return Some(Err(e));
+    }
     let dest = match dest_path(dst, cmd.cwd.as_deref(), &field, "the destination") {
         Ok(d) => d,
         Err(e) => return Some(Err(e)),
@@ -673,6 +777,7 @@ pub(crate) fn kserve(view: &View<'_>) -> Vec<Result<Finding, Unresolved>> {
                 });
             }
             let identity = kserve_uri(&uri.text, &field)?;
+            custom_endpoint(identity.scheme(), None, view)?;
             let dest_field = format!("{}.args[{}]", view.path, 2 * k + 1);
             let dest = dest_path(dest, view.cwd.as_deref(), &dest_field, "the destination")?;
             Ok(Finding {

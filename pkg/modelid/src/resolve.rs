@@ -12,7 +12,7 @@ use crate::landing::{
 use crate::lws::{GroupError, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, LeaderWorkerSet};
 use crate::outcome::{Downloader, Outcome, Resolution, Source, Unresolved};
 use crate::recognise::{
-    Finding, argv_field, classify_ref, dest_path, env_path, flag, init_findings,
+    Finding, argv_field, classify_ref, custom_endpoint, dest_path, env_path, flag, init_findings,
 };
 use crate::shell::{Command, Word};
 use crate::{OPT_OUT_ANNOTATION, paths};
@@ -29,13 +29,26 @@ pub fn opted_out(pod: &Pod) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
+/// Whether a resource quantity (`1`, `0`, `0.0`, `0m`, `500m`, `1e3`, `2Ki`, ...) is zero: its
+/// number, before any suffix or exponent, has digits and all of them are `0`. A quantity that
+/// does not start with a number is not known to be zero.
+fn quantity_is_zero(q: &str) -> bool {
+    let q = q.trim();
+    let q = q.strip_prefix(['+', '-']).unwrap_or(q);
+    let number: &str = q
+        .split(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
+        .next()
+        .unwrap_or_default();
+    number.bytes().any(|b| b.is_ascii_digit()) && number.bytes().all(|b| b == b'0' || b == b'.')
+}
+
 fn requests_gpu(c: &Container) -> bool {
     let Some(r) = &c.resources else {
         return false;
     };
     [&r.limits, &r.requests].into_iter().flatten().any(|m| {
         m.iter()
-            .any(|(k, q)| k.ends_with("/gpu") && q.0.trim() != "0")
+            .any(|(k, q)| k.ends_with("/gpu") && !quantity_is_zero(&q.0))
     })
 }
 
@@ -140,7 +153,8 @@ fn from_inits(
         .dest
         .clone()
         .unwrap_or_else(|| mount_root(pod, view.container));
-    let landing = landing_for_init(pod, view.container, view.path, main_c, &dest).map_err(|e| match e {
+    let main_path = format!("spec.containers[{main}]");
+    let landing = landing_for_init(pod, view.container, view.path, main_c, &main_path, &dest).map_err(|e| match e {
         InitLandingError::SubPathExpr { field } => Unresolved::LandingUnknown {
             field,
             why: "subPathExpr is expanded by the kubelet; the landing is not known at admission".to_owned(),
@@ -161,7 +175,7 @@ fn from_inits(
         init_container: Some(view.name().to_owned()),
         init_index: Some(i),
         main_index: main,
-        landing: landing::reland(pod, main_c, landing),
+        landing: landing::reland(pod, main_c, &main_path, landing),
     }))
 }
 
@@ -181,7 +195,12 @@ fn engine_resolution(
         init_container: None,
         init_index: None,
         main_index: main,
-        landing: landing::reland(pod, view.container, landing_in(pod, view.container, &dest)),
+        landing: landing::reland(
+            pod,
+            view.container,
+            view.path,
+            landing_in(pod, view.container, view.path, &dest),
+        ),
     }
 }
 
@@ -269,6 +288,7 @@ fn engine_dest(
 fn from_engine(pod: &Pod, main: usize, view: &View<'_>) -> Result<Resolution, Unresolved> {
     let field = argv_field(view);
     let done = |identity: Identity, source: Source, cmd: Option<&Command>, nim_rule: bool| {
+        custom_endpoint(identity.scheme(), cmd.or(view.commands.last()), view)?;
         let dest = engine_dest(view, cmd, &identity, nim_rule)?;
         Ok(engine_resolution(pod, main, view, identity, source, dest))
     };
@@ -404,12 +424,49 @@ pub fn resolve_with_group(
     let Some(worker_main) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
         return Ok(Outcome::Unresolved(Unresolved::NoContainers));
     };
+    // The worker downloads the leader's artifact itself when the leader's engine does: its own
+    // endpoint settings decide where from.
+    if leader.downloader == Downloader::Engine {
+        let view = View::new(worker_main, "spec.containers[0]");
+        if let Err(u) = custom_endpoint(leader.identity.scheme(), view.commands.last(), &view) {
+            return Ok(Outcome::Unresolved(u));
+        }
+    }
     let dest = landing::worker_dest(&leader.landing);
-    let landing: Landing = landing::reland(pod, worker_main, landing_in(pod, worker_main, dest));
+    let worker_path = "spec.containers[0]";
+    let landing: Landing = landing::reland(
+        pod,
+        worker_main,
+        worker_path,
+        landing_in(pod, worker_main, worker_path, dest),
+    );
     Ok(Outcome::Resolved(Resolution {
         via_leader: true,
         main_index: 0,
         landing,
         ..leader
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantity_is_zero;
+
+    #[test]
+    fn zero_quantities_are_zero() {
+        for q in [
+            "0", "0.0", "0m", " 0 ", "00", "+0", "0.", ".0", "0Ki", "0e3", "0E3",
+        ] {
+            assert!(quantity_is_zero(q), "{q:?} is zero");
+        }
+    }
+
+    #[test]
+    fn non_zero_quantities_are_not_zero() {
+        for q in [
+            "1", "8", "0.5", "500m", "1m", "10", "1e3", "2Ki", "", "m", "abc", ".",
+        ] {
+            assert!(!quantity_is_zero(q), "{q:?} is not known to be zero");
+        }
+    }
 }

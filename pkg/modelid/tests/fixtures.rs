@@ -30,7 +30,7 @@ fn actual(doc: &str) -> Value {
     let again = resolve_with_group(&pod, group.as_ref());
     assert_eq!(first, again, "resolution is deterministic");
     match first {
-        Ok(o @ Outcome::Resolved(_)) => o.report(),
+        Ok(o @ Outcome::Resolved(_)) => o.report().unwrap(),
         Ok(Outcome::Unresolved(u)) => {
             json!({"uri": null, "code": u.code(), "reason": u.to_string()})
         }
