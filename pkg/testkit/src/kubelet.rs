@@ -53,17 +53,29 @@ impl Kubelet {
     }
 
     /// Marks the pod `Running`: every app container running and ready, init containers
-    /// terminated with exit code 0, and the `Initialized`, `ContainersReady` and `Ready`
-    /// conditions `True`.
+    /// terminated, and the `Initialized`, `ContainersReady` and `Ready` conditions `True`.
+    ///
+    /// An init container already recorded as terminated (by
+    /// [`terminate_container`](Self::terminate_container)) keeps its exit code, reason and
+    /// message; every other init container is recorded as completed with exit code 0.
     pub async fn set_running(&self, ns: &str, pod: &str) -> Result<(), TestkitError> {
         self.update_status(ns, pod, |spec_pod, status| {
             let now = Time(Timestamp::now());
             let spec = spec_pod.spec.clone().unwrap_or_default();
             status.phase = Some("Running".into());
             status.start_time.get_or_insert_with(|| now.clone());
+            // Init containers that already terminated (through `terminate_container`) keep their
+            // exit code and message; the others are recorded as having completed just now.
+            let previous = status.init_container_statuses.take().unwrap_or_default();
             status.init_container_statuses = spec.init_containers.as_ref().map(|cs| {
                 cs.iter()
-                    .map(|c| terminated_status(c, 0, "", "Completed", &now))
+                    .map(|c| {
+                        previous
+                            .iter()
+                            .find(|s| s.name == c.name && is_terminated(s))
+                            .cloned()
+                            .unwrap_or_else(|| terminated_status(c, 0, "", "Completed", &now))
+                    })
                     .collect()
             });
             status.container_statuses = Some(
@@ -94,7 +106,10 @@ impl Kubelet {
     /// Records that `container` (an app container or an init container, looked up in the pod
     /// spec) terminated with `exit_code` and termination `message` (what the container wrote to
     /// its termination-message path). Reason is `Completed` for exit code 0, `Error` otherwise.
-    /// The pod phase is left alone; set it with [`set_phase`](Self::set_phase).
+    ///
+    /// When an app container terminates, the pod's `ContainersReady` and `Ready` conditions
+    /// become `False`, as a kubelet reports them. The pod phase is left alone; set it with
+    /// [`set_phase`](Self::set_phase).
     pub async fn terminate_container(
         &self,
         ns: &str,
@@ -107,20 +122,21 @@ impl Kubelet {
             let spec = current.spec.clone().unwrap_or_default();
             let now = Time(Timestamp::now());
             let reason = if exit_code == 0 { "Completed" } else { "Error" };
-            let (list, c) = if let Some(c) = spec.containers.iter().find(|c| c.name == container) {
-                (&mut status.container_statuses, c)
-            } else if let Some(c) = spec
-                .init_containers
-                .iter()
-                .flatten()
-                .find(|c| c.name == container)
-            {
-                (&mut status.init_container_statuses, c)
-            } else {
-                return Err(TestkitError::NotFound(format!(
-                    "pod {ns}/{pod} has no container or init container named {container}"
-                )));
-            };
+            let (list, c, app_container) =
+                if let Some(c) = spec.containers.iter().find(|c| c.name == container) {
+                    (&mut status.container_statuses, c, true)
+                } else if let Some(c) = spec
+                    .init_containers
+                    .iter()
+                    .flatten()
+                    .find(|c| c.name == container)
+                {
+                    (&mut status.init_container_statuses, c, false)
+                } else {
+                    return Err(TestkitError::NotFound(format!(
+                        "pod {ns}/{pod} has no container or init container named {container}"
+                    )));
+                };
             let new = terminated_status(c, exit_code, message, reason, &now);
             let list = list.get_or_insert_with(Vec::new);
             match list.iter_mut().find(|s| s.name == container) {
@@ -132,6 +148,12 @@ impl Kubelet {
                     };
                 }
                 None => list.push(new),
+            }
+            if app_container {
+                let conditions = status.conditions.get_or_insert_with(Vec::new);
+                for type_ in ["ContainersReady", "Ready"] {
+                    set_condition(conditions, type_, "False", &now);
+                }
             }
             Ok(())
         })
@@ -209,6 +231,13 @@ fn terminated_status(
         }),
         ..base_status(c)
     }
+}
+
+fn is_terminated(status: &ContainerStatus) -> bool {
+    status
+        .state
+        .as_ref()
+        .is_some_and(|state| state.terminated.is_some())
 }
 
 fn set_condition(conditions: &mut Vec<PodCondition>, type_: &str, status: &str, now: &Time) {

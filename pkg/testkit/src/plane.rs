@@ -35,20 +35,41 @@ const POLL: Duration = Duration::from_millis(100);
 /// process exits (even by SIGKILL) the pipe closes, `read` returns, and the supervisor terminates
 /// the component (TERM, then KILL after 2 s: the data is throwaway). If the component exits on
 /// its own, the supervisor exits with the component's status so the kit can notice.
+///
+/// A CI timeout or a closed terminal signals the whole process group (TERM, HUP, INT). The
+/// supervisor then stays alive until the component is gone (TERM, then KILL after 2 s), so that
+/// the janitor, which waits for the supervisors, removes the directory only after the component
+/// stopped writing to it. The trap runs a handler rather than ignoring the signals, so the
+/// component starts with the default dispositions; the watcher ignores them, so it still
+/// escalates to KILL if the supervisor is killed outright.
 const SUPERVISOR: &str = r#"exec 3<&0
+signalled=0
+trap 'signalled=1' INT TERM HUP
 "$@" </dev/null 3<&- &
 child=$!
-{ read -r _ <&3; kill -TERM "$child" 2>/dev/null; sleep 2; kill -KILL "$child" 2>/dev/null; } &
+{ trap '' INT TERM HUP; read -r _ <&3; kill -TERM "$child" 2>/dev/null; sleep 2; kill -KILL "$child" 2>/dev/null; } &
 watcher=$!
 exec 3<&-
-wait "$child"
-status=$?
-kill "$watcher" 2>/dev/null
+while :; do
+  wait "$child"
+  status=$?
+  # `wait` also returns when a trapped signal arrives; the component may still be running.
+  kill -0 "$child" 2>/dev/null || break
+  if [ "$signalled" = 1 ]; then
+    kill -TERM "$child" 2>/dev/null
+    for _ in $(seq 1 40); do kill -0 "$child" 2>/dev/null || break; sleep 0.05; done
+    kill -0 "$child" 2>/dev/null && kill -KILL "$child" 2>/dev/null
+  fi
+done
+exec 2>/dev/null
+kill -KILL "$watcher"
 exit "$status""#;
 
 /// Removes the plane's directory once this process is gone and every supervisor (whose pids arrive
-/// on stdin, one per line) has exited.
-const JANITOR: &str = r#"trap '' INT
+/// on stdin, one per line) has exited. It ignores the signals a CI timeout or a closed terminal
+/// sends to the whole process group, so the directory (CA key, admin token, etcd data) does not
+/// outlive the run.
+const JANITOR: &str = r#"trap '' INT TERM HUP
 dir=$1
 pids=()
 while read -r pid; do pids+=("$pid"); done

@@ -9,7 +9,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use http::Method;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, Pod, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ContainerStateTerminated, ContainerStatus, Namespace, Pod, PodSpec,
+    PodStatus, ServiceAccount,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
     CustomResourceDefinitionVersion, CustomResourceValidation, JSONSchemaProps,
@@ -235,6 +238,24 @@ async fn garbage_collection_is_real() {
     ns.cleanup().await;
 }
 
+fn condition(status: &PodStatus, type_: &str) -> String {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+        .unwrap_or_else(|| panic!("the pod has no {type_} condition: {status:?}"))
+}
+
+fn init_terminated(statuses: &[ContainerStatus], name: &str) -> ContainerStateTerminated {
+    statuses
+        .iter()
+        .find(|s| s.name == name)
+        .and_then(|s| s.state.as_ref()?.terminated.clone())
+        .unwrap_or_else(|| panic!("init container {name} is not terminated: {statuses:?}"))
+}
+
 #[tokio::test]
 async fn kubelet_simulation_sets_phase_and_termination_message() {
     let ns = TestNamespace::new("kubelet").await.unwrap();
@@ -250,7 +271,7 @@ async fn kubelet_simulation_sets_phase_and_termination_message() {
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
-            init_containers: Some(vec![container("fetch")]),
+            init_containers: Some(vec![container("fetch"), container("prepare")]),
             containers: vec![container("main"), container("sidecar")],
             ..PodSpec::default()
         }),
@@ -267,7 +288,21 @@ async fn kubelet_simulation_sets_phase_and_termination_message() {
     kubelet.set_running(&ns.name, "p").await.unwrap();
     let running = pods.get_status("p").await.unwrap().status.unwrap();
     assert_eq!(running.phase.as_deref(), Some("Running"));
-    assert!(running.container_statuses.unwrap().iter().all(|c| c.ready));
+    assert!(running.container_statuses.iter().flatten().all(|c| c.ready));
+    for type_ in ["Initialized", "ContainersReady", "Ready"] {
+        assert_eq!(condition(&running, type_), "True", "{type_}");
+    }
+    // `set_running` keeps what `terminate_container` recorded for an init container and only
+    // fills in the init containers that have not terminated yet.
+    let inits = running.init_container_statuses.unwrap();
+    let fetch = init_terminated(&inits, "fetch");
+    assert_eq!(fetch.exit_code, 0);
+    assert_eq!(fetch.reason.as_deref(), Some("Completed"));
+    assert_eq!(fetch.message.as_deref(), Some("fetched 3 files"));
+    let prepare = init_terminated(&inits, "prepare");
+    assert_eq!(prepare.exit_code, 0);
+    assert_eq!(prepare.reason.as_deref(), Some("Completed"));
+    assert_eq!(prepare.message, None);
 
     kubelet
         .terminate_container(&ns.name, "p", "main", 3, "model download failed: disk full")
@@ -277,6 +312,10 @@ async fn kubelet_simulation_sets_phase_and_termination_message() {
 
     let status = pods.get("p").await.unwrap().status.unwrap();
     assert_eq!(status.phase.as_deref(), Some("Failed"));
+    // A terminated app container makes the pod not ready; initialization stays done.
+    assert_eq!(condition(&status, "ContainersReady"), "False");
+    assert_eq!(condition(&status, "Ready"), "False");
+    assert_eq!(condition(&status, "Initialized"), "True");
     let main = status
         .container_statuses
         .unwrap()
@@ -290,17 +329,11 @@ async fn kubelet_simulation_sets_phase_and_termination_message() {
         terminated.message.as_deref(),
         Some("model download failed: disk full")
     );
-    let init = &status.init_container_statuses.unwrap()[0];
-    assert_eq!(init.name, "fetch");
+    let inits = status.init_container_statuses.unwrap();
+    assert_eq!(inits[0].name, "fetch");
     assert_eq!(
-        init.state
-            .as_ref()
-            .unwrap()
-            .terminated
-            .as_ref()
-            .unwrap()
-            .exit_code,
-        0
+        init_terminated(&inits, "fetch").message.as_deref(),
+        Some("fetched 3 files")
     );
 
     let err = kubelet
