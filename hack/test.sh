@@ -29,6 +29,10 @@ fi
 export WARMCACHE_CONTROL_PLANE_BIN
 echo "using $WARMCACHE_CONTROL_PLANE_BIN"
 
+step "fetch crates (cargo fetch --locked)"
+# Everything after this step may run offline: on a fresh machine the registry is empty.
+cargo fetch --locked
+
 step "generated files are committed (cargo xtask crdgen --check)"
 cargo xtask crdgen --check
 

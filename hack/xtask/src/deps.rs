@@ -75,7 +75,7 @@ pub fn run(root: &Path) -> Result<bool> {
             "--format-version",
             "1",
             "--no-deps",
-            "--offline",
+            "--locked",
         ])
         .current_dir(root)
         .output()
@@ -115,7 +115,7 @@ fn reached_clients(root: &Path, name: &str) -> Result<Vec<String>> {
     let output = Command::new(cargo)
         .args([
             "tree",
-            "--offline",
+            "--locked",
             "-p",
             name,
             "-e",
