@@ -17,7 +17,8 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 /// Crates whose decisions must stay pure: no client, no tokio (docs/architecture.md section 4).
-pub const PURE_CRATES: [&str; 4] = [
+pub const PURE_CRATES: [&str; 5] = [
+    "warmcache-cli",
     "warmcache-catalog",
     "warmcache-modelid",
     "warmcache-modelvolume",
