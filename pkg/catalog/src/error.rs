@@ -75,30 +75,10 @@ impl fmt::Display for FieldPath {
 
 /// Quotes a value for a message: in double quotes, with quotes, backslashes, control
 /// characters and every whitespace or invisible character other than a plain space escaped, so
-/// a reason is always one line and shows exactly what is in the document.
+/// a reason is always one line and shows exactly what is in the document; a long value is cut
+/// and marked with its length ([`warmcache_cli::text::shown`], the convention of every command).
 pub(crate) fn quote(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            ' ' => out.push(' '),
-            c if c.is_control()
-                || c.is_whitespace()
-                || crate::loader::is_ecma_whitespace(c)
-                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{180e}') =>
-            {
-                out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    warmcache_cli::text::shown(value)
 }
 
 /// Why a field was refused. `Display` gives the reason a person can act on, on one line.
@@ -197,7 +177,18 @@ pub enum Refusal {
         /// Index of its first occurrence.
         first: usize,
     },
-    /// Two mount options negate each other (ro/rw, recovery/norecovery, uuid/nouuid).
+    /// A mount option holding a comma: the options are joined with commas, so one entry would
+    /// smuggle in several (`"norecovery,rw"`).
+    MountOptionWithComma {
+        /// The value found.
+        value: String,
+    },
+    /// A mount option that makes reader volumes writable (`rw`, `noro`, `ro=...`).
+    WritableMountOption {
+        /// The value found.
+        value: String,
+    },
+    /// Two mount options negate each other (recovery/norecovery, uuid/nouuid).
     ConflictingMountOptions {
         /// The option listed first.
         earlier: String,
@@ -317,6 +308,16 @@ impl fmt::Display for Refusal {
             Self::DuplicateMountOption { value, first } => write!(
                 f,
                 "duplicate readerMountOption {} (first at index {first})",
+                quote(value)
+            ),
+            Self::MountOptionWithComma { value } => write!(
+                f,
+                "readerMountOption {} holds a comma: each entry is one mount option (entries are joined with commas); list each option separately",
+                quote(value)
+            ),
+            Self::WritableMountOption { value } => write!(
+                f,
+                "readerMountOption {} would make reader volumes writable: readers of a shared cache are read-only; remove it",
                 quote(value)
             ),
             Self::ConflictingMountOptions { earlier, later } => write!(

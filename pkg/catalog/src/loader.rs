@@ -6,7 +6,7 @@
 //! driver names are unique. Strings are checked with the schema's ECMA-262 notion of whitespace
 //! and line breaks, so the loader and the schema agree on every document.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Map, Value};
 use warmcache_api_modelcache::v2beta1::AccessMode;
@@ -28,8 +28,13 @@ pub const MAX_MOUNT_OPTION_LENGTH: usize = 256;
 pub const MAX_MOUNT_OPTIONS: usize = 32;
 
 /// Reader mount options that negate each other. A driver may list at most one of each pair.
-pub const NEGATING_MOUNT_OPTIONS: [(&str, &str); 3] =
-    [("ro", "rw"), ("recovery", "norecovery"), ("uuid", "nouuid")];
+/// (`rw`, the negation of `ro`, is refused on its own: see [`makes_writable`].)
+pub const NEGATING_MOUNT_OPTIONS: [(&str, &str); 2] =
+    [("recovery", "norecovery"), ("uuid", "nouuid")];
+
+/// Option names that would make a reader volume writable: `rw` (mount(8)'s negation of `ro`)
+/// and `noro`, its `no`-form; with or without a value (`rw=1`).
+pub const WRITABLE_MOUNT_OPTIONS: [&str; 2] = ["rw", "noro"];
 
 const ROOT_FIELDS: &[&str] = &["apiVersion", "kind", "drivers"];
 const DRIVER_FIELDS: &[&str] = &[
@@ -545,11 +550,13 @@ fn check_mount_options(
         );
         ok = false;
     }
-    let mut options: Vec<String> = Vec::with_capacity(items.len());
-    let mut seen: Vec<&Value> = Vec::new();
+    let mut options: Vec<String> = Vec::with_capacity(items.len().min(MAX_MOUNT_OPTIONS));
+    // Index of the first occurrence of each item, so a long list is checked in linear time.
+    let mut seen: HashMap<String, usize> = HashMap::new();
     for (index, item) in items.iter().enumerate() {
         let item_path = list_path.index(index);
-        if let Some(first) = seen.iter().position(|v| *v == item) {
+        let key = item.to_string();
+        if let Some(&first) = seen.get(&key) {
             c.push(
                 item_path,
                 Refusal::DuplicateMountOption {
@@ -562,7 +569,7 @@ fn check_mount_options(
             ok = false;
             continue;
         }
-        seen.push(item);
+        seen.insert(key, index);
         let Value::String(option) = item else {
             c.wrong_type(item_path, "a string", item);
             ok = false;
@@ -606,17 +613,33 @@ fn check_mount_options(
             );
             ok = false;
         }
-        for earlier in &options {
-            if negate_each_other(earlier, option) {
-                c.push(
-                    item_path.clone(),
-                    Refusal::ConflictingMountOptions {
-                        earlier: earlier.clone(),
-                        later: option.clone(),
-                    },
-                );
-                ok = false;
-            }
+        if option.contains(',') {
+            c.push(
+                item_path.clone(),
+                Refusal::MountOptionWithComma {
+                    value: option.clone(),
+                },
+            );
+            ok = false;
+        }
+        if makes_writable(option) {
+            c.push(
+                item_path.clone(),
+                Refusal::WritableMountOption {
+                    value: option.clone(),
+                },
+            );
+            ok = false;
+        }
+        if let Some(earlier) = negated(option).and_then(|n| options.iter().find(|o| *o == n)) {
+            c.push(
+                item_path.clone(),
+                Refusal::ConflictingMountOptions {
+                    earlier: earlier.clone(),
+                    later: option.clone(),
+                },
+            );
+            ok = false;
         }
         options.push(option.clone());
     }
@@ -625,9 +648,31 @@ fn check_mount_options(
 
 /// Whether two reader mount options negate each other ([`NEGATING_MOUNT_OPTIONS`]).
 pub fn negate_each_other(a: &str, b: &str) -> bool {
-    NEGATING_MOUNT_OPTIONS
-        .iter()
-        .any(|&(x, y)| (a == x && b == y) || (a == y && b == x))
+    negated(a) == Some(b)
+}
+
+/// The option that negates `option`, if it is one of a [`NEGATING_MOUNT_OPTIONS`] pair.
+fn negated(option: &str) -> Option<&'static str> {
+    NEGATING_MOUNT_OPTIONS.iter().find_map(|&(x, y)| {
+        if option == x {
+            Some(y)
+        } else if option == y {
+            Some(x)
+        } else {
+            None
+        }
+    })
+}
+
+/// Whether a reader mount option would make the reader's volume writable: its name (before any
+/// `=`) is one of [`WRITABLE_MOUNT_OPTIONS`], or it gives `ro` a value (`ro=0`), which no mount
+/// helper needs and some option parsers read as false.
+pub fn makes_writable(option: &str) -> bool {
+    let (name, value) = match option.split_once('=') {
+        Some((name, value)) => (name, Some(value)),
+        None => (option, None),
+    };
+    WRITABLE_MOUNT_OPTIONS.contains(&name) || (name == "ro" && value.is_some())
 }
 
 #[cfg(test)]
@@ -648,8 +693,7 @@ mod tests {
 
     #[test]
     fn negating_pairs_in_both_orders() {
-        assert!(negate_each_other("ro", "rw"));
-        assert!(negate_each_other("rw", "ro"));
+        assert!(!negate_each_other("ro", "rw"), "rw is refused on its own");
         assert!(negate_each_other("nouuid", "uuid"));
         assert!(negate_each_other("recovery", "norecovery"));
         assert!(!negate_each_other("ro", "norecovery"));

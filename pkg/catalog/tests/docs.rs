@@ -35,6 +35,8 @@ fn kind(refusal: &Refusal) -> &'static str {
         Refusal::InvalidAccessMode { .. } => "InvalidAccessMode",
         Refusal::DuplicateAccessMode { .. } => "DuplicateAccessMode",
         Refusal::DuplicateMountOption { .. } => "DuplicateMountOption",
+        Refusal::MountOptionWithComma { .. } => "MountOptionWithComma",
+        Refusal::WritableMountOption { .. } => "WritableMountOption",
         Refusal::ConflictingMountOptions { .. } => "ConflictingMountOptions",
         Refusal::RoxShapeWithoutRo { .. } => "RoxShapeWithoutRo",
         Refusal::RoxWithoutWriter { .. } => "RoxWithoutWriter",
@@ -46,7 +48,7 @@ fn kind(refusal: &Refusal) -> &'static str {
     }
 }
 
-const ALL_KINDS: [&str; 23] = [
+const ALL_KINDS: [&str; 25] = [
     "UnknownField",
     "Missing",
     "ListNotStated",
@@ -62,6 +64,8 @@ const ALL_KINDS: [&str; 23] = [
     "InvalidAccessMode",
     "DuplicateAccessMode",
     "DuplicateMountOption",
+    "MountOptionWithComma",
+    "WritableMountOption",
     "ConflictingMountOptions",
     "RoxShapeWithoutRo",
     "RoxWithoutWriter",
@@ -189,6 +193,19 @@ fn examples() -> Vec<(String, &'static str)> {
         (
             one("csi.weka.io", "[ReadWriteMany]", "[ro, ro]", ""),
             "drivers[0].readerMountOptions[1]: duplicate readerMountOption \"ro\" (first at index 0)",
+        ),
+        (
+            one(
+                "x.csi",
+                "[ReadWriteOnce, ReadOnlyMany]",
+                "[ro, \"norecovery,rw\"]",
+                "",
+            ),
+            "drivers[0].readerMountOptions[1]: readerMountOption \"norecovery,rw\" holds a comma: each entry is one mount option (entries are joined with commas); list each option separately",
+        ),
+        (
+            one("csi.weka.io", "[ReadWriteMany]", "[rw]", ""),
+            "drivers[0].readerMountOptions[0]: readerMountOption \"rw\" would make reader volumes writable: readers of a shared cache are read-only; remove it",
         ),
         (
             one(
