@@ -71,13 +71,7 @@ struct Dep {
 pub fn run(root: &Path) -> Result<bool> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--locked",
-        ])
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
         .current_dir(root)
         .output()
         .context("running cargo metadata")?;
@@ -115,14 +109,7 @@ fn reached_clients(root: &Path, name: &str) -> Result<Vec<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
         .args([
-            "tree",
-            "--locked",
-            "-p",
-            name,
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
+            "tree", "--locked", "-p", name, "-e", "normal", "--prefix", "none",
         ])
         .args(["--format", "{p}"])
         .current_dir(root)
