@@ -1,23 +1,27 @@
 //! The binding controller binary: today its offline storage capability catalog commands
 //! (`catalog validate`, `catalog explain`), which users and CI run on a catalog edit.
 //!
-//! Exit codes: 0 when the command succeeded (`validate`: the catalog is valid); 1 when the
-//! catalog is invalid (one `<field path>: <reason>` line per refusal on stdout); 2 when the
-//! file cannot be read or is not YAML (a message on stderr), or the command line is wrong.
+//! The input is `-f FILE` (`-`: standard input), at most [`warmcache_cli::input::MAX_INPUT_BYTES`].
+//! Exit codes ([`warmcache_cli::exit`], the same for every warmcache command): 0 when the
+//! command succeeded (`validate`: the catalog is valid); 1 when the catalog is invalid (one
+//! `<field path>: <reason>` line per refusal on stdout); 2 when the input cannot be used
+//! (unreadable, too large, not text, not YAML), the command line is wrong, or the output cannot
+//! be written (a message on stderr).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use warmcache_api_modelcache::v2beta1::Workflow;
 use warmcache_catalog::{CatalogFile, FieldErrors, LoadError, YamlError, explain};
+use warmcache_cli::args::InputFile;
+use warmcache_cli::input::{self, InputError};
 
 /// Exit code of a successful command.
-pub const EXIT_OK: u8 = 0;
+pub const EXIT_OK: u8 = warmcache_cli::exit::OK;
 /// Exit code when the catalog is invalid.
-pub const EXIT_INVALID: u8 = 1;
-/// Exit code when the input cannot be used at all (unreadable, not text, not YAML).
-pub const EXIT_UNUSABLE_INPUT: u8 = 2;
+pub const EXIT_INVALID: u8 = warmcache_cli::exit::REFUSED;
+/// Exit code when the input or the output cannot be used at all.
+pub const EXIT_UNUSABLE_INPUT: u8 = warmcache_cli::exit::UNUSABLE;
 
 /// ModelCacheBinding controller.
 #[derive(Debug, Parser)]
@@ -44,12 +48,14 @@ pub enum CatalogCommand {
     Validate {
         /// The catalog YAML, or a ConfigMap manifest holding it under
         /// `data[storage-provider-capabilities.yaml]`.
-        file: PathBuf,
+        #[command(flatten)]
+        input: InputFile,
     },
     /// Print, as one JSON object, the flow the catalog gives a provisioner for a workflow.
     Explain {
         /// The catalog YAML, or a ConfigMap manifest holding it.
-        file: PathBuf,
+        #[command(flatten)]
+        input: InputFile,
         /// The exact StorageClass provisioner to look up.
         #[arg(long)]
         provisioner: String,
@@ -101,25 +107,14 @@ impl Status {
 /// Input that cannot be used at all, or output that cannot be written (exit code 2).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The file cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The file is not UTF-8 text.
-    #[error("{} is not UTF-8 text, so it is not YAML", path.display())]
-    NotText {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The file is not YAML.
-    #[error("{}: {source}", path.display())]
+    /// The input cannot be read, is too large or is not text.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The input is not YAML.
+    #[error("{name}: {source}")]
     NotYaml {
-        /// The file.
-        path: PathBuf,
+        /// The input as named in messages.
+        name: String,
         /// What the parser reported.
         source: YamlError,
     },
@@ -128,10 +123,17 @@ pub enum Error {
     Output(#[from] std::io::Error),
 }
 
+impl Error {
+    /// The process exit code (always [`EXIT_UNUSABLE_INPUT`]: see [`warmcache_cli::exit`]).
+    pub const fn exit_code(&self) -> u8 {
+        EXIT_UNUSABLE_INPUT
+    }
+}
+
 /// Runs a command, writing its result to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Status, Error> {
     match cli.command {
-        Command::Catalog(CatalogCommand::Validate { file }) => match load(&file)? {
+        Command::Catalog(CatalogCommand::Validate { input }) => match load(&input)? {
             Ok(_) => {
                 writeln!(out, "ok")?;
                 Ok(Status::Ok)
@@ -139,10 +141,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Status, Error> {
             Err(errors) => print_errors(out, &errors),
         },
         Command::Catalog(CatalogCommand::Explain {
-            file,
+            input,
             provisioner,
             workflow,
-        }) => match load(&file)? {
+        }) => match load(&input)? {
             Ok(catalog) => {
                 let explanation = explain(&catalog.snapshot, &provisioner, workflow.into());
                 let json = serde_json::to_string(&explanation).map_err(std::io::Error::other)?;
@@ -163,19 +165,13 @@ fn print_errors(out: &mut dyn Write, errors: &FieldErrors) -> Result<Status, Err
 
 /// Reads and loads a catalog file: the outer `Err` is unusable input, the inner one an invalid
 /// catalog.
-fn load(path: &Path) -> Result<Result<CatalogFile, FieldErrors>, Error> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let text = String::from_utf8(bytes).map_err(|_| Error::NotText {
-        path: path.to_owned(),
-    })?;
+fn load(input: &InputFile) -> Result<Result<CatalogFile, FieldErrors>, Error> {
+    let text = input::read(&input.file)?;
     match CatalogFile::parse(&text) {
         Ok(file) => Ok(Ok(file)),
         Err(LoadError::Invalid(errors)) => Ok(Err(errors)),
         Err(LoadError::Yaml(source)) => Err(Error::NotYaml {
-            path: path.to_owned(),
+            name: input::Source::of(&input.file).name(),
             source,
         }),
     }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use warmcache_binding_controller::{Cli, EXIT_UNUSABLE_INPUT, run};
+use warmcache_binding_controller::{Cli, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -12,7 +12,7 @@ fn main() -> ExitCode {
         Ok(status) => ExitCode::from(status.exit_code()),
         Err(error) => {
             eprintln!("binding-controller: {error}");
-            ExitCode::from(EXIT_UNUSABLE_INPUT)
+            ExitCode::from(error.exit_code())
         }
     }
 }

@@ -45,7 +45,7 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
 #[test]
 fn validate_prints_ok_for_the_shipped_catalog_and_its_config_map() {
     for file in [CATALOG, MANIFEST] {
-        let run = binding_controller(&["catalog", "validate", &repo(file)]);
+        let run = binding_controller(&["catalog", "validate", "-f", &repo(file)]);
         assert_eq!(
             (run.code, run.stdout.as_str(), run.stderr.as_str()),
             (0, "ok\n", ""),
@@ -75,7 +75,7 @@ drivers:
     readerMountOptions: [ro, rw]
 ",
     );
-    let run = binding_controller(&["catalog", "validate", &file]);
+    let run = binding_controller(&["catalog", "validate", "-f", &file]);
     assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
     assert_eq!(run.stderr, "");
     let lines: Vec<&str> = run.stdout.lines().collect();
@@ -85,7 +85,7 @@ drivers:
             "drivers[0].transitions: unknown field \"transitions\": the flow is derived from accessModes and never declared; remove it",
             "drivers[0].readerMountOptions[1]: value \" ro\" has surrounding whitespace: remove it",
             "drivers[0].readerMountOptions: driver \"csi.weka.io\" qualifies ReadWriteOnce with ReadOnlyMany, so its readers get derived read-only volumes: it must list readerMountOption \"ro\"",
-            "drivers[1].readerMountOptions[1]: readerMountOptions \"ro\" and \"rw\" conflict: keep the one the qualification run used",
+            "drivers[1].readerMountOptions[1]: readerMountOption \"rw\" would make reader volumes writable: readers of a shared cache are read-only; remove it",
             "drivers[1].accessModes: driver \"csi.weka.io\" lists ReadOnlyMany with no writer mode: nothing could populate the cache; add the qualified writer mode (ReadWriteOnce or ReadWriteMany) or remove ReadOnlyMany",
             "drivers[1].name: catalog lists driver \"csi.weka.io\" twice (first at drivers[0]): keep one entry per provisioner",
         ]
@@ -103,7 +103,7 @@ fn validate_reports_config_map_paths() {
         )
         .replace("    provider: ociLustre\n", "    provider: \"\"\n");
     let file = write(dir.path(), "cm.yaml", broken.as_bytes());
-    let run = binding_controller(&["catalog", "validate", &file]);
+    let run = binding_controller(&["catalog", "validate", "-f", &file]);
     assert_eq!(run.code, 1);
     assert_eq!(
         run.stdout.lines().collect::<Vec<_>>(),
@@ -118,7 +118,7 @@ fn validate_reports_config_map_paths() {
         "empty-cm.yaml",
         b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: nvcf-storage-capabilities\ndata:\n  other: x\n",
     );
-    let run = binding_controller(&["catalog", "validate", &no_data]);
+    let run = binding_controller(&["catalog", "validate", "-f", &no_data]);
     assert_eq!(run.code, 1);
     assert_eq!(
         run.stdout,
@@ -130,7 +130,7 @@ fn validate_reports_config_map_paths() {
         "bad-cm.yaml",
         b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: nvcf-storage-capabilities\ndata:\n  storage-provider-capabilities.yaml: \"drivers: [\"\n",
     );
-    let run = binding_controller(&["catalog", "validate", &not_yaml_inside]);
+    let run = binding_controller(&["catalog", "validate", "-f", &not_yaml_inside]);
     assert_eq!(run.code, 1, "the manifest is YAML; its field is wrong");
     assert!(
         run.stdout.starts_with(
@@ -159,10 +159,11 @@ fn unusable_input_exits_2_with_a_message() {
     ];
     for (file, message) in cases {
         for args in [
-            vec!["catalog", "validate", file],
+            vec!["catalog", "validate", "-f", file],
             vec![
                 "catalog",
                 "explain",
+                "-f",
                 file,
                 "--provisioner",
                 "csi.weka.io",
@@ -195,6 +196,7 @@ fn explain(file: &str, provisioner: &str, workflow: &str) -> (Value, String) {
     let run = binding_controller(&[
         "catalog",
         "explain",
+        "-f",
         file,
         "--provisioner",
         provisioner,
@@ -359,6 +361,7 @@ fn explain_an_invalid_catalog_prints_its_errors_and_exits_1() {
     let run = binding_controller(&[
         "catalog",
         "explain",
+        "-f",
         &file,
         "--provisioner",
         "csi.weka.io",
@@ -379,10 +382,11 @@ fn command_line_errors_exit_2() {
         vec!["run"],
         vec!["catalog"],
         vec!["catalog", "validate"],
-        vec!["catalog", "explain", "f.yaml", "--provisioner", "p"],
+        vec!["catalog", "explain", "-f", "f.yaml", "--provisioner", "p"],
         vec![
             "catalog",
             "explain",
+            "-f",
             "f.yaml",
             "--provisioner",
             "p",
@@ -394,4 +398,40 @@ fn command_line_errors_exit_2() {
         assert_eq!(run.code, 2, "{args:?}");
         assert_eq!(run.stdout, "", "{args:?}");
     }
+}
+
+#[test]
+fn validate_reads_standard_input() {
+    let catalog = std::fs::read(repo(CATALOG)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_binding-controller"))
+        .args(["catalog", "validate", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&catalog).unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ok\n");
+}
+
+#[test]
+fn an_endless_input_is_refused_with_exit_2() {
+    let run = binding_controller(&["catalog", "validate", "-f", "/dev/zero"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert_eq!(run.stdout, "");
+    assert!(run.stderr.contains("larger than 4194304 bytes"), "{}", run.stderr);
+}
+
+#[test]
+fn a_positional_file_is_a_usage_error() {
+    // One convention for every command: the input is `-f FILE`.
+    let run = binding_controller(&["catalog", "validate", &repo(CATALOG)]);
+    assert_eq!(run.code, 2);
+    assert_eq!(run.stdout, "");
 }
