@@ -1,7 +1,24 @@
-//! Container image references: the grammar the kubelet parses (`[registry[:port]/]path[:tag][@digest]`)
-//! and the pull policy that follows from the tag.
+//! Container image references and the pull policy that follows from the tag.
+//!
+//! A reference is admitted only when both grammars that decide its fate take it:
+//!
+//! - the upstream operator's admission parser (go-containerregistry's `name.ParseReference`):
+//!   the repository (without a registry, which it recognises by a `.` or `:` in the first
+//!   component) is 2 to 255 characters of `a-z 0-9 _ - . /`, the registry a URI authority, a
+//!   tag 1 to 128 of `A-Z a-z 0-9 _ - .`, and a digest exactly `sha256:` with 64 lower-case
+//!   hexadecimal digits;
+//! - the kubelet's (the distribution reference grammar, which it refuses a Pod's image by with
+//!   `InvalidImageName`): `[domain[:port]/]component(/component)*[:tag][@digest]`, components
+//!   `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`, the domain `[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?`
+//!   labels joined by `.` (or an IPv6 address in brackets) with an optional numeric port, the
+//!   whole name at most 255 characters, a tag `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+//!
+//! The first component is the domain when it contains `.` or `:`, is `localhost`, or holds an
+//! upper-case letter (the kubelet's rule); the upstream parser does not take an upper-case one
+//! as a registry, so `Registry/repo` is refused.
 
 use warmcache_api_kvcache::v1alpha1::ImagePullPolicy;
+use warmcache_cli::text::shown;
 
 /// The parts of an image reference this crate needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,14 +29,22 @@ pub struct ImageRef {
     pub path: String,
     /// Tag, when given.
     pub tag: Option<String>,
-    /// Digest (`algorithm:hex`), when given.
+    /// Digest (`sha256:hex`), when given.
     pub digest: Option<String>,
 }
 
 /// Longest repository name (domain and path) the reference grammar allows.
 const MAX_NAME_LENGTH: usize = 255;
+/// Shortest repository path (without the registry) the upstream parser allows.
+const MIN_REPOSITORY_LENGTH: usize = 2;
+/// Longest tag.
+const MAX_TAG_LENGTH: usize = 128;
+/// Hexadecimal digits of a sha256 digest.
+const SHA256_HEX_LENGTH: usize = 64;
 
-/// Reads an image reference, or says why it is not one.
+/// Reads an image reference, or says why it is not one. The reference is read as written:
+/// `spec.image` is trimmed by its caller first, a member group's image is not (upstream renders
+/// it verbatim).
 pub fn parse(reference: &str) -> Result<ImageRef, String> {
     if reference.is_empty() {
         return Err("it is empty".into());
@@ -28,7 +53,10 @@ pub fn parse(reference: &str) -> Result<ImageRef, String> {
         .chars()
         .find(|c| c.is_whitespace() || c.is_control())
     {
-        return Err(format!("it contains the character {c:?}"));
+        return Err(format!(
+            "it contains the character {}",
+            shown(&c.to_string())
+        ));
     }
     let (rest, digest) = match reference.split_once('@') {
         Some((rest, digest)) => {
@@ -56,10 +84,31 @@ pub fn parse(reference: &str) -> Result<ImageRef, String> {
             name.len()
         ));
     }
+    // The upstream parser's view: a registry only when the first component has '.' or ':'.
+    let repository = match name.split_once('/') {
+        Some((first, path)) if first.contains(['.', ':']) => path,
+        _ => name,
+    };
+    if repository.len() < MIN_REPOSITORY_LENGTH {
+        return Err(format!(
+            "its repository {} is shorter than {MIN_REPOSITORY_LENGTH} characters",
+            shown(repository)
+        ));
+    }
+    if let Some(c) = repository.chars().find(|c| {
+        !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-' | '.' | '/'))
+    }) {
+        return Err(format!(
+            "its repository {} contains {}: a repository is lower-case letters, digits, '_', '-', '.' \
+             and '/' (a registry is told apart by a '.' or ':' in its name)",
+            shown(repository),
+            shown(&c.to_string())
+        ));
+    }
+    // The kubelet's view.
     let (domain, path) = match name.split_once('/') {
         Some((first, path))
-            if first.contains('.')
-                || first.contains(':')
+            if first.contains(['.', ':'])
                 || first == "localhost"
                 || first.chars().any(|c| c.is_ascii_uppercase()) =>
         {
@@ -80,20 +129,20 @@ pub fn parse(reference: &str) -> Result<ImageRef, String> {
 }
 
 fn check_digest(digest: &str) -> Result<(), String> {
-    let Some((algorithm, hex)) = digest.split_once(':') else {
-        return Err(format!("its digest {digest:?} is not algorithm:hex"));
-    };
-    let algorithm_ok = !algorithm.is_empty()
-        && algorithm.split(['+', '.', '-', '_']).all(|part| {
-            part.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-                && part.chars().all(|c| c.is_ascii_alphanumeric())
-        });
-    if !algorithm_ok {
-        return Err(format!("its digest algorithm {algorithm:?} is not valid"));
-    }
-    if hex.len() < 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+    let hex = digest.strip_prefix("sha256:").ok_or_else(|| {
+        format!(
+            "its digest {} is not sha256:<64 hexadecimal digits>, the only digest the upstream parser takes",
+            shown(digest)
+        )
+    })?;
+    if hex.len() != SHA256_HEX_LENGTH
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return Err(format!(
-            "its digest {digest:?} must carry at least 32 hexadecimal digits"
+            "its digest {} must carry exactly {SHA256_HEX_LENGTH} lower-case hexadecimal digits after sha256:",
+            shown(digest)
         ));
     }
     Ok(())
@@ -101,15 +150,16 @@ fn check_digest(digest: &str) -> Result<(), String> {
 
 fn check_tag(tag: &str) -> Result<(), String> {
     let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let ok = tag.len() <= 128
+    let ok = tag.len() <= MAX_TAG_LENGTH
         && tag.chars().next().is_some_and(word)
         && tag.chars().all(|c| word(c) || c == '.' || c == '-');
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "its tag {tag:?} is not valid: a tag is 1 to 128 letters, digits, '_', '.' and '-', \
-             not starting with '.' or '-'"
+            "its tag {} is not valid: a tag is 1 to {MAX_TAG_LENGTH} letters, digits, '_', '.' and '-', \
+             not starting with '.' or '-'",
+            shown(tag)
         ))
     }
 }
@@ -118,19 +168,23 @@ fn check_domain(domain: &str) -> Result<(), String> {
     let (host, port) = if let Some(rest) = domain.strip_prefix('[') {
         let Some((ip, after)) = rest.split_once(']') else {
             return Err(format!(
-                "its registry {domain:?} opens '[' without closing it"
+                "its registry {} opens '[' without closing it",
+                shown(domain)
             ));
         };
         if ip.parse::<std::net::Ipv6Addr>().is_err() {
             return Err(format!(
-                "its registry {domain:?} is not an IPv6 address in brackets"
+                "its registry {} is not an IPv6 address in brackets",
+                shown(domain)
             ));
         }
         match after {
             "" => (None, None),
             _ => match after.strip_prefix(':') {
                 Some(port) => (None, Some(port)),
-                None => return Err(format!("its registry {domain:?} is not host[:port]")),
+                None => {
+                    return Err(format!("its registry {} is not host[:port]", shown(domain)));
+                }
             },
         }
     } else {
@@ -147,13 +201,16 @@ fn check_domain(domain: &str) -> Result<(), String> {
                 && !c.ends_with('-')
         };
         if !host.split('.').all(component_ok) {
-            return Err(format!("its registry host {host:?} is not a host name"));
+            return Err(format!(
+                "its registry host {} is not a host name",
+                shown(host)
+            ));
         }
     }
     if let Some(port) = port
         && (port.is_empty() || !port.chars().all(|c| c.is_ascii_digit()))
     {
-        return Err(format!("its registry port {port:?} is not a number"));
+        return Err(format!("its registry port {} is not a number", shown(port)));
     }
     Ok(())
 }
@@ -161,8 +218,9 @@ fn check_domain(domain: &str) -> Result<(), String> {
 fn check_path_component(component: &str) -> Result<(), String> {
     let problem = || {
         Err(format!(
-            "its repository path component {component:?} is not valid: components are lower-case \
-             letters and digits, separated by '.', '_', '__' or dashes"
+            "its repository path component {} is not valid: components are lower-case \
+             letters and digits, separated by '.', '_', '__' or dashes",
+            shown(component)
         ))
     };
     let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
@@ -240,6 +298,52 @@ mod tests {
         assert!(parse(&format!("repo@sha256:{}", "a".repeat(64))).is_ok());
         assert!(parse(&format!("repo:1@sha256:{}", "a".repeat(64))).is_ok());
         assert!(parse("[::1]:5000/repo:x").is_ok());
+        // Examples of the distribution grammar's own tests.
+        for good in [
+            "test_com",
+            "test.com:tag",
+            "test.com:5000",
+            "test.com/repo:tag",
+            "test:5000/repo",
+            "test:5000/repo:tag",
+            "lowercase:Uppercase",
+            "sub-dom1.foo.com/bar/baz/quux",
+            "sub-dom1.foo.com/bar/baz/quux:some-long-tag",
+            "b.gcr.io/test.example.com/my-app:test.example.com",
+            "xn--n3h.com/myimage:xn--n3h.com",
+            "foo_bar.com:8080",
+            "foo/foo_bar.com:8080",
+            "192.168.1.1/bar",
+            "192.168.1.1:5/bar",
+            "[2001:db8::1]/repo",
+            "[2001:db8::1]:5000/repo",
+            "a/a",
+            "ab",
+        ] {
+            assert!(parse(good).is_ok(), "{good:?} must be admitted");
+        }
+        let r = parse(&format!("test:5000/repo@sha256:{}", "f".repeat(64))).unwrap();
+        assert_eq!(r.domain.as_deref(), Some("test:5000"));
+        assert_eq!(r.path, "repo");
+    }
+
+    #[test]
+    fn upstream_refusals_the_kubelet_would_take() {
+        for bad in [
+            // A one-character repository (upstream: 2 to 255 characters).
+            "a",
+            "docker.io/a",
+            // A registry the upstream parser does not see as one, so its repository has an
+            // upper-case letter.
+            "Registry/repo",
+            // Digests other than sha256 with exactly 64 lower-case hexadecimal digits.
+            &format!("repo@sha512:{}", "a".repeat(128)),
+            &format!("repo@sha256:{}", "a".repeat(32)),
+            &format!("repo@sha256:{}", "A".repeat(64)),
+            &format!("repo@sha256:{}", "a".repeat(65)),
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} must be refused");
+        }
     }
 
     #[test]
@@ -258,6 +362,15 @@ mod tests {
             "repo:tag:more",
             "host:port/x",
             "-host.io/x",
+            // The distribution grammar's own refusals.
+            "aa/asdf$$^/aa",
+            "[2001:db8::1]",
+            "[2001:db8::1]:5000",
+            "[fe80::1%eth0]:5000/repo",
+            &format!("{}/{}", "a".repeat(128), "b".repeat(128)),
+            &format!("repo:{}", "t".repeat(129)),
+            "foo_bar.io/x",
+            " repo:1",
         ] {
             assert!(parse(bad).is_err(), "{bad:?} must be refused");
         }

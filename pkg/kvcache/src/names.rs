@@ -187,29 +187,27 @@ pub fn label_key_problem(value: &str) -> Option<String> {
     label_value_problem(name).map(|p| format!("its name part {name:?} is invalid: {p}"))
 }
 
-/// Why `value` is not a strict environment variable name (a C identifier: a letter or `_`, then
-/// letters, digits and `_`), or `None` when it is one.
+/// Why `value` is not an environment variable name by Kubernetes' `IsEnvVarName` (the rule
+/// every API server version applies, and upstream's admission uses): letters, digits, `_`, `-`
+/// and `.`, not starting with a digit, and neither `.`, `..` nor starting with `..`. Or `None`.
 pub fn env_name_problem(value: &str) -> Option<String> {
-    if value.is_empty() {
-        return Some("it is empty".into());
-    }
-    if !value
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if value.is_empty()
+        || value.chars().next().is_some_and(|c| c.is_ascii_digit())
+        || !value.chars().all(allowed)
     {
-        return Some("it must start with a letter or '_'".into());
+        return Some(
+            "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', \
+             or '.', and must not start with a digit"
+                .into(),
+        );
     }
-    if let Some(c) = value
-        .chars()
-        .find(|c| !c.is_ascii_alphanumeric() && *c != '_')
-    {
-        return Some(format!(
-            "it contains {c:?}; only letters, digits and '_' are allowed, so that every shell \
-             and the store's own environment reader see the same name"
-        ));
+    match value {
+        "." => Some("must not be '.'".into()),
+        ".." => Some("must not be '..'".into()),
+        v if v.starts_with("..") => Some("must not start with '..'".into()),
+        _ => None,
     }
-    None
 }
 
 #[cfg(test)]
@@ -245,8 +243,14 @@ mod tests {
         assert_eq!(env_name_problem("MY_VAR_1"), None);
         assert_eq!(env_name_problem("_x"), None);
         assert!(env_name_problem("1X").is_some());
-        assert!(env_name_problem("A-B").is_some());
-        assert!(env_name_problem("A.B").is_some());
+        // Kubernetes' rule allows '-' and '.'.
+        assert_eq!(env_name_problem("A-B"), None);
+        assert_eq!(env_name_problem("my.env-name"), None);
+        assert_eq!(env_name_problem(".x"), None);
+        assert_eq!(env_name_problem("-x"), None);
+        for bad in ["", ".", "..", "..x", "A B", "A=B", "A\u{200b}B", "ÄB"] {
+            assert!(env_name_problem(bad).is_some(), "{bad:?} must be refused");
+        }
     }
 
     #[test]

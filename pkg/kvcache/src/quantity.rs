@@ -110,7 +110,22 @@ pub fn parse(quantity: &Quantity) -> Result<Amount, QuantityError> {
     parse_str(&quantity.0)
 }
 
-/// Reads the string form of a quantity exactly.
+/// Longest quantity string the CRD admits (`maxLength` of every quantity field).
+pub const MAX_QUANTITY_LENGTH: usize = 64;
+
+/// Most significant decimal digits kept: any more put the magnitude far above 2^128 nano-units
+/// (10^39 > 2^128), which every bound here treats alike.
+const MAX_SIGNIFICANT_DIGITS: i64 = 48;
+
+/// The largest magnitude Kubernetes keeps for a binary-suffixed quantity (`Ki` ... `Ei`):
+/// `resource.ParseQuantity` caps such a value at 2^63-1 (whole units) rather than refusing it.
+const BINARY_CAP_NANOS: u128 = (i64::MAX as u128) * NANOS;
+
+/// Reads the string form of a quantity exactly, as `resource.ParseQuantity` reads it: a value
+/// with a binary suffix beyond 2^63-1 is capped there (`10000000Ei` reads as
+/// 9223372036854775807), a decimal one is kept as written. The work is linear in the length of
+/// `text` whatever its digits: leading zeros are skipped and digits far below a nano-unit only
+/// decide the rounding.
 pub fn parse_str(text: &str) -> Result<Amount, QuantityError> {
     let fail = |why: &'static str| QuantityError(text.to_owned(), why);
     let bytes = text.as_bytes();
@@ -172,14 +187,12 @@ pub fn parse_str(text: &str) -> Result<Amount, QuantityError> {
             if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(fail("its exponent is not a whole number"));
             }
-            // Exponents this far out are beyond every bound anyway; clamp before parsing.
-            let value: i64 = if digits.len() > 6 {
-                1_000_000
-            } else {
-                digits
-                    .parse()
-                    .map_err(|_| fail("its exponent is not a whole number"))?
-            };
+            // Kubernetes reads the exponent as a 64-bit integer and refuses one beyond it.
+            let value: i64 = digits
+                .parse()
+                .map_err(|_| fail("its exponent is beyond a 64-bit integer"))?;
+            // Far beyond every bound either way; clamped so the arithmetic below cannot overflow.
+            let value = value.min(1_000_000);
             (
                 if exponent.starts_with('-') {
                     -value
@@ -190,39 +203,44 @@ pub fn parse_str(text: &str) -> Result<Amount, QuantityError> {
             )
         }
     };
+    let binary = e2 > 0;
     let frac_len = i64::try_from(frac_digits.len()).map_err(|_| fail("it is too long"))?;
-    // Scale so that the result is in nano-units.
-    let scale = e10 - frac_len + 9;
 
-    let mut big = Big::default();
-    for digit in int_digits.bytes().chain(frac_digits.bytes()) {
-        big.mul_add(10, u32::from(digit - b'0'));
-    }
-    for _ in 0..e2 {
-        big.mul_add(2, 0);
-    }
-    let mut rounded_up = false;
-    if scale >= 0 {
-        for _ in 0..scale {
-            if big.is_zero() || big.bits() > 160 {
-                break;
-            }
-            big.mul_add(10, 0);
-        }
+    // The digits as one number D (leading zeros dropped), worth D * 10^scale * 2^e2 nano-units.
+    let all = int_digits.bytes().chain(frac_digits.bytes());
+    let significant: Vec<u8> = all.skip_while(|d| *d == b'0').collect();
+    let digits = i64::try_from(significant.len()).map_err(|_| fail("it is too long"))?;
+    let scale = e10 - frac_len + 9;
+    let nanos = if significant.is_empty() {
+        Some(0)
+    } else if digits + scale > MAX_SIGNIFICANT_DIGITS {
+        // At least 10^48 nano-units: beyond 2^128.
+        None
     } else {
-        for _ in 0..scale.unsigned_abs() {
-            if big.is_zero() {
-                break;
-            }
-            if big.div_rem(10) != 0 {
-                rounded_up = true;
-            }
+        // Keep the digits that are whole nano-units; any dropped non-zero digit rounds up
+        // (away from zero), as Kubernetes rounds to its nano precision.
+        let kept = usize::try_from((digits + scale.min(0)).max(0)).unwrap_or(0);
+        let rounded_up = significant[kept..].iter().any(|d| *d != b'0');
+        let mut big = Big::default();
+        for digit in &significant[..kept] {
+            big.mul_add(10, u32::from(digit - b'0'));
+        }
+        for _ in 0..scale.max(0) {
+            big.mul_add(10, 0);
         }
         if rounded_up {
             big.mul_add(1, 1);
         }
-    }
-    let nanos = big.to_u128();
+        for _ in 0..e2 {
+            big.mul_add(2, 0);
+        }
+        big.to_u128()
+    };
+    let nanos = if binary && nanos.is_none_or(|n| n > BINARY_CAP_NANOS) {
+        Some(BINARY_CAP_NANOS)
+    } else {
+        nanos
+    };
     Ok(Amount {
         negative: negative && nanos != Some(0),
         nanos,
@@ -245,23 +263,6 @@ impl Big {
         if carry != 0 {
             self.0.push(carry as u32);
         }
-    }
-
-    fn div_rem(&mut self, div: u32) -> u32 {
-        let mut rem = 0u64;
-        for limb in self.0.iter_mut().rev() {
-            let value = (rem << 32) | u64::from(*limb);
-            *limb = (value / u64::from(div)) as u32;
-            rem = value % u64::from(div);
-        }
-        while self.0.last() == Some(&0) {
-            self.0.pop();
-        }
-        rem as u32
-    }
-
-    fn is_zero(&self) -> bool {
-        self.0.iter().all(|l| *l == 0)
     }
 
     fn bits(&self) -> usize {
@@ -352,7 +353,20 @@ mod tests {
             parse_str("9223372036854775808").unwrap().cmp_int(max),
             Ordering::Greater
         );
-        assert_eq!(parse_str("8Ei").unwrap().cmp_int(max), Ordering::Greater);
+        // Binary suffixes saturate at 2^63-1, as Kubernetes' ParseQuantity caps them.
+        assert_eq!(parse_str("8Ei").unwrap().cmp_int(max), Ordering::Equal);
+        assert_eq!(parse_str("10000000Ei").unwrap().ceil_i64(), Some(max));
+        assert_eq!(parse_str("-10000000Ei").unwrap().ceil_i64(), Some(-max));
+        assert_eq!(
+            parse_str("7Ei").unwrap().ceil_i64(),
+            Some(8_070_450_532_247_928_832)
+        );
+        // Decimal ones do not.
+        assert_eq!(parse_str("10E").unwrap().cmp_int(max), Ordering::Greater);
+        assert_eq!(
+            parse_str("9223372036854775808").unwrap().cmp_int(max),
+            Ordering::Greater
+        );
         assert_eq!(parse_str("1e400").unwrap().cmp_int(max), Ordering::Greater);
         assert_eq!(whole("1e400"), None);
         assert_eq!(whole("1e-400"), Some(1));
@@ -360,6 +374,26 @@ mod tests {
             parse_str("1e9999999999999").unwrap().cmp_int(max),
             Ordering::Greater
         );
+        assert!(parse_str("1e99999999999999999999").is_err());
+        // Leading zeros of an exponent are not digits of it.
+        assert_eq!(whole("1e0000003"), Some(1000));
+    }
+
+    #[test]
+    fn long_digit_strings_read_in_linear_time() {
+        // 400k digits: quadratic big-number arithmetic took seconds here.
+        let long = format!("1{}", "0".repeat(400_000));
+        let started = std::time::Instant::now();
+        assert_eq!(parse_str(&long).unwrap().ceil_i64(), None);
+        assert_eq!(
+            parse_str(&format!("{long}Ki")).unwrap().ceil_i64(),
+            Some(i64::MAX)
+        );
+        let tiny = format!("0.{}1", "0".repeat(400_000));
+        assert_eq!(whole(&tiny), Some(1));
+        let zeros = format!("{}16Mi", "0".repeat(400_000));
+        assert_eq!(whole(&zeros), Some(16_777_216));
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
     }
 
     #[test]

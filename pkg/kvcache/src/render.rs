@@ -58,11 +58,11 @@ use k8s_openapi::api::apps::v1::{
     DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
-    HostPathVolumeSource, Lifecycle, LifecycleHandler, LocalObjectReference, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
-    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction, Volume,
-    VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, ExecAction, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler,
+    LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort,
+    ServiceSpec, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -98,6 +98,9 @@ pub const TIER_VOLUME: &str = "local-disk";
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Extended resource of a shared RDMA device.
 pub const RDMA_SHARED_RESOURCE: &str = "device.gpustack.ai/rdma.shared";
+/// Extended resource of a dedicated (exclusive) RDMA device, requested when a group asks for
+/// more than one fabric interface.
+pub const RDMA_EXCLUSIVE_RESOURCE: &str = "device.gpustack.ai/rdma";
 /// Extended resource of an EFA device.
 pub const EFA_RESOURCE: &str = "vpc.amazonaws.com/efa";
 /// CPU request of the leader (no limit: see the module documentation).
@@ -114,6 +117,35 @@ pub const SURVEY_CPU_LIMIT: &str = "100m";
 pub const SURVEY_MEMORY_REQUEST: &str = "16Mi";
 /// Memory limit of the `local-disk-survey` init container (`sh`, `find`, `wc` and `ls /`).
 pub const SURVEY_MEMORY_LIMIT: &str = "64Mi";
+/// Writable directory of the leader's tenant-quota policy file (multi-tenancy only): the leader
+/// saves admin-API changes by writing a sibling file and renaming it over the policy.
+pub const QUOTA_POLICY_DIR: &str = "/var/lib/mooncake";
+/// The policy file the leader's `-tenant_quota_connector_uri` names.
+pub const QUOTA_POLICY_FILE: &str = "/var/lib/mooncake/tenant-quota-policy.yaml";
+/// Where the policy ConfigMap `<backend>-tenant-quota-policy` is mounted (read-only), read once
+/// by the seeding init container.
+pub const QUOTA_POLICY_SEED_DIR: &str = "/etc/mooncake/tenant-quota-policy";
+/// The seed file in that ConfigMap.
+pub const QUOTA_POLICY_SEED_FILE: &str =
+    "/etc/mooncake/tenant-quota-policy/tenant-quota-policy.yaml";
+/// Volume of the writable policy directory (an emptyDir).
+pub const QUOTA_POLICY_VOLUME: &str = "tenant-quota-policy";
+/// Volume of the policy ConfigMap (optional: the consumers' reconciler writes it).
+pub const QUOTA_POLICY_SEED_VOLUME: &str = "tenant-quota-policy-seed";
+/// Init container that copies the seed onto the writable volume, or writes an empty policy.
+pub const QUOTA_POLICY_INIT_CONTAINER: &str = "seed-tenant-quota-policy";
+/// The empty policy the leader starts from when no ConfigMap exists yet.
+pub const EMPTY_QUOTA_POLICY: &str = "version: 1\ntenants: []\n";
+/// The seeding command: the variables it reads carry every value, so nothing is quoted into it.
+/// A failed copy fails the init container (the fallback runs only when no seed exists).
+pub const QUOTA_POLICY_SEED_COMMAND: &str = "if [ -f \"$POLICY_SEED\" ]; then cp \"$POLICY_SEED\" \"$POLICY_FILE\"; else printf '%s' \"$POLICY_EMPTY\" > \"$POLICY_FILE\"; fi";
+
+/// Name of the ConfigMap holding a backend's tenant-quota policy (written by its consumers'
+/// reconciler, not rendered here).
+pub fn quota_policy_name(backend: &str) -> String {
+    format!("{backend}-tenant-quota-policy")
+}
+
 /// API group of the Lease the leaders elect through.
 pub const LEASE_API_GROUP: &str = "coordination.k8s.io";
 /// Visibility variables set to `void` for groups that do not store in GPU memory, so that a
@@ -230,15 +262,19 @@ pub fn render(backend: &KVCacheBackend, ctx: &RenderContext) -> Result<Rendered,
         .as_deref()
         .filter(|n| !n.is_empty())
         .ok_or(RenderError::NoName)?;
+    // Trimmed, as the validator reads it: padding around spec.image (or the default image)
+    // is admitted, and the kubelet refuses an image with surrounding whitespace.
     let image = backend
         .spec
         .image
         .as_deref()
-        .filter(|i| !i.trim().is_empty())
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
         .or_else(|| {
             ctx.default_image
                 .as_deref()
-                .filter(|i| !i.trim().is_empty())
+                .map(str::trim)
+                .filter(|i| !i.is_empty())
         })
         .ok_or_else(|| RenderError::NoImage {
             path: "spec.image".into(),
@@ -471,8 +507,11 @@ pub fn leader_args(backend_name: &str, namespace: &str, managed: &Managed) -> Ve
         .to_owned(),
     );
     if leader.multi_tenancy == Some(true) {
-        // Only stored objects from before the refusal reach this; no quota policy is rendered.
+        // The connector URI goes with the switch: the file connector refuses the empty default,
+        // and the leader does not start without it. The connector type stays at its default
+        // (file), the only source the workload provides.
         args.push("-enable_multi_tenants=true".to_owned());
+        args.push(format!("-tenant_quota_connector_uri={QUOTA_POLICY_FILE}"));
     }
     if managed.members.iter().any(|g| g.local_disk().is_some()) {
         args.push("-enable_offload=true".to_owned());
@@ -516,7 +555,7 @@ fn leader_deployment(plan: &Plan<'_>) -> Deployment {
         failure_threshold: Some(failures),
         ..Probe::default()
     };
-    let container = Container {
+    let mut container = Container {
         name: "leader".to_owned(),
         image: Some(plan.image.clone()),
         image_pull_policy: Some(
@@ -552,6 +591,22 @@ fn leader_deployment(plan: &Plan<'_>) -> Deployment {
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         security_context: Some(restricted_container_context()),
         ..Container::default()
+    };
+    let tenancy = leader.multi_tenancy == Some(true);
+    let (init_containers, volumes) = if tenancy {
+        // The leader runs from a writable copy of the policy (it rewrites the file on every
+        // admin-API change); the ConfigMap is only its seed, and is not mounted here.
+        container.volume_mounts = Some(vec![VolumeMount {
+            name: QUOTA_POLICY_VOLUME.to_owned(),
+            mount_path: QUOTA_POLICY_DIR.to_owned(),
+            ..VolumeMount::default()
+        }]);
+        (
+            Some(vec![quota_policy_seed_container(plan)]),
+            Some(quota_policy_volumes(plan.name)),
+        )
+    } else {
+        (None, None)
     };
 
     let (strategy, progress_deadline) = if replicas > 1 {
@@ -595,13 +650,88 @@ fn leader_deployment(plan: &Plan<'_>) -> Deployment {
                     service_account_name: plan.ha_active.then(|| leader_name.clone()),
                     image_pull_secrets: pull_secrets(plan.backend),
                     security_context: Some(restricted_pod_context()),
+                    init_containers,
                     containers: vec![container],
+                    volumes,
                     ..PodSpec::default()
                 }),
             },
             ..DeploymentSpec::default()
         },
         status: None,
+    }
+}
+
+/// The two volumes of the tenant-quota policy: the writable directory the leader runs from, and
+/// the optional ConfigMap it is seeded from (a backend no consumer has bound yet has none, and
+/// the seed then writes an empty policy).
+fn quota_policy_volumes(backend: &str) -> Vec<Volume> {
+    vec![
+        Volume {
+            name: QUOTA_POLICY_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
+        Volume {
+            name: QUOTA_POLICY_SEED_VOLUME.to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: quota_policy_name(backend),
+                optional: Some(true),
+                default_mode: Some(0o644),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    ]
+}
+
+/// The init container that puts a policy document on the writable volume before the leader
+/// starts: the seed when one is mounted, else an empty policy. It runs the leader's image.
+fn quota_policy_seed_container(plan: &Plan<'_>) -> Container {
+    Container {
+        name: QUOTA_POLICY_INIT_CONTAINER.to_owned(),
+        image: Some(plan.image.clone()),
+        image_pull_policy: Some(
+            crate::image::pull_policy(&plan.image, plan.backend.spec.image_pull_policy).to_owned(),
+        ),
+        command: Some(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            QUOTA_POLICY_SEED_COMMAND.to_owned(),
+        ]),
+        env: Some(vec![
+            plain_env("POLICY_SEED", QUOTA_POLICY_SEED_FILE),
+            plain_env("POLICY_FILE", QUOTA_POLICY_FILE),
+            plain_env("POLICY_EMPTY", EMPTY_QUOTA_POLICY),
+        ]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: QUOTA_POLICY_VOLUME.to_owned(),
+                mount_path: QUOTA_POLICY_DIR.to_owned(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: QUOTA_POLICY_SEED_VOLUME.to_owned(),
+                mount_path: QUOTA_POLICY_SEED_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        // A copy of one small file: the survey's small requests and limits fit it.
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(&[
+                ("cpu", SURVEY_CPU_REQUEST),
+                ("memory", SURVEY_MEMORY_REQUEST),
+            ])),
+            limits: Some(quantities(&[
+                ("cpu", SURVEY_CPU_LIMIT),
+                ("memory", SURVEY_MEMORY_LIMIT),
+            ])),
+            ..ResourceRequirements::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        security_context: Some(restricted_container_context()),
+        ..Container::default()
     }
 }
 
@@ -972,7 +1102,16 @@ fn member_daemonset(
     let mut limits = BTreeMap::new();
     match protocol {
         Protocol::Rdma => {
-            limits.insert(RDMA_SHARED_RESOURCE.to_owned(), Quantity("1".to_owned()));
+            // One interface is a seat on a shared adapter; more ask for that many dedicated
+            // (exclusive) devices, since shared tokens may repeat one endpoint and satisfy the
+            // count without granting distinct interfaces.
+            let count = group.fabric_interface_count.max(1);
+            let resource = if count > 1 {
+                RDMA_EXCLUSIVE_RESOURCE
+            } else {
+                RDMA_SHARED_RESOURCE
+            };
+            limits.insert(resource.to_owned(), Quantity(count.to_string()));
         }
         Protocol::Efa => {
             limits.insert(

@@ -40,6 +40,7 @@ use crate::error::{FieldError, FieldErrorKind, StoredObjectError};
 use crate::parse::{from_value, stored_from_value};
 use crate::quantity::{self, Amount};
 use crate::{image, names};
+use warmcache_cli::text::{self, shown};
 
 /// Inputs of validation that are not in the object.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -55,7 +56,8 @@ impl ValidationContext {
     pub fn default_image(&self) -> Option<&str> {
         self.default_image
             .as_deref()
-            .filter(|image| !image.trim().is_empty())
+            .map(str::trim)
+            .filter(|image| !image.is_empty())
     }
 }
 
@@ -114,7 +116,7 @@ pub const LEADER_FORBIDDEN_KEYS: [(&str, &str); 16] = [
     ),
     (
         "tenant_quota_connector_type",
-        "this operator renders no tenant-quota policy, so a connector named here would read a policy nothing provides",
+        "with multiTenancy the operator renders the file connector's policy (its URI and the volume it lives on), and the leader workload provides no other kind of source",
     ),
     (
         "enable_cxl",
@@ -384,13 +386,24 @@ impl Validator<'_> {
         }
     }
 
-    /// O2, O3, O4 and the length bound of every image field.
+    /// O2, O3, O4 and the length bound of every image field. Only a managed backend is asked:
+    /// an external one runs no image of this operator's. An empty string is an unset field (as
+    /// upstream reads it); `spec.image` is trimmed before it is parsed (and rendered trimmed).
     fn images(&mut self, new: &KVCacheBackend, old: Option<&KVCacheBackend>) {
-        let image = new.spec.image.as_deref();
-        let old_image = old.map(|o| o.spec.image.as_deref());
+        let Some(managed) = &new.spec.connection.managed else {
+            return;
+        };
+        let image = unset_if_empty(new.spec.image.as_deref());
+        let old_image = old.map(|o| unset_if_empty(o.spec.image.as_deref()));
         let moved = old_image != Some(image);
-        let managed = new.spec.connection.managed.is_some();
         match image {
+            Some(text) if text.len() > MAX_IMAGE_LENGTH => {
+                self.push(
+                    "spec.image",
+                    FieldErrorKind::TooMany,
+                    too_long(MAX_IMAGE_LENGTH),
+                );
+            }
             Some(text) if text.trim().is_empty() => {
                 if moved {
                     self.required(
@@ -402,9 +415,9 @@ impl Validator<'_> {
                     );
                 }
             }
-            Some(text) => self.image_reference("spec.image", text),
+            Some(text) => self.image_reference("spec.image", text.trim()),
             None => {
-                if managed && moved && self.ctx.default_image().is_none() {
+                if moved && self.ctx.default_image().is_none() {
                     self.required(
                         "spec.image",
                         format!(
@@ -416,12 +429,12 @@ impl Validator<'_> {
                 }
             }
         }
-        let Some(managed) = &new.spec.connection.managed else {
-            return;
-        };
         for (i, group) in managed.members.iter().enumerate() {
             let path = format!("{}.image", member_path(i));
-            match group.image.as_deref() {
+            match unset_if_empty(group.image.as_deref()) {
+                Some(text) if text.len() > MAX_IMAGE_LENGTH => {
+                    self.push(path, FieldErrorKind::TooMany, too_long(MAX_IMAGE_LENGTH));
+                }
                 Some(text) if text.trim().is_empty() => self.required(
                     path,
                     "must not be blank: name an image here, or leave the field out so that the backend's \
@@ -434,14 +447,6 @@ impl Validator<'_> {
     }
 
     fn image_reference(&mut self, path: &str, text: &str) {
-        if text.len() > MAX_IMAGE_LENGTH {
-            self.push(
-                path,
-                FieldErrorKind::TooMany,
-                format!("must be at most {MAX_IMAGE_LENGTH} characters long"),
-            );
-            return;
-        }
         if let Err(problem) = image::parse(text) {
             self.invalid(
                 path,
@@ -477,7 +482,7 @@ impl Validator<'_> {
                 self.push(
                     address_path,
                     FieldErrorKind::TooMany,
-                    format!("must be at most {MAX_ADDRESS_LENGTH} characters long"),
+                    too_long(MAX_ADDRESS_LENGTH),
                 );
             } else if let Err(problem) = host_port_problem(&endpoint.address) {
                 self.invalid(
@@ -587,17 +592,11 @@ impl Validator<'_> {
             }
         }
 
-        // Multi-tenancy: refused when it moves to true; L10 when it moves away from true.
+        // L10: multi-tenancy may be turned on (the leader gets its tenant-quota policy), but not
+        // off while consumers hold the backend.
         let tenancy_path = format!("{LEADER_PATH}.multiTenancy");
         let was_on = old.is_some_and(|l| l.multi_tenancy == Some(true));
         let is_on = leader.multi_tenancy == Some(true);
-        if is_on && !was_on {
-            self.forbidden(
-                &tenancy_path,
-                "multi-tenancy is not supported by this operator: it renders no tenant-quota policy for the \
-                 leader, so the setting would read as on while no quota applies. Leave it unset",
-            );
-        }
         if was_on && !is_on {
             let consumers = old_object
                 .and_then(|o| o.status.as_ref())
@@ -688,8 +687,9 @@ impl Validator<'_> {
                 self.invalid(
                     entry_path,
                     format!(
-                        "the key here ({key:?}) is not a setting's name: the key is the text between the \
-                         leading dashes and the first \"=\", and must be non-empty and without whitespace"
+                        "the key here ({}) is not a setting's name: the key is the text between the \
+                         leading dashes and the first \"=\", and must be non-empty and without whitespace",
+                        shown(key)
                     ),
                 );
                 continue;
@@ -699,8 +699,9 @@ impl Validator<'_> {
                     entry_path,
                     FieldErrorKind::Duplicate,
                     format!(
-                        "sets the key {key:?} a second time (first in entry {first}): only the last one takes \
-                         effect, so the other reads as applied while it is not"
+                        "sets the key {} a second time (first in entry {first}): only the last one takes \
+                         effect, so the other reads as applied while it is not",
+                        shown(key)
                     ),
                 );
                 continue;
@@ -723,13 +724,14 @@ impl Validator<'_> {
     ) {
         let mut seen = BTreeSet::new();
         for entry in env {
-            let entry_path = format!("{path}[{}]", entry.name);
+            // The name is user input inside the path: escaped and bounded.
+            let entry_path = text::path(&format!("{path}[{}]", entry.name));
             if let Some(problem) = names::env_name_problem(&entry.name) {
                 self.invalid(
                     &entry_path,
                     format!(
-                        "{:?} is not an environment variable name: {problem}",
-                        entry.name
+                        "{} is not an environment variable name: {problem}",
+                        shown(&entry.name)
                     ),
                 );
                 continue;
@@ -910,14 +912,17 @@ impl Validator<'_> {
 
         // M5: node selector.
         for (key, value) in &group.node_selector {
-            let key_path = format!("{path}.nodeSelector[{key}]");
+            let key_path = text::path(&format!("{path}.nodeSelector[{key}]"));
             if let Some(problem) = names::label_key_problem(key) {
-                self.invalid(&key_path, format!("{key:?} is not a label key: {problem}"));
+                self.invalid(
+                    &key_path,
+                    format!("{} is not a label key: {problem}", shown(key)),
+                );
             }
             if let Some(problem) = names::label_value_problem(value) {
                 self.invalid(
                     &key_path,
-                    format!("{value:?} is not a label value: {problem}"),
+                    format!("{} is not a label value: {problem}", shown(value)),
                 );
             }
         }
@@ -1015,7 +1020,7 @@ impl Validator<'_> {
                 self.push(
                     &path_path,
                     FieldErrorKind::TooMany,
-                    format!("must be at most {MAX_TIER_PATH_LENGTH} characters long"),
+                    too_long(MAX_TIER_PATH_LENGTH),
                 );
             } else if let Some((kind, reason)) = tier_path_problem(&disk.path) {
                 self.push(&path_path, kind, reason);
@@ -1141,8 +1146,11 @@ impl Validator<'_> {
         for (j, entry) in host_paths.iter().enumerate() {
             let entry_path = format!("{group_path}.hostPaths[{j}]");
             let mut shape_ok = true;
-            for (field, value) in [("path", &entry.path), ("mountPath", &entry.mount_path)] {
-                if let Some(problem) = host_path_shape_problem(value) {
+            for (field, value, host) in [
+                ("path", &entry.path, true),
+                ("mountPath", &entry.mount_path, false),
+            ] {
+                if let Some(problem) = host_path_shape_problem(value, host) {
                     self.invalid(format!("{entry_path}.{field}"), problem);
                     shape_ok = false;
                 }
@@ -1295,33 +1303,44 @@ pub fn tier_path_problem(path: &str) -> Option<(FieldErrorKind, String)> {
     None
 }
 
-fn host_path_shape_problem(value: &str) -> Option<String> {
+/// Why a `hostPaths[].path` (`host` true) or `mountPath` breaks the CRD's shape (at most 1024
+/// characters of `^(/[^/]+)+$`), or why Kubernetes would refuse the host path: it refuses a
+/// hostPath volume whose path has a `..` component. A mount path is compared after cleaning
+/// (`.` and `..` resolved, as upstream's `filepath.Clean`), so neither component is an error
+/// there, nor `.` in a host path.
+fn host_path_shape_problem(value: &str, host: bool) -> Option<String> {
     if value.len() > MAX_HOST_PATH_LENGTH {
-        return Some(format!(
-            "must be at most {MAX_HOST_PATH_LENGTH} characters long"
-        ));
+        return Some(too_long(MAX_HOST_PATH_LENGTH));
     }
-    let components: Vec<&str> = value.split('/').skip(1).collect();
-    if !value.starts_with('/') || components.iter().any(|c| c.is_empty()) {
+    let mut components = value.split('/').skip(1);
+    if !value.starts_with('/') || components.any(str::is_empty) {
         return Some(
             "must be an absolute path without empty components or a trailing \"/\" (like /var/run/x)".into(),
         );
     }
-    if components.iter().any(|c| *c == ".." || *c == ".") {
+    if host && value.split('/').any(|c| c == "..") {
         return Some(
-            "must not contain \".\" or \"..\" components: mounts are compared as written to find overlaps"
+            "must not contain a \"..\" component: Kubernetes refuses a hostPath volume with one, so every \
+             member Pod of the group would be refused"
                 .into(),
         );
     }
     None
 }
 
-/// `path` with empty and `.` components removed (it has no `..` components).
+/// `path` cleaned as Go's `path.Clean` cleans an absolute path: empty and `.` components
+/// dropped, each `..` removing the component before it (and nothing at the root).
 pub fn clean(path: &str) -> String {
-    let components: Vec<&str> = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
+    let mut components: Vec<&str> = Vec::new();
+    for component in path.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                components.pop();
+            }
+            c => components.push(c),
+        }
+    }
     format!("/{}", components.join("/"))
 }
 
@@ -1357,47 +1376,174 @@ fn canonical(group: &MemberGroup) -> MemberGroup {
     group
 }
 
-/// Why `address` is not `host:port` as the operator dials it, or `Ok`.
+/// Why `address` is not `host:port` as the operator dials it, or `Ok`: no surrounding
+/// whitespace, Go's `net.SplitHostPort` splits it into a non-empty host and a port that
+/// `strconv.Atoi` reads as 1 to 65535, and Go's `url.Parse("http://" + address + "/")` gives it
+/// back unchanged as the URL's host (no path, query, fragment, user name, escapes or characters
+/// a host may not have; an address in brackets must be an IPv6 address).
 pub fn host_port_problem(address: &str) -> Result<(), String> {
     if address.trim() != address {
-        return Err("it begins or ends with whitespace".into());
+        return Err(
+            "must not begin or end with whitespace: the address is stored and dialled exactly as written".into(),
+        );
     }
-    let (host, port) = if let Some(rest) = address.strip_prefix('[') {
-        let (ip, after) = rest
-            .split_once(']')
-            .ok_or("it opens '[' without closing it")?;
-        if ip.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("{ip:?} in brackets is not an IPv6 address"));
-        }
-        let port = after
-            .strip_prefix(':')
-            .ok_or("no \":port\" follows the address")?;
-        (ip, port)
-    } else {
-        let (host, port) = address.rsplit_once(':').ok_or("it has no \":port\"")?;
-        if host.contains(':') {
-            return Err("an IPv6 address must be written in brackets, as [address]:port".into());
-        }
-        (host, port)
-    };
+    let (host, port) = split_host_port(address)?;
     if host.is_empty() {
-        return Err("the host is empty".into());
+        return Err("no host".into());
     }
-    if let Some(c) = host
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')))
-    {
+    let number = atoi(port).ok_or_else(|| format!("port {} is not a number", shown(port)))?;
+    if !(1..=65535).contains(&number) {
+        return Err(format!("port {number} is outside 1-65535"));
+    }
+    url_host_problem(address)
+}
+
+/// Go's `net.SplitHostPort`.
+fn split_host_port(address: &str) -> Result<(&str, &str), String> {
+    let fail = |why: &str| Err(format!("address {}: {why}", shown(address)));
+    let Some(last_colon) = address.rfind(':') else {
+        return fail("missing port in address");
+    };
+    let (host, skip_open, skip_close) = if address.starts_with('[') {
+        let Some(end) = address.find(']') else {
+            return fail("missing ']' in address");
+        };
+        if end + 1 == address.len() {
+            return fail("missing port in address");
+        } else if end + 1 != last_colon {
+            if address.as_bytes().get(end + 1) == Some(&b':') {
+                return fail("too many colons in address");
+            }
+            return fail("missing port in address");
+        }
+        (&address[1..end], 1, end + 1)
+    } else {
+        let host = &address[..last_colon];
+        if host.contains(':') {
+            return fail("too many colons in address");
+        }
+        (host, 0, 0)
+    };
+    if address[skip_open..].contains('[') {
+        return fail("unexpected '[' in address");
+    }
+    if address[skip_close..].contains(']') {
+        return fail("unexpected ']' in address");
+    }
+    Ok((host, &address[last_colon + 1..]))
+}
+
+/// Go's `strconv.Atoi`: an optional sign and decimal digits, within 64 bits.
+fn atoi(text: &str) -> Option<i64> {
+    let digits = text
+        .strip_prefix('+')
+        .or_else(|| text.strip_prefix('-'))
+        .unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.strip_prefix('+').unwrap_or(text).parse().ok()
+}
+
+/// Why Go's `url.Parse("http://" + address + "/")` fails or reads a host other than `address`.
+fn url_host_problem(address: &str) -> Result<(), String> {
+    if let Some(c) = address.chars().find(|c| c.is_ascii_control()) {
         return Err(format!(
-            "the host contains {c:?}: a path, query, fragment or user name has no place in an address"
+            "cannot be used as an address: it contains the control character {}",
+            shown(&c.to_string())
         ));
     }
-    if port.is_empty() || !port.chars().all(|c| c.is_ascii_digit()) {
-        return Err(format!("the port {port:?} is not a number"));
+    // A fragment, a query, a path or a user name ends (or precedes) the URL's host.
+    if let Some(c) = address.chars().find(|c| matches!(c, '#' | '?' | '/' | '@')) {
+        return Err(format!(
+            "is not read as the URL host it is written as: {} starts a {} there",
+            shown(&c.to_string()),
+            match c {
+                '#' => "fragment",
+                '?' => "query",
+                '/' => "path",
+                _ => "user name (everything before it)",
+            }
+        ));
     }
-    match port.parse::<u32>() {
-        Ok(p) if (1..=65535).contains(&p) && !port.starts_with('0') => Ok(()),
-        _ => Err(format!("the port {port:?} is not between 1 and 65535")),
+    if address.contains('%') {
+        return Err(
+            "cannot be used as an address: a host is not read with %-escapes unchanged".into(),
+        );
     }
+    let (host, port) = match address.strip_prefix('[') {
+        Some(rest) => {
+            let (ip, port) = rest
+                .rsplit_once("]:")
+                .ok_or("an address in brackets needs a port")?;
+            if ip.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(format!(
+                    "cannot be used as an address: {} in brackets is not an IPv6 address",
+                    shown(ip)
+                ));
+            }
+            (None, port)
+        }
+        None => {
+            let (host, port) = address.rsplit_once(':').ok_or("no port")?;
+            (Some(host), port)
+        }
+    };
+    if !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "cannot be used as an address: the URL parser refuses the port {}",
+            shown(port)
+        ));
+    }
+    // The characters a URL host may carry unescaped: letters, digits, "-._~", the sub-delimiters
+    // and the few Go adds; any non-ASCII character.
+    if let Some(host) = host
+        && let Some(c) = host.chars().find(|c| {
+            c.is_ascii()
+                && !(c.is_ascii_alphanumeric()
+                    || matches!(
+                        c,
+                        '-' | '.'
+                            | '_'
+                            | '~'
+                            | '!'
+                            | '$'
+                            | '&'
+                            | '\''
+                            | '('
+                            | ')'
+                            | '*'
+                            | '+'
+                            | ','
+                            | ';'
+                            | '='
+                            | '<'
+                            | '>'
+                            | '"'
+                    ))
+        })
+    {
+        return Err(format!(
+            "cannot be used as an address: a URL host may not contain {}",
+            shown(&c.to_string())
+        ));
+    }
+    Ok(())
+}
+
+/// An image field as upstream reads it: an empty string is an unset field.
+fn unset_if_empty(image: Option<&str>) -> Option<&str> {
+    image.filter(|i| !i.is_empty())
+}
+
+/// The CRD's refusal of a string over `max` bytes, in the API server's words.
+pub fn too_long(max: usize) -> String {
+    format!("Too long: may not be more than {max} bytes")
+}
+
+/// The CRD's refusal of a list over `max` items, in the API server's words.
+pub fn too_many(count: usize, max: usize) -> String {
+    format!("Too many: {count}: must have at most {max} items")
 }
 
 #[cfg(test)]
@@ -1567,6 +1713,44 @@ mod tests {
     }
 
     #[test]
+    fn host_paths_are_cleaned_before_they_are_compared() {
+        // "." is no error in either field; ".." is refused in the host path (Kubernetes refuses
+        // the volume) and resolved in the mount path.
+        assert_eq!(host_path_shape_problem("/srv/./data", true), None);
+        assert_eq!(host_path_shape_problem("/srv/./data", false), None);
+        assert_eq!(host_path_shape_problem("/srv/../data", false), None);
+        assert!(host_path_shape_problem("/srv/../data", true).is_some());
+        assert!(host_path_shape_problem("/srv//data", false).is_some());
+        assert!(host_path_shape_problem("/srv/", false).is_some());
+        assert_eq!(clean("/srv/./data"), "/srv/data");
+        assert_eq!(clean("/a/../dev/./infiniband"), "/dev/infiniband");
+        assert_eq!(clean("/.."), "/");
+        let ctx = ValidationContext::default();
+        let with_mounts = |mounts: &[&str]| {
+            let entries: Vec<Value> = mounts
+                .iter()
+                .map(|m| json!({"path": "/srv/extra", "mountPath": m}))
+                .collect();
+            let mut value = tiered_value("DRAM", "1Gi");
+            value["spec"]["connection"]["managed"]["members"][0]["hostPaths"] = json!(entries);
+            typed(value)
+        };
+        assert_eq!(
+            validate(&with_mounts(&["/opt/./a", "/opt/b"]), None, &ctx),
+            vec![]
+        );
+        let errors = validate(&with_mounts(&["/opt/a", "/opt/./a/b"]), None, &ctx);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].reason.contains("hostPaths[0]"), "{errors:?}");
+        let errors = validate(&with_mounts(&["/x/../dev/infiniband"]), None, &ctx);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].reason.contains("/dev/infiniband"), "{errors:?}");
+        let errors = validate(&with_mounts(&["/var/lib/./kvcache"]), None, &ctx);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].reason.contains("localDisks"), "{errors:?}");
+    }
+
+    #[test]
     fn overlap_is_component_wise() {
         assert!(overlaps("/a/b", "/a/b"));
         assert!(overlaps("/a", "/a/b"));
@@ -1582,13 +1766,35 @@ mod tests {
         assert!(host_port_problem("store.example:50051").is_ok());
         assert!(host_port_problem("10.0.0.1:9003").is_ok());
         assert!(host_port_problem("[::1]:9003").is_ok());
+        // What Go's SplitHostPort, Atoi and url.Parse take: leading zeros of a port, the
+        // sub-delimiters and non-ASCII letters in a host.
+        for good in [
+            "store:08",
+            "store:0009003",
+            "a+b.example:1",
+            "bücher.example:50051",
+            "UPPER.example:1",
+            "store_1:1",
+            "[2001:db8::1]:9003",
+        ] {
+            assert!(host_port_problem(good).is_ok(), "{good:?} must be admitted");
+        }
         for bad in [
             "store",
             ":9003",
             "store:",
             "store:0",
             "store:65536",
-            "store:08",
+            "store:-1",
+            "store:99999999999999999999",
+            "[]:1",
+            "[::1]x:1",
+            "[::1]:1]",
+            "a[b:1",
+            "a b:1",
+            "a%41:1",
+            "a#b:1",
+            "store:1\u{7f}",
             " store:1",
             "store:1 ",
             "user@store:1",

@@ -960,16 +960,11 @@ pub fn boundaries() -> Vec<Vector> {
                     json!({"replicas": 3, "highAvailability": {"memberAddressing": "Lease"}});
             }),
         ),
-        refused(
+        ok(
             "B21",
-            "multiTenancy turned on",
+            "multiTenancy turned on (upstream renders the tenant-quota policy for it)",
             None,
             with(v2(), |o| managed(o)["leader"]["multiTenancy"] = json!(true)),
-            (
-                "spec.connection.managed.leader.multiTenancy",
-                "multi-tenancy is not supported",
-                Layer::Webhook,
-            ),
         ),
         refused(
             "B22",
@@ -1055,9 +1050,9 @@ pub fn boundaries() -> Vec<Vector> {
         ),
         refused(
             "B29",
-            "a blank member image",
+            "a member image of only whitespace",
             None,
-            with(v2(), |o| members(o)[0]["image"] = json!("")),
+            with(v2(), |o| members(o)[0]["image"] = json!("  ")),
             (
                 "spec.connection.managed.members[0].image",
                 "must not be blank",
@@ -1153,13 +1148,17 @@ pub fn boundaries() -> Vec<Vector> {
             with(v2(), |o| {
                 tier0(o)["path"] = json!(format!("/{}", "a".repeat(4096)))
             }),
-            (PATH0, "at most 4096 characters", Layer::Schema("4096")),
+            (
+                PATH0,
+                "may not be more than 4096 bytes",
+                Layer::Schema("4096"),
+            ),
         ),
         refused(
             "B39",
-            "capacityPerMember above 2^63-1 bytes",
+            "capacityPerMember above 2^63-1 bytes (a decimal suffix is not capped)",
             None,
-            with(v2(), |o| members(o)[0]["capacityPerMember"] = json!("8Ei")),
+            with(v2(), |o| members(o)[0]["capacityPerMember"] = json!("10E")),
             (
                 "spec.connection.managed.members[0].capacityPerMember",
                 "must not exceed 9223372036854775807",
@@ -1179,6 +1178,92 @@ pub fn boundaries() -> Vec<Vector> {
                 "together with capacityPerMember",
                 Layer::Webhook,
             ),
+        ),
+        ok(
+            "B41",
+            "binary-suffixed quantities beyond 2^63-1 (Kubernetes caps them there)",
+            None,
+            with(v2(), |o| {
+                members(o)[0]["capacityPerMember"] = json!("10000000Ei");
+                tier0(o)["capacity"] = json!("8Ei");
+            }),
+        ),
+        ok(
+            "B42",
+            "member extraEnv names with '-' and '.' (Kubernetes' env-name rule)",
+            None,
+            with(v2(), |o| {
+                members(o)[0]["extraEnv"] = json!([{"name": "my.env-name", "value": "1"}, {"name": "GLOG_v", "value": "2"}]);
+            }),
+        ),
+        ok(
+            "B43",
+            "hostPaths with '.' components (cleaned before they are compared)",
+            None,
+            with(v2(), |o| {
+                members(o)[0]["hostPaths"] = json!([
+                    {"path": "/opt/./a", "mountPath": "/opt/./a"},
+                    {"path": "/opt/b", "mountPath": "/opt/b/."},
+                ]);
+            }),
+        ),
+        ok(
+            "B44",
+            "a spec.image with surrounding whitespace (trimmed before it is parsed)",
+            None,
+            with(v2(), |o| o["spec"]["image"] = json!(format!("  {IMAGE}\n"))),
+        ),
+        refused(
+            "B45",
+            "a one-character repository (upstream's parser wants two)",
+            None,
+            with(v2(), |o| o["spec"]["image"] = json!("docker.io/a:1")),
+            (
+                "spec.image",
+                "is not a container image reference",
+                Layer::Webhook,
+            ),
+        ),
+        refused(
+            "B46",
+            "a digest that is not sha256 with 64 hexadecimal digits",
+            None,
+            with(v2(), |o| {
+                o["spec"]["image"] = json!(format!(
+                    "docker.io/kvcacheai/mooncake@sha256:{}",
+                    "a".repeat(32)
+                ))
+            }),
+            (
+                "spec.image",
+                "is not a container image reference",
+                Layer::Webhook,
+            ),
+        ),
+        ok(
+            "B47",
+            "external backend with a blank image (no image is run for it), a port with a leading zero",
+            None,
+            with(external(), |o| {
+                o["spec"]["image"] = json!("  ");
+                o["spec"]["connection"]["external"]["endpoints"][1]["address"] =
+                    json!("store.example.internal:09003");
+            }),
+        ),
+        ok(
+            "B48",
+            "an RDMA group with four fabric interfaces",
+            None,
+            with(v2(), |o| {
+                members(o)[0]["transport"] = json!({"protocol": "RDMA"});
+                members(o)[0]["fabricInterfaceCount"] = json!(4);
+            }),
+        ),
+        ok(
+            "B49",
+            "an empty member image is an unset one",
+            None,
+            with(v2(), |o| members(o)[0]["image"] = json!("")),
         ),
     ]
 }

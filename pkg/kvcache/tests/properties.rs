@@ -25,7 +25,7 @@ const QUANTITIES: &[&str] = &[
     "16Mi", "16384Ki", "4Gi", "500Gi", "4Ti", "1.5Gi", "1e9", "17000000",
 ];
 const BAD_QUANTITIES: &[&str] = &[
-    "0", "1", "8Mi", "16777215", "100m", "-1Gi", "7Ei", "8Ei", "lots",
+    "0", "1", "8Mi", "16777215", "100m", "-1Gi", "7Ei", "10E", "lots",
 ];
 const PATHS: &[&str] = &[
     "/var/lib/kvcache",

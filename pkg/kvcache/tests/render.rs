@@ -923,3 +923,122 @@ fn shell_quoting_of_an_awkward_path() {
         "{script}"
     );
 }
+
+#[test]
+fn rdma_group_with_several_interfaces_requests_dedicated_devices() {
+    let limits = |count: Option<i32>, protocol: &str| {
+        let r = rendered(&with(vectors::v2(), |o| {
+            members(o)[0]["transport"] = json!({"protocol": protocol});
+            if let Some(count) = count {
+                members(o)[0]["fabricInterfaceCount"] = json!(count);
+            }
+        }));
+        let member = container(pod(&r.members[0]), "member");
+        member
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect::<Vec<_>>()
+    };
+    let one = vec![("device.gpustack.ai/rdma.shared".to_owned(), "1".to_owned())];
+    assert_eq!(limits(None, "RDMA"), one);
+    assert_eq!(limits(Some(1), "RDMA"), one);
+    assert_eq!(
+        limits(Some(4), "RDMA"),
+        vec![("device.gpustack.ai/rdma".to_owned(), "4".to_owned())]
+    );
+    assert_eq!(
+        limits(Some(2), "EFA"),
+        vec![("vpc.amazonaws.com/efa".to_owned(), "2".to_owned())]
+    );
+    assert!(limits(Some(4), "TCP").is_empty());
+}
+
+#[test]
+fn multi_tenancy_renders_the_tenant_quota_policy() {
+    let r = rendered(&with(vectors::v2(), |o| {
+        managed(o)["leader"]["multiTenancy"] = json!(true);
+    }));
+    let args = leader_args(&r);
+    let at = args
+        .iter()
+        .position(|a| a == "-enable_multi_tenants=true")
+        .unwrap();
+    assert_eq!(
+        args[at + 1],
+        "-tenant_quota_connector_uri=/var/lib/mooncake/tenant-quota-policy.yaml"
+    );
+    // After the allocation strategy and before the offload pair.
+    assert!(args[at - 1].starts_with("-allocation_strategy="));
+    assert_eq!(args[at + 2], "-enable_offload=true");
+    let spec = r.leader.spec.template.spec.as_ref().unwrap();
+    let volumes = serde_json::to_value(spec.volumes.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        volumes,
+        json!([
+            {"name": "tenant-quota-policy", "emptyDir": {}},
+            {"name": "tenant-quota-policy-seed", "configMap": {
+                "name": "kvc-tenant-quota-policy", "optional": true, "defaultMode": 420}},
+        ])
+    );
+    let leader = container(spec, "leader");
+    let mounts = serde_json::to_value(leader.volume_mounts.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        mounts,
+        json!([{"name": "tenant-quota-policy", "mountPath": "/var/lib/mooncake"}])
+    );
+    let seed = container(spec, "seed-tenant-quota-policy");
+    assert_eq!(seed.image, leader.image);
+    assert_eq!(seed.command.as_ref().unwrap()[..2], ["sh", "-c"]);
+    assert_eq!(
+        env(seed),
+        vec![
+            (
+                "POLICY_SEED".to_owned(),
+                "/etc/mooncake/tenant-quota-policy/tenant-quota-policy.yaml".to_owned()
+            ),
+            (
+                "POLICY_FILE".to_owned(),
+                "/var/lib/mooncake/tenant-quota-policy.yaml".to_owned()
+            ),
+            (
+                "POLICY_EMPTY".to_owned(),
+                "version: 1\ntenants: []\n".to_owned()
+            ),
+        ]
+    );
+    let seed_mounts = serde_json::to_value(seed.volume_mounts.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        seed_mounts,
+        json!([
+            {"name": "tenant-quota-policy", "mountPath": "/var/lib/mooncake"},
+            {"name": "tenant-quota-policy-seed", "mountPath": "/etc/mooncake/tenant-quota-policy", "readOnly": true},
+        ])
+    );
+    // Off: none of it.
+    let plain = rendered(&vectors::v2());
+    let spec = plain.leader.spec.template.spec.as_ref().unwrap();
+    assert!(spec.volumes.is_none() && spec.init_containers.is_none());
+    assert!(!leader_args(&plain).iter().any(|a| a.contains("tenant")));
+}
+
+#[test]
+fn a_padded_spec_image_renders_trimmed() {
+    let r = rendered(&with(vectors::v2(), |o| {
+        o["spec"]["image"] = json!(format!(" {}\n", vectors::IMAGE));
+    }));
+    let spec = r.leader.spec.template.spec.as_ref().unwrap();
+    assert_eq!(
+        container(spec, "leader").image.as_deref(),
+        Some(vectors::IMAGE)
+    );
+    assert_eq!(
+        container(pod(&r.members[0]), "member").image.as_deref(),
+        Some(vectors::IMAGE)
+    );
+}
