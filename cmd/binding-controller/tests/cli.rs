@@ -425,7 +425,11 @@ fn an_endless_input_is_refused_with_exit_2() {
     let run = binding_controller(&["catalog", "validate", "-f", "/dev/zero"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert_eq!(run.stdout, "");
-    assert!(run.stderr.contains("larger than 4194304 bytes"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("larger than 4194304 bytes"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]

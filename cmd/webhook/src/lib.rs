@@ -1,14 +1,23 @@
 //! The `webhook` binary: the offline `identify` command, which prints the model identity and
 //! landing that model sharing would act on for a Pod or workload manifest.
+//!
+//! Input and exit codes follow the convention of every warmcache command ([`warmcache_cli`]):
+//! `-f FILE` (`-`: standard input, read once), at most
+//! [`warmcache_cli::input::MAX_INPUT_BYTES`], YAML read as kubectl reads it; exit 0 when a report
+//! was printed (whether or not a model was found), 2 when an input cannot be used or the output
+//! cannot be written.
 
-use std::io::{Read, Write};
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::Value;
+use serde_json::{Value, json};
+use warmcache_cli::input::{self, InputError, Source};
+use warmcache_cli::{text, yaml};
 use warmcache_modelid::{
-    GroupError, LeaderWorkerSet, lws_from_object, pod_from_object, resolve_with_group,
-    unresolved_report,
+    GroupError, LeaderWorkerSet, WorkloadError, lws_from_object, pod_from_object,
+    resolve_with_group, unresolved_report,
 };
 
 /// Command line.
@@ -25,18 +34,22 @@ pub struct Cli {
 pub enum Command {
     /// Print the model identity and landing of a Pod, or of the pod a Deployment, StatefulSet,
     /// ReplicaSet, DaemonSet, Job, CronJob or LeaderWorkerSet creates (its leader for a
-    /// LeaderWorkerSet), as one JSON object. Exits 0 whether or not a model is found, 2 when the
-    /// input cannot be read.
+    /// LeaderWorkerSet), as one JSON object. A stream of several documents (`helm template`
+    /// output) prints one `{"object": ..., "report": ...}` per pod template, in order, and
+    /// skips documents without one. Exits 0 whether or not a model is found, 2 when the input
+    /// cannot be read.
     Identify(IdentifyArgs),
 }
 
 /// `webhook identify`.
 #[derive(Debug, Args)]
 pub struct IdentifyArgs {
-    /// The manifest (YAML or JSON, one object); `-` reads standard input.
+    /// The manifest (YAML or JSON: one object, or a stream of documents); `-` reads standard
+    /// input.
     #[arg(short = 'f', long = "filename", value_name = "POD.yaml")]
     pub file: PathBuf,
-    /// The LeaderWorkerSet a worker pod belongs to (needed when the worker names no model).
+    /// The LeaderWorkerSet a worker pod belongs to (needed when the worker names no model and
+    /// its LeaderWorkerSet is not in the same stream).
     #[arg(long, value_name = "LWS.yaml")]
     pub lws: Option<PathBuf>,
 }
@@ -44,13 +57,24 @@ pub struct IdentifyArgs {
 /// Errors of `run`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The input cannot be read or is not a usable manifest.
+    /// An input cannot be read at all.
+    #[error(transparent)]
+    Read(#[from] InputError),
+    /// The input is not a usable manifest.
     #[error("{path}: {message}")]
     Input {
-        /// The file.
+        /// The input as named in messages.
         path: String,
         /// What is wrong.
         message: String,
+    },
+    /// Some documents of a stream could not be used (their errors were printed in the output).
+    #[error("{path}: {count} document(s) could not be read; see the \"error\" entries")]
+    Documents {
+        /// The input.
+        path: String,
+        /// How many documents failed.
+        count: usize,
     },
     /// Writing the answer failed.
     #[error("writing the result: {0}")]
@@ -61,60 +85,84 @@ pub enum Error {
 }
 
 impl Error {
-    /// The process exit code: 2 for unusable input, 1 otherwise.
+    /// The process exit code ([`warmcache_cli::exit`]): 2 for every failure, since no verdict
+    /// was reached (a model that is not found is a report, exit 0).
     pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Input { .. } => 2,
-            Error::Output(_) | Error::Report(_) => 1,
-        }
+        warmcache_cli::exit::UNUSABLE
     }
 }
 
 fn input_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Input {
-        path: path.display().to_string(),
+        path: Source::of(path).name(),
         message: message.into(),
     }
 }
 
-/// Read one YAML or JSON object from `path` (`-`: standard input).
-fn read_object(path: &Path) -> Result<Value, Error> {
-    let text = if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .map_err(|e| input_error(path, format!("cannot read standard input: {e}")))?;
-        s
-    } else {
-        std::fs::read_to_string(path).map_err(|e| input_error(path, format!("cannot read: {e}")))?
-    };
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-        .map_err(|e| input_error(path, format!("not YAML or JSON: {e}")))?;
-    let mut docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
-    match docs.len() {
-        1 => {}
-        0 => return Err(input_error(path, "no object in the file")),
-        n => {
-            return Err(input_error(
-                path,
-                format!("{n} objects in the file; give one object per file"),
-            ));
-        }
-    }
-    let doc = docs.remove(0);
-    if !doc.is_object() {
-        return Err(input_error(
-            path,
-            "not a Kubernetes object (expected a mapping)",
-        ));
-    }
-    Ok(doc)
+/// Every non-empty document of the input `path` names.
+fn read_documents(path: &Path) -> Result<Vec<Value>, Error> {
+    let text = input::read(path)?;
+    yaml::documents(&text).map_err(|e| input_error(path, e.to_string()))
 }
 
-/// `webhook identify`: print the identity report of the pod in `args.file`.
+/// The single object of `path` (for `--lws`).
+fn read_object(path: &Path) -> Result<Value, Error> {
+    let text = input::read(path)?;
+    yaml::one_object(&text).map_err(|e| input_error(path, e.to_string()))
+}
+
+/// Where a document of a stream came from, for the `object` key of its entry.
+fn object_ref(index: usize, doc: &Value) -> Value {
+    let meta = doc.get("metadata");
+    let field = |v: Option<&Value>| {
+        v.and_then(Value::as_str)
+            .map(|s| Value::String(text::bounded(s, 512)))
+    };
+    let mut o = serde_json::Map::new();
+    o.insert("document".to_owned(), json!(index));
+    for (key, value) in [
+        ("apiVersion", field(doc.get("apiVersion"))),
+        ("kind", field(doc.get("kind"))),
+        ("namespace", field(meta.and_then(|m| m.get("namespace")))),
+        ("name", field(meta.and_then(|m| m.get("name")))),
+    ] {
+        if let Some(v) = value {
+            o.insert(key.to_owned(), v);
+        }
+    }
+    Value::Object(o)
+}
+
+/// The report of one pod, as JSON text; the group is looked up among `groups` (the
+/// LeaderWorkerSets of the stream and `--lws`) when the pod is a worker that names no model.
+fn report(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    group: Option<&LeaderWorkerSet>,
+    groups: &BTreeMap<String, LeaderWorkerSet>,
+    lws_path: Option<&Path>,
+) -> Result<Result<String, String>, Error> {
+    let mut result = resolve_with_group(pod, group);
+    if let Err(GroupError::Missing { name, .. }) = &result
+        && let Some(found) = groups.get(name)
+    {
+        result = resolve_with_group(pod, Some(found));
+    }
+    Ok(match result {
+        Ok(outcome) => Ok(outcome.report_json()?),
+        Err(e @ GroupError::Missing { .. }) => {
+            Ok(unresolved_report(&format!("{e}; pass it with --lws"))?)
+        }
+        Err(e @ GroupError::Mismatch { .. }) => {
+            let p = lws_path.unwrap_or(Path::new("--lws"));
+            Err(format!("{}: {e}", Source::of(p).name()))
+        }
+    })
+}
+
+/// `webhook identify`: print the identity report of the pod in `args.file`, or one entry per
+/// pod template of a stream.
 pub fn identify(args: &IdentifyArgs, out: &mut dyn Write) -> Result<(), Error> {
-    let obj = read_object(&args.file)?;
-    let pod = pod_from_object(&obj).map_err(|e| input_error(&args.file, e.to_string()))?;
+    input::stdin_at_most_once(&[("-f", Some(&args.file)), ("--lws", args.lws.as_deref())])?;
     let group: Option<LeaderWorkerSet> = match &args.lws {
         Some(p) => {
             let v = read_object(p)?;
@@ -122,17 +170,90 @@ pub fn identify(args: &IdentifyArgs, out: &mut dyn Write) -> Result<(), Error> {
         }
         None => None,
     };
-    let text = match resolve_with_group(&pod, group.as_ref()) {
-        Ok(outcome) => outcome.report_json()?,
-        Err(e @ GroupError::Missing { .. }) => {
-            unresolved_report(&format!("{e}; pass it with --lws"))?
+    let docs = read_documents(&args.file)?;
+    match docs.as_slice() {
+        [] => Err(input_error(&args.file, "no object in the input")),
+        [doc] => {
+            if !doc.is_object() {
+                return Err(input_error(
+                    &args.file,
+                    "not a Kubernetes object (expected a mapping)",
+                ));
+            }
+            let pod = pod_from_object(doc).map_err(|e| input_error(&args.file, e.to_string()))?;
+            match report(&pod, group.as_ref(), &BTreeMap::new(), args.lws.as_deref())? {
+                Ok(text) => writeln!(out, "{text}")?,
+                Err(message) => {
+                    return Err(Error::Input {
+                        path: Source::of(args.lws.as_deref().unwrap_or(Path::new("--lws"))).name(),
+                        message,
+                    });
+                }
+            }
+            Ok(())
         }
-        Err(e @ GroupError::Mismatch { .. }) => {
-            let p = args.lws.as_deref().unwrap_or(Path::new("--lws"));
-            return Err(input_error(p, e.to_string()));
-        }
-    };
-    writeln!(out, "{text}")?;
+        docs => identify_stream(args, docs, group.as_ref(), out),
+    }
+}
+
+/// A stream: one entry per document with a pod template, errors as entries (exit 2 at the
+/// end), documents of other kinds skipped.
+fn identify_stream(
+    args: &IdentifyArgs,
+    docs: &[Value],
+    group: Option<&LeaderWorkerSet>,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let groups: BTreeMap<String, LeaderWorkerSet> = docs
+        .iter()
+        .filter_map(|d| lws_from_object(d).ok())
+        .filter_map(|l| l.metadata.name.clone().map(|n| (n, l)))
+        .collect();
+    let mut entries = 0usize;
+    let mut failed = 0usize;
+    for (index, doc) in docs.iter().enumerate() {
+        let object = object_ref(index, doc);
+        let entry = if !doc.is_object() {
+            failed += 1;
+            json!({"object": object, "error": "not a Kubernetes object (expected a mapping)"})
+        } else {
+            match pod_from_object(doc) {
+                Err(WorkloadError::UnsupportedKind { .. }) => continue,
+                Err(e) => {
+                    failed += 1;
+                    json!({"object": object, "error": text::bounded(&e.to_string(), 4096)})
+                }
+                Ok(pod) => match report(&pod, group, &groups, args.lws.as_deref())? {
+                    Ok(report) => {
+                        let report: Value = serde_json::from_str(&report)?;
+                        json!({"object": object, "report": report})
+                    }
+                    Err(message) => {
+                        failed += 1;
+                        json!({"object": object, "error": message})
+                    }
+                },
+            }
+        };
+        entries += 1;
+        writeln!(out, "{}", serde_json::to_string_pretty(&entry)?)?;
+    }
+    let path = Source::of(&args.file).name();
+    if failed > 0 {
+        return Err(Error::Documents {
+            path,
+            count: failed,
+        });
+    }
+    if entries == 0 {
+        return Err(Error::Input {
+            path,
+            message: format!(
+                "none of the {} documents has a pod template (expected Pod, Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob or LeaderWorkerSet)",
+                docs.len()
+            ),
+        });
+    }
     Ok(())
 }
 
@@ -148,12 +269,12 @@ mod tests {
     use super::Error;
 
     #[test]
-    fn a_report_that_cannot_be_serialized_fails_with_exit_code_1() {
+    fn a_report_that_cannot_be_serialized_fails_with_exit_code_2() {
         let Err(e) = serde_json::from_str::<serde_json::Value>("{") else {
             panic!("an unterminated object does not parse");
         };
         let err = Error::from(e);
-        assert_eq!(err.exit_code(), 1);
+        assert_eq!(err.exit_code(), 2);
         assert!(
             err.to_string().starts_with("serializing the report: "),
             "{err}"

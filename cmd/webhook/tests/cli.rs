@@ -317,9 +317,18 @@ fn unreadable_or_unusable_input_exits_2_with_a_clear_message() {
             "not a Kubernetes object",
         ),
         (write(dir.path(), "empty.yaml", ""), "no object"),
+        (PathBuf::from("/dev/zero"), "larger than 4194304 bytes"),
         (
-            write(dir.path(), "two.yaml", "kind: Pod\n---\nkind: Pod\n"),
-            "2 objects",
+            write(dir.path(), "binary.yaml", "kind: Pod\n\u{0}"),
+            "not YAML or JSON",
+        ),
+        (
+            write(
+                dir.path(),
+                "stream-without-pods.yaml",
+                "apiVersion: v1\nkind: Service\n---\napiVersion: v1\nkind: ConfigMap\n",
+            ),
+            "none of the 2 documents has a pod template",
         ),
         (
             write(dir.path(), "nokind.yaml", "spec: {containers: []}\n"),
@@ -453,4 +462,193 @@ spec:
             && reason.contains("https://hf-mirror.internal"),
         "{reason}"
     );
+}
+
+/// What `helm template` prints: comments, empty documents, objects without pod templates, YAML
+/// 1.1 octal file modes (read as octal, as kubectl reads them) and workloads.
+const HELM_STREAM: &str = r#"---
+# Source: llm/templates/service.yaml
+apiVersion: v1
+kind: Service
+metadata:
+  name: llm
+spec:
+  ports: [{port: 8000}]
+---
+# Source: llm/templates/configmap.yaml
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: llm-scripts
+data:
+  start.sh: "exec vllm serve"
+---
+# Source: llm/templates/deployment.yaml
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: llm
+  namespace: inference
+spec:
+  selector: {matchLabels: {app: llm}}
+  template:
+    metadata: {labels: {app: llm}}
+    spec:
+      containers:
+        - name: vllm
+          image: vllm/vllm-openai:v0.20.0
+          command: ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--revision", "abc123"]
+          volumeMounts:
+            - {name: scripts, mountPath: /scripts}
+            - {name: token, mountPath: /secrets/hf, readOnly: true}
+      volumes:
+        - name: scripts
+          configMap: {name: llm-scripts, defaultMode: 0555}
+        - name: token
+          secret:
+            secretName: hf-token
+            items: [{key: token, path: token, mode: 0400}]
+---
+---
+# Source: llm/templates/job.yaml
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: warmup
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: curl
+          image: curlimages/curl:8.11.0
+          command: ["curl", "http://llm:8000/health"]
+"#;
+
+/// The concatenated pretty JSON values on stdout.
+fn stdout_values(out: &Output) -> Vec<Value> {
+    serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter::<Value>()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+#[test]
+fn a_helm_template_stream_reports_each_pod_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "rendered.yaml", HELM_STREAM);
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries = stdout_values(&out);
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(
+        entries[0]["object"],
+        json!({"document": 2, "apiVersion": "apps/v1", "kind": "Deployment", "namespace": "inference", "name": "llm"})
+    );
+    assert_eq!(
+        entries[0]["report"]["uri"],
+        "hf://meta-llama/Llama-3.1-8B-Instruct@abc123"
+    );
+    assert_eq!(
+        entries[1]["object"],
+        json!({"document": 3, "apiVersion": "batch/v1", "kind": "Job", "name": "warmup"})
+    );
+    assert_eq!(entries[1]["report"]["uri"], Value::Null);
+}
+
+#[test]
+fn the_stream_is_read_from_standard_input() {
+    let mut child = webhook()
+        .args(["identify", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(HELM_STREAM.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stdout_values(&out).len(), 2);
+}
+
+#[test]
+fn yaml_1_1_octal_modes_read_as_kubectl_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = VLLM_POD.replace(
+        "      emptyDir: {}\n",
+        "      emptyDir: {}\n    - name: cfg\n      configMap: {name: c, defaultMode: 0555, items: [{key: a, path: a, mode: 0400}]}\n",
+    );
+    assert!(pod.contains("0555"));
+    let f = write(dir.path(), "pod.yaml", &pod);
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout_json(&out)["uri"],
+        "hf://meta-llama/Llama-3.1-70B-Instruct@abc123"
+    );
+}
+
+#[test]
+fn a_broken_document_in_a_stream_is_an_entry_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = format!(
+        "{HELM_STREAM}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: broken}}\nspec: {{}}\n"
+    );
+    let f = write(dir.path(), "rendered.yaml", &stream);
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let entries = stdout_values(&out);
+    assert_eq!(entries.len(), 3, "the good ones are still reported");
+    assert_eq!(entries[2]["object"]["name"], "broken");
+    assert_eq!(entries[2]["error"], "spec.template: missing");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("1 document(s) could not be read"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn standard_input_is_read_at_most_once() {
+    let out = identify(&["-f", "-", "--lws", "-"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("-f and --lws both read standard input"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_worker_finds_its_leader_worker_set_in_the_same_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = format!("{LWS}---\n{WORKER}");
+    let f = write(dir.path(), "rendered.yaml", &stream);
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries = stdout_values(&out);
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0]["report"]["uri"], entries[1]["report"]["uri"]);
+    assert!(entries[1]["report"]["uri"].is_string(), "{entries:?}");
 }
