@@ -350,13 +350,15 @@ impl Validator<'_> {
                 self.push(
                     "spec.imagePullSecrets",
                     FieldErrorKind::TooMany,
-                    format!(
-                        "must have at most {MAX_LIST_ITEMS} entries, and has {}",
-                        secrets.len()
-                    ),
+                    too_many(secrets.len(), MAX_LIST_ITEMS),
                 );
             }
-            for (i, secret) in secrets.iter().enumerate() {
+            let within = if secrets.len() > MAX_LIST_ITEMS {
+                &[][..]
+            } else {
+                secrets.as_slice()
+            };
+            for (i, secret) in within.iter().enumerate() {
                 if let Some(problem) = names::dns1123_subdomain_problem(&secret.name) {
                     let kind = if secret.name.is_empty() {
                         FieldErrorKind::Required
@@ -428,6 +430,9 @@ impl Validator<'_> {
                     );
                 }
             }
+        }
+        if over_member_limit(managed) {
+            return;
         }
         for (i, group) in managed.members.iter().enumerate() {
             let path = format!("{}.image", member_path(i));
@@ -522,6 +527,9 @@ impl Validator<'_> {
         let Some(managed) = &new.spec.connection.managed else {
             return;
         };
+        if over_member_limit(managed) {
+            return;
+        }
         let mut rendered = Vec::new();
         if old_managed.is_none() {
             rendered.push(names::leader_name(name));
@@ -758,16 +766,15 @@ impl Validator<'_> {
                 "at least one member group is required: the leader alone stores nothing",
             );
         }
-        // `u32` to `usize` is lossless on every target this runs on.
-        if members.len() > MAX_MEMBER_GROUPS as usize {
+        // The CRD's item limit first: past it the API server refuses the object before any rule
+        // runs, and the per-group rules (and the comparisons with the old groups) are skipped.
+        if over_member_limit(managed) {
             self.push(
                 MEMBERS_PATH,
                 FieldErrorKind::TooMany,
-                format!(
-                    "must have at most {MAX_MEMBER_GROUPS} groups, and has {}",
-                    members.len()
-                ),
+                too_many(members.len(), MAX_MEMBERS),
             );
+            return;
         }
         let old_members = old.map(|m| m.members.as_slice()).unwrap_or_default();
         for (i, group) in members.iter().enumerate() {
@@ -840,15 +847,33 @@ impl Validator<'_> {
         }
 
         // M10: a group that moved to another position. Reported once, at the first such position.
-        let canonical_new: Vec<MemberGroup> = members.iter().map(canonical).collect();
-        let canonical_old: Vec<MemberGroup> = old_members.iter().map(canonical).collect();
-        let left = |j: usize| canonical_new.get(j) != Some(&canonical_old[j]);
-        for (i, group) in canonical_new.iter().enumerate().take(canonical_old.len()) {
-            if *group == canonical_old[i] {
+        // The old groups that left their position are indexed by their canonical form, so each
+        // new position is one lookup rather than a walk over every old group.
+        let key = |group: &MemberGroup| serde_json::to_string(&canonical(group)).ok();
+        let new_keys: Vec<Option<String>> = members.iter().map(key).collect();
+        let old_keys: Vec<Option<String>> = old_members.iter().map(key).collect();
+        let same = |a: &Option<String>, b: &Option<String>| {
+            count_work(1);
+            a.is_some() && a == b
+        };
+        let mut departed: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (j, old_key) in old_keys.iter().enumerate() {
+            let left = new_keys
+                .get(j)
+                .is_none_or(|new_key| !same(new_key, old_key));
+            if left && let Some(old_key) = old_key {
+                departed.entry(old_key.as_str()).or_default().push(j);
+            }
+        }
+        for (i, new_key) in new_keys.iter().enumerate().take(old_keys.len()) {
+            if same(new_key, &old_keys[i]) {
                 continue;
             }
-            let moved_from =
-                (0..canonical_old.len()).find(|&j| j != i && *group == canonical_old[j] && left(j));
+            let Some(new_key) = new_key else { continue };
+            // Ascending; position i itself is in the list only when its old group left too.
+            let moved_from = departed
+                .get(new_key.as_str())
+                .and_then(|js| js.iter().copied().find(|&j| j != i));
             if let Some(j) = moved_from {
                 self.forbidden(
                     member_path(i),
@@ -987,8 +1012,17 @@ impl Validator<'_> {
         }
     }
 
-    /// Reads a quantity, refusing it at `path` when it is unreadable or beyond 2^63-1.
+    /// Reads a quantity, refusing it at `path` when it is over the CRD's length, unreadable or
+    /// beyond 2^63-1.
     fn quantity(&mut self, path: &str, text: &str) -> Option<Amount> {
+        if text.len() > quantity::MAX_QUANTITY_LENGTH {
+            self.push(
+                path,
+                FieldErrorKind::TooMany,
+                too_long(quantity::MAX_QUANTITY_LENGTH),
+            );
+            return None;
+        }
         match quantity::parse_str(text) {
             Err(err) => {
                 self.invalid(
@@ -1118,14 +1152,13 @@ impl Validator<'_> {
         old: Option<&MemberGroup>,
     ) {
         if host_paths.len() > MAX_LIST_ITEMS {
+            // The CRD refuses the list before any rule runs; the entries are not compared.
             self.push(
                 format!("{group_path}.hostPaths"),
                 FieldErrorKind::TooMany,
-                format!(
-                    "must have at most {MAX_LIST_ITEMS} entries, and has {}",
-                    host_paths.len()
-                ),
+                too_many(host_paths.len(), MAX_LIST_ITEMS),
             );
+            return;
         }
         let tier_path = tier
             .filter(|t| tier_path_problem(&t.path).is_none())
@@ -1136,13 +1169,16 @@ impl Validator<'_> {
             old.and_then(MemberGroup::local_disk)
                 .is_some_and(|o| o.path == t.path)
         });
-        let old_mounts: &[HostPathMount] = if tier_unchanged {
+        let old_mounts: BTreeSet<&str> = if tier_unchanged {
             old.and_then(|o| o.host_paths.as_deref())
                 .unwrap_or_default()
+                .iter()
+                .map(|m| m.mount_path.as_str())
+                .collect()
         } else {
-            &[]
+            BTreeSet::new()
         };
-        let mut earlier: Vec<(usize, String)> = Vec::new();
+        let mut shaped: Vec<(usize, String)> = Vec::new();
         for (j, entry) in host_paths.iter().enumerate() {
             let entry_path = format!("{group_path}.hostPaths[{j}]");
             let mut shape_ok = true;
@@ -1155,40 +1191,127 @@ impl Validator<'_> {
                     shape_ok = false;
                 }
             }
-            if !shape_ok {
-                continue;
+            if shape_ok {
+                shaped.push((j, clean(&entry.mount_path)));
             }
-            let mount = clean(&entry.mount_path);
-            let mount_path = format!("{entry_path}.mountPath");
-            if let Some((k, other)) = earlier.iter().find(|(_, other)| overlaps(&mount, other)) {
+        }
+        let first_overlaps = first_earlier_overlaps(&shaped);
+        for ((j, mount), first) in shaped.iter().zip(first_overlaps) {
+            let mount_path = format!("{group_path}.hostPaths[{j}].mountPath");
+            if let Some(k) = first {
                 self.invalid(
                     &mount_path,
                     format!(
-                        "overlaps the mount path of hostPaths[{k}] ({other}): one mount would hide all or part \
-                         of the other"
+                        "overlaps the mount path of hostPaths[{k}] ({}): one mount would hide all or part \
+                         of the other",
+                        text::escape(&host_paths[k].mount_path)
                     ),
                 );
-            } else if overlaps(&mount, INFINIBAND_DIR) {
+            } else if overlaps(mount, INFINIBAND_DIR) {
                 self.invalid(
                     &mount_path,
                     "overlaps /dev/infiniband, where a host fabric's device plugin puts the granted device \
                      nodes in this same container: one would hide the other",
                 );
             } else if let Some(tier) = tier_path.as_deref()
-                && overlaps(&mount, tier)
-                && !old_mounts.iter().any(|o| o.mount_path == entry.mount_path)
+                && overlaps(mount, tier)
+                && !old_mounts.contains(host_paths[*j].mount_path.as_str())
             {
                 self.invalid(
                     &mount_path,
                     format!(
-                        "overlaps where this group's localDisks tier is mounted ({tier}): the two mounts would \
-                         hide parts of each other"
+                        "overlaps where this group's localDisks tier is mounted ({}): the two mounts would \
+                         hide parts of each other",
+                        text::escape(tier)
                     ),
                 );
             }
-            earlier.push((j, mount));
         }
     }
+}
+
+/// Whether the member list is over the CRD's `maxItems`.
+fn over_member_limit(managed: &Managed) -> bool {
+    managed.members.len() > MAX_MEMBERS
+}
+
+/// Most member groups (`members` `maxItems`).
+// `u32` to `usize` is lossless on every target this runs on.
+const MAX_MEMBERS: usize = MAX_MEMBER_GROUPS as usize;
+
+/// For each `(index, cleaned path)` in list order, the smallest index of an entry whose path
+/// overlaps it (equal, containing or contained), when that index is smaller than its own.
+///
+/// In O(n log n) comparisons: the paths are sorted by component, so that every path is followed
+/// directly by the paths it contains; a stack of the enclosing paths gives each its containers
+/// (with the smallest index among them), and a backward pass the smallest index among what each
+/// contains.
+fn first_earlier_overlaps(entries: &[(usize, String)]) -> Vec<Option<usize>> {
+    let components: Vec<Vec<&str>> = entries
+        .iter()
+        .map(|(_, p)| p.split('/').filter(|c| !c.is_empty()).collect())
+        .collect();
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| {
+        components[a]
+            .cmp(&components[b])
+            .then(entries[a].0.cmp(&entries[b].0))
+    });
+    let contains = |outer: usize, inner: usize| {
+        count_work(1);
+        components[inner].starts_with(&components[outer])
+    };
+    // Smallest index among the entries that contain (or equal) each one, itself excluded.
+    let mut above: Vec<Option<usize>> = vec![None; entries.len()];
+    // Each sorted position's parent (the nearest containing entry) and the smallest index of
+    // what it contains.
+    let mut parent: Vec<Option<usize>> = vec![None; entries.len()];
+    let mut below: Vec<Option<usize>> = vec![None; entries.len()];
+    let mut stack: Vec<(usize, Option<usize>)> = Vec::new(); // (sorted entry, min index on stack)
+    for &e in &order {
+        while let Some(&(top, _)) = stack.last() {
+            if contains(top, e) {
+                break;
+            }
+            stack.pop();
+        }
+        if let Some(&(top, min)) = stack.last() {
+            above[e] = min;
+            parent[e] = Some(top);
+        }
+        let min_here = above[e].map_or(entries[e].0, |m| m.min(entries[e].0));
+        stack.push((e, Some(min_here)));
+    }
+    for &e in order.iter().rev() {
+        if let Some(p) = parent[e] {
+            let candidate = below[e].map_or(entries[e].0, |m| m.min(entries[e].0));
+            below[p] = Some(below[p].map_or(candidate, |m| m.min(candidate)));
+        }
+    }
+    (0..entries.len())
+        .map(|e| {
+            let own = entries[e].0;
+            [above[e], below[e]]
+                .into_iter()
+                .flatten()
+                .filter(|k| *k < own)
+                .min()
+        })
+        .collect()
+}
+
+/// Counts units of work in tests, so that complexity is asserted by counting rather than timing.
+#[cfg(test)]
+fn count_work(units: u64) {
+    WORK.with(|w| w.set(w.get() + units));
+}
+
+#[cfg(not(test))]
+fn count_work(_units: u64) {}
+
+#[cfg(test)]
+thread_local! {
+    static WORK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fn leader_derived_reason(key: &str) -> String {
@@ -1748,6 +1871,134 @@ mod tests {
         let errors = validate(&with_mounts(&["/var/lib/./kvcache"]), None, &ctx);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].reason.contains("localDisks"), "{errors:?}");
+    }
+
+    fn work<T>(f: impl FnOnce() -> T) -> (T, u64) {
+        WORK.with(|w| w.set(0));
+        let out = f();
+        (out, WORK.with(std::cell::Cell::get))
+    }
+
+    #[test]
+    fn a_400k_digit_quantity_is_refused_by_its_length_before_it_is_read() {
+        let ctx = ValidationContext::default();
+        let value = tiered_value("DRAM", &format!("1{}", "0".repeat(400_000)));
+        let started = std::time::Instant::now();
+        let errors = validate_values(&value, None, &ctx).unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(
+            errors[0].path,
+            "spec.connection.managed.members[0].capacityPerMember"
+        );
+        assert_eq!(errors[0].kind, FieldErrorKind::TooMany);
+        assert_eq!(errors[0].reason, "Too long: may not be more than 64 bytes");
+        // At the limit: read.
+        let at_limit = format!("{}1Gi", "0".repeat(61));
+        assert_eq!(at_limit.len(), 64);
+        assert_eq!(
+            validate_values(&tiered_value("DRAM", &at_limit), None, &ctx),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn host_paths_over_the_limit_are_refused_without_comparing_them() {
+        let ctx = ValidationContext::default();
+        let mut value = tiered_value("DRAM", "1Gi");
+        let entries: Vec<Value> = (0..8000)
+            .map(|i| json!({"path": "/srv/x", "mountPath": format!("/m/{i}")}))
+            .collect();
+        value["spec"]["connection"]["managed"]["members"][0]["hostPaths"] = json!(entries);
+        let backend = typed(value);
+        let (errors, units) = work(|| validate(&backend, None, &ctx));
+        assert_eq!(errors.len(), 1, "{:?}", &errors[..errors.len().min(3)]);
+        assert_eq!(
+            errors[0].path,
+            "spec.connection.managed.members[0].hostPaths"
+        );
+        assert_eq!(
+            errors[0].reason,
+            "Too many: 8000: must have at most 32 items"
+        );
+        assert_eq!(units, 0);
+    }
+
+    #[test]
+    fn host_path_overlaps_at_the_limit_take_linearithmic_work() {
+        let ctx = ValidationContext::default();
+        let mut value = tiered_value("DRAM", "1Gi");
+        // Nested and sibling paths mixed, deepest first.
+        let entries: Vec<Value> = (0..32)
+            .rev()
+            .map(|i| {
+                let nested: String = (0..=i % 8).map(|d| format!("/d{d}")).collect();
+                json!({"path": "/srv/x", "mountPath": format!("/m{}{nested}", i / 8)})
+            })
+            .collect();
+        value["spec"]["connection"]["managed"]["members"][0]["hostPaths"] = json!(entries);
+        let backend = typed(value);
+        let (errors, units) = work(|| validate(&backend, None, &ctx));
+        // Four chains of eight nested paths: all but the first of each chain overlap.
+        assert_eq!(errors.len(), 28, "{errors:?}");
+        assert!(units <= 2 * 32, "{units} comparisons");
+    }
+
+    #[test]
+    fn first_earlier_overlap_matches_the_pairwise_definition() {
+        let sets: [&[&str]; 5] = [
+            &["/a", "/a/b", "/b", "/a"],
+            &["/a/b/c", "/a", "/a/b", "/x/y", "/x"],
+            &["/ab", "/a", "/a/b", "/a-b", "/a/bc", "/a/b/c"],
+            &["/z", "/y", "/x"],
+            &["/", "/q", "/q/r"],
+        ];
+        for set in sets {
+            let entries: Vec<(usize, String)> = set
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i, (*p).to_owned()))
+                .collect();
+            let naive: Vec<Option<usize>> = entries
+                .iter()
+                .map(|(j, p)| {
+                    entries[..*j]
+                        .iter()
+                        .find(|(_, q)| overlaps(p, q))
+                        .map(|(k, _)| *k)
+                })
+                .collect();
+            assert_eq!(first_earlier_overlaps(&entries), naive, "{set:?}");
+        }
+    }
+
+    #[test]
+    fn a_20000_group_update_is_refused_without_comparing_groups() {
+        let ctx = ValidationContext::default();
+        let group = |i: usize| json!({"nodeSelector": {"g": i.to_string()}, "medium": "DRAM", "capacityPerMember": "1Gi"});
+        let with_groups = |n: usize, shift: usize| {
+            let mut value = tiered_value("DRAM", "1Gi");
+            let groups: Vec<Value> = (0..n).map(|i| group(i + shift)).collect();
+            value["spec"]["connection"]["managed"]["members"] = json!(groups);
+            typed(value)
+        };
+        let (old, new) = (with_groups(20_000, 0), with_groups(20_000, 1));
+        let started = std::time::Instant::now();
+        let (errors, units) = work(|| validate(&new, Some(&old), &ctx));
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert_eq!(errors.len(), 1, "{:?}", &errors[..errors.len().min(3)]);
+        assert_eq!(errors[0].path, MEMBERS_PATH);
+        assert_eq!(
+            errors[0].reason,
+            "Too many: 20000: must have at most 32 items"
+        );
+        assert_eq!(units, 0);
+        // At the limit, a shift of every group is found with one lookup per position.
+        let (old, new) = (with_groups(32, 0), with_groups(32, 1));
+        let (errors, units) = work(|| validate(&new, Some(&old), &ctx));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].reason.contains("was at position 1"), "{errors:?}");
+        assert!(units <= 2 * 32, "{units} comparisons");
     }
 
     #[test]
