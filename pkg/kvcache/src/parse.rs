@@ -7,6 +7,8 @@
 use serde_json::Value;
 use warmcache_api_kvcache::v1alpha1::{API_VERSION, KIND, KVCacheBackend};
 
+use warmcache_cli::text;
+
 use crate::error::{FieldError, FieldErrorKind, ParseError};
 
 /// Why a text did not yield a backend.
@@ -61,8 +63,26 @@ pub fn parse_document(text: &str) -> Result<Value, ParseError> {
 pub fn from_value(value: Value) -> Result<KVCacheBackend, Vec<FieldError>> {
     let backend = decode_typed(&value)?;
     let mut unknown = Vec::new();
-    if let (Some(input), Ok(output)) = (value.get("spec"), serde_json::to_value(&backend.spec)) {
-        unknown_fields("spec", input, &output, &mut unknown);
+    // The root: what a KVCacheBackend has, and nothing else (`kubectl apply --validate=strict`).
+    if let Value::Object(root) = &value {
+        for (key, child) in root {
+            if !ROOT_FIELDS.contains(&key.as_str()) && !child.is_null() {
+                unknown.push(unknown_field(text::path(key)));
+            }
+        }
+    }
+    // Each part against its typed value serialized back: metadata through k8s-openapi's
+    // ObjectMeta (ownerReferences and managedFields items included), spec and status through
+    // this API's types.
+    let parts = [
+        ("metadata", serde_json::to_value(&backend.metadata)),
+        ("spec", serde_json::to_value(&backend.spec)),
+        ("status", serde_json::to_value(&backend.status)),
+    ];
+    for (name, output) in parts {
+        if let (Some(input), Ok(output)) = (value.get(name), output) {
+            unknown_fields(name, input, &output, &mut unknown);
+        }
     }
     if unknown.is_empty() {
         Ok(backend)
@@ -95,6 +115,18 @@ fn decode_typed(value: &Value) -> Result<KVCacheBackend, Vec<FieldError>> {
     })
 }
 
+/// The fields of a `KVCacheBackend` at the root of the object.
+const ROOT_FIELDS: [&str; 5] = ["apiVersion", "kind", "metadata", "spec", "status"];
+
+fn unknown_field(path: String) -> FieldError {
+    FieldError::new(
+        path,
+        FieldErrorKind::NotSupported,
+        "is not a field of KVCacheBackend: the API server would refuse it under strict field validation \
+         (kubectl's default) or drop it silently otherwise",
+    )
+}
+
 /// Reports every key of `input` that the typed value (serialized back, `output`) does not have.
 fn unknown_fields(path: &str, input: &Value, output: &Value, found: &mut Vec<FieldError>) {
     match (input, output) {
@@ -105,12 +137,7 @@ fn unknown_fields(path: &str, input: &Value, output: &Value, found: &mut Vec<Fie
                     Some(out) => unknown_fields(&child, value, out, found),
                     // An explicit null of an optional field is the same as leaving it out.
                     None if value.is_null() => {}
-                    None => found.push(FieldError::new(
-                        child,
-                        FieldErrorKind::NotSupported,
-                        "is not a field of KVCacheBackend: the API server would refuse it under strict \
-                         field validation (kubectl's default) or drop it silently otherwise",
-                    )),
+                    None => found.push(unknown_field(text::path(&child))),
                 }
             }
         }
@@ -176,6 +203,67 @@ mod tests {
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors[0].starts_with("spec.connection.managed.leader.replica: "));
         assert!(errors[1].starts_with("spec.connection.managed.members[0].localDisk: "));
+    }
+
+    #[test]
+    fn unknown_fields_outside_spec_are_refused() {
+        let spec = "spec:\n  image: x:1\n  connection:\n    managed:\n      leader: {}\n      members:\n      \
+             - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 4Gi\n";
+        let head = "apiVersion: worker.gpustack.ai/v1alpha1\nkind: KVCacheBackend\n";
+        let errors = shape(&format!(
+            "{head}metadata: {{name: kvc}}\nsepc: {{}}\n{spec}"
+        ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("sepc: is not a field"), "{errors:?}");
+        let errors = shape(&format!(
+            "{head}metadata: {{name: kvc, lables: {{a: b}}, labels: {{a: b}}}}\n{spec}"
+        ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("metadata.lables: "), "{errors:?}");
+        let errors = shape(&format!(
+            "{head}metadata:\n  name: kvc\n  ownerReferences:\n  - {{apiVersion: v1, kind: X, nmae: owner, name: owner, uid: u}}\n{spec}"
+        ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("metadata.ownerReferences[0].nmae: "),
+            "{errors:?}"
+        );
+        let errors = shape(&format!(
+            "{head}metadata:\n  name: kvc\n  managedFields:\n  - {{manager: m, operation: Apply, fieldsV1: {{f:spec: {{}}}}, tmie: x}}\n{spec}"
+        ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("metadata.managedFields[0].tmie: "),
+            "{errors:?}"
+        );
+        let errors = shape(&format!(
+            "{head}metadata: {{name: kvc}}\n{spec}status: {{phsae: Ready}}\n"
+        ));
+        assert!(errors[0].starts_with("status.phsae: "), "{errors:?}");
+        // An invisible character in a key is shown escaped.
+        let errors = shape(&format!(
+            "{head}metadata: {{name: kvc, \"na\u{200b}me\": x}}\n{spec}"
+        ));
+        assert!(
+            errors[0].starts_with("metadata.na\\u{200b}me: "),
+            "{errors:?}"
+        );
+        // Every field ObjectMeta has is taken; a stored object stays lenient.
+        let full = format!(
+            "{head}metadata:\n  name: kvc\n  generateName: k\n  namespace: ''\n  uid: u\n  resourceVersion: '1'\n  \
+             generation: 2\n  creationTimestamp: '2024-01-01T00:00:00Z'\n  labels: {{a: b}}\n  annotations: {{a: b}}\n  \
+             finalizers: [x/y]\n  deletionGracePeriodSeconds: 0\n  selfLink: /x\n{spec}"
+        );
+        assert!(
+            parse_backend(&full).is_ok(),
+            "{:?}",
+            parse_backend(&full).err()
+        );
+        let stored = parse_document(&format!(
+            "{head}metadata: {{name: kvc, lables: {{}}}}\nsepc: 1\n{spec}"
+        ))
+        .unwrap();
+        assert!(stored_from_value(&stored).is_ok());
     }
 
     #[test]
