@@ -131,11 +131,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// The process exit code: 0 or 1.
+    /// The process exit code: 0 or 1 ([`warmcache_cli::exit`]).
     pub fn exit_code(self) -> u8 {
         match self {
-            Self::Success => 0,
-            Self::Refused => 1,
+            Self::Success => warmcache_cli::exit::OK,
+            Self::Refused => warmcache_cli::exit::REFUSED,
         }
     }
 }
@@ -143,14 +143,9 @@ impl Outcome {
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// An input file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// An input cannot be read, is too large, is not text, or two flags name standard input.
+    #[error(transparent)]
+    Read(#[from] warmcache_cli::input::InputError),
     /// An input file is not a `KVCacheBackend` document.
     #[error("{path}: {source}")]
     NotABackend {
@@ -190,15 +185,10 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// The process exit code: 2 for unusable input, 1 otherwise.
+    /// The process exit code ([`warmcache_cli::exit`]): every failure is 2, since no verdict
+    /// was reached (a refusal is [`Outcome::Refused`], exit 1).
     pub fn exit_code(&self) -> u8 {
-        match self {
-            Self::Read { .. }
-            | Self::NotABackend { .. }
-            | Self::OldShape { .. }
-            | Self::Namespace { .. } => 2,
-            _ => 1,
-        }
+        warmcache_cli::exit::UNUSABLE
     }
 }
 

@@ -1,6 +1,6 @@
 //! The offline commands: `validate` and `render`.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 
 use warmcache_api_kvcache::v1alpha1::KVCacheBackend;
@@ -12,18 +12,12 @@ use warmcache_kvcache::{
 use crate::{ImageSetting, Outcome, RenderArgs, RunError, ValidateArgs};
 
 fn read(path: &Path) -> Result<String, RunError> {
-    let shown = path.display().to_string();
-    let mut text = String::new();
-    let result = if shown == "-" {
-        std::io::stdin().read_to_string(&mut text).map(drop)
-    } else {
-        std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text).map(drop))
-    };
-    result.map_err(|source| RunError::Read {
-        path: shown,
-        source,
-    })?;
-    Ok(text)
+    Ok(warmcache_cli::input::read(path)?)
+}
+
+/// How `path` is named in messages (escaped: a path is user input).
+fn shown(path: &Path) -> String {
+    warmcache_cli::input::Source::of(path).name()
 }
 
 /// A backend read from `path`: `Ok(Ok(backend))`, `Ok(Err(shape problems))`, or an error for
@@ -34,7 +28,7 @@ fn load(path: &Path) -> Result<Result<KVCacheBackend, Vec<FieldError>>, RunError
         Ok(backend) => Ok(Ok(backend)),
         Err(DecodeFailure::Shape(errors)) => Ok(Err(errors)),
         Err(DecodeFailure::NotABackend(source)) => Err(RunError::NotABackend {
-            path: path.display().to_string(),
+            path: shown(path),
             source,
         }),
     }
@@ -57,7 +51,7 @@ fn print_refusals(out: &mut dyn Write, errors: &[FieldError]) -> Result<(), RunE
 fn load_document(path: &Path) -> Result<serde_json::Value, RunError> {
     let text = read(path)?;
     parse_document(&text).map_err(|source| RunError::NotABackend {
-        path: path.display().to_string(),
+        path: shown(path),
         source,
     })
 }
@@ -65,16 +59,17 @@ fn load_document(path: &Path) -> Result<serde_json::Value, RunError> {
 /// `kvcache-operator validate`: the same decision as the webhook ([`validate_values`]), so an
 /// update that leaves `spec` unchanged is admitted even when the stored object no longer decodes.
 pub fn validate(args: &ValidateArgs, out: &mut dyn Write) -> Result<Outcome, RunError> {
+    warmcache_cli::input::stdin_at_most_once(&[
+        ("-f", Some(&args.file)),
+        ("--old", args.old.as_deref()),
+    ])?;
     let old = args.old.as_deref().map(load_document).transpose()?;
     let new = load_document(&args.file)?;
     let errors = validate_values(&new, old.as_ref(), &validation_context(&args.image)).map_err(
         |StoredObjectError(errors)| {
             let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
             RunError::OldShape {
-                path: args
-                    .old
-                    .as_deref()
-                    .map_or_else(String::new, |p| p.display().to_string()),
+                path: args.old.as_deref().map_or_else(String::new, shown),
                 lines: lines.join("\n"),
             }
         },
@@ -116,7 +111,7 @@ pub fn render(
         writeln!(
             err,
             "note: {} is an external backend: the operator runs nothing for it, so there is nothing to render",
-            args.file.display()
+            shown(&args.file)
         )?;
         return Ok(Outcome::Success);
     }
@@ -125,7 +120,7 @@ pub fn render(
             err,
             "note: {} has no metadata.uid, so the rendered objects carry no owner reference; the operator \
              sets one from the stored backend",
-            args.file.display()
+            shown(&args.file)
         )?;
     }
     let ctx = RenderContext {

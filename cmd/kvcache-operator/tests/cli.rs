@@ -113,6 +113,7 @@ fn validate_exits_2_for_unusable_input() {
             "not a worker.gpustack.ai/v1alpha1 KVCacheBackend",
         ),
         ("/nonexistent/new.yaml", "cannot read /nonexistent/new.yaml"),
+        ("/dev/zero", "larger than 4194304 bytes"),
     ] {
         let output = run(&["validate", "-f", file]);
         assert_eq!(output.status.code(), Some(2), "{file}");
@@ -144,6 +145,18 @@ fn validate_from_standard_input() {
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(stdout(&output), "ok\n");
+}
+
+#[test]
+fn standard_input_is_read_at_most_once() {
+    let output = run(&["validate", "-f", "-", "--old", "-"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(stdout(&output), "");
+    assert!(
+        stderr(&output).contains("-f and --old both read standard input"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]
@@ -464,7 +477,8 @@ fn webhook_fails_fast_without_a_usable_certificate() {
         ])
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    // An unusable certificate is unusable input: exit 2, as for every command.
+    assert_eq!(output.status.code(), Some(2));
     assert!(stderr(&output).contains("tls.crt"), "{}", stderr(&output));
 }
 
