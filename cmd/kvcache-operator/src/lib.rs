@@ -73,6 +73,19 @@ pub struct ImageSetting {
     pub default_image: Option<String>,
 }
 
+impl ImageSetting {
+    /// Refuses a setting that `spec.image` would refuse (a space, a newline, 120 KB, ...), so a
+    /// bad value stops the command at startup instead of being rendered into workloads.
+    pub fn check(&self) -> Result<(), RunError> {
+        match self.default_image.as_deref() {
+            Some(image) => {
+                warmcache_kvcache::check_default_image(image).map_err(RunError::DefaultImage)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 /// Arguments of `validate`.
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
@@ -162,6 +175,10 @@ pub enum RunError {
         /// One line per problem.
         lines: String,
     },
+    /// The `kv-cache-backend-image` setting (`--default-image`, `KV_CACHE_BACKEND_IMAGE`) is not
+    /// an image `spec.image` would admit.
+    #[error("--default-image / {DEFAULT_IMAGE_ENV}: {0}")]
+    DefaultImage(String),
     /// `--namespace` is not a namespace name.
     #[error("--namespace {namespace:?} is not a namespace name: {problem}")]
     Namespace {
@@ -194,6 +211,12 @@ impl RunError {
 
 /// Runs the command, writing results to `out` and notes to `err`.
 pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Outcome, RunError> {
+    let image = match &cli.command {
+        Command::Validate(args) => &args.image,
+        Command::Render(args) => &args.image,
+        Command::Webhook(args) => &args.image,
+    };
+    image.check()?;
     match cli.command {
         Command::Validate(args) => offline::validate(&args, out),
         Command::Render(args) => offline::render(&args, out, err),

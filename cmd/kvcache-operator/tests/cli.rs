@@ -283,6 +283,65 @@ fn the_default_image_setting_comes_from_the_flag_or_the_environment() {
 }
 
 #[test]
+fn a_bad_default_image_stops_every_command_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "v1.yaml", &vectors::v1());
+    let path = file.to_str().unwrap();
+    let huge = format!("repo/{}", "a".repeat(120_000));
+    for image in [
+        "repo/store 1",
+        "repo/store:1\nx",
+        huge.as_str(),
+        "  ",
+        "Repo/Store",
+    ] {
+        for args in [
+            vec!["validate", "-f", path, "--default-image", image],
+            vec!["render", "-f", path, "--default-image", image],
+        ] {
+            let output = run(&args);
+            assert_eq!(output.status.code(), Some(2), "{image:?}");
+            assert_eq!(stdout(&output), "", "nothing rendered for {image:?}");
+            let err = stderr(&output);
+            assert!(
+                err.contains("--default-image / KV_CACHE_BACKEND_IMAGE: the default image "),
+                "{err}"
+            );
+            assert!(
+                err.len() < 600,
+                "the value is shown bounded: {} bytes",
+                err.len()
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        let output = Command::new(BIN)
+            .args(["render", "-f", path])
+            .env("KV_CACHE_BACKEND_IMAGE", image)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "env {image:?}");
+        assert_eq!(stdout(&output), "");
+    }
+    // The webhook refuses it before it binds anything.
+    let output = run(&[
+        "webhook",
+        "--tls-dir",
+        dir.path().to_str().unwrap(),
+        "--default-image",
+        "repo/store 1",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("--default-image"),
+        "{}",
+        stderr(&output)
+    );
+    // Padding is trimmed, as for spec.image.
+    let output = run(&["validate", "-f", path, "--default-image", " repo/store:1 "]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
 fn render_prints_the_objects_as_a_yaml_stream() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(
