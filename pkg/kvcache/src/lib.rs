@@ -55,4 +55,4 @@ pub mod vectors;
 pub use error::{FieldError, FieldErrorKind, ParseError, RenderError, StoredObjectError};
 pub use parse::{DecodeFailure, from_value, parse_backend, parse_document, stored_from_value};
 pub use render::{RenderContext, Rendered, render};
-pub use validate::{ValidationContext, validate, validate_values};
+pub use validate::{ValidationContext, check_default_image, validate, validate_values};

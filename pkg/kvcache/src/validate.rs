@@ -1654,6 +1654,26 @@ fn url_host_problem(address: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks the operator's default image (`--default-image`, `KV_CACHE_BACKEND_IMAGE`: the
+/// `kv-cache-backend-image` setting) with exactly the rules of `spec.image`: at most 512 bytes as
+/// given, then trimmed, not blank, and an image reference both upstream's parser and the
+/// kubelet take. The value is rendered trimmed. `Err` says why, with the value shown bounded and
+/// escaped; call it at startup, before the value decides anything.
+pub fn check_default_image(value: &str) -> Result<(), String> {
+    let why = if value.len() > MAX_IMAGE_LENGTH {
+        too_long(MAX_IMAGE_LENGTH)
+    } else if value.trim().is_empty() {
+        "must not be blank: name an image, or leave the setting out so that every managed backend names \
+         its own"
+            .to_owned()
+    } else if let Err(problem) = image::parse(value.trim()) {
+        format!("is not a container image reference ({problem})")
+    } else {
+        return Ok(());
+    };
+    Err(format!("the default image {}: {why}", shown(value)))
+}
+
 /// An image field as upstream reads it: an empty string is an unset field.
 fn unset_if_empty(image: Option<&str>) -> Option<&str> {
     image.filter(|i| !i.is_empty())
@@ -1999,6 +2019,50 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].reason.contains("was at position 1"), "{errors:?}");
         assert!(units <= 2 * 32, "{units} comparisons");
+    }
+
+    #[test]
+    fn the_default_image_is_checked_like_spec_image() {
+        assert_eq!(
+            check_default_image("docker.io/kvcacheai/mooncake:0.3.13"),
+            Ok(())
+        );
+        // Trimmed, as spec.image is.
+        assert_eq!(check_default_image(" repo/store:1\n"), Ok(()));
+        for bad in [
+            "repo/st ore:1",
+            "repo/store\n:1",
+            "",
+            "   ",
+            "Repo/store",
+            "docker.io/a",
+        ] {
+            let err = check_default_image(bad).unwrap_err();
+            assert!(err.starts_with("the default image \""), "{err}");
+        }
+        let huge = format!("repo/{}", "a".repeat(120 * 1024));
+        let err = check_default_image(&huge).unwrap_err();
+        assert!(
+            err.contains("Too long: may not be more than 512 bytes"),
+            "{err}"
+        );
+        // The value is echoed bounded and escaped.
+        assert!(err.len() < 300, "{err}");
+        assert!(check_default_image("a\nb").unwrap_err().contains("\\n"));
+        // The same verdicts as spec.image.
+        let ctx = ValidationContext::default();
+        for image in [
+            "repo/store:1",
+            " repo/store:1 ",
+            "repo/st ore:1",
+            "docker.io/a",
+            "Repo/x",
+        ] {
+            let mut value = tiered_value("DRAM", "1Gi");
+            value["spec"]["image"] = json!(image);
+            let spec_ok = validate_values(&value, None, &ctx).unwrap().is_empty();
+            assert_eq!(check_default_image(image).is_ok(), spec_ok, "{image:?}");
+        }
     }
 
     #[test]
