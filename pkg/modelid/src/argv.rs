@@ -2,13 +2,13 @@
 //! (`exec`, `env X=y`, `tini --`, ...) and, for `sh -c` / `bash -lc` style shells, the commands of
 //! the script (recursively, a few levels deep).
 
+use std::rc::Rc;
+
 use k8s_openapi::api::core::v1::Container;
 
-use crate::env::{Env, Val, expand_k8s};
-use crate::shell::{self, Command, SVal, Word};
-
-/// How deep `bash -c "sh -c '...'"` nesting is followed.
-const MAX_SHELL_DEPTH: usize = 4;
+use crate::env::{Env, expand_k8s};
+use crate::limits::{Bound, Budget, Hit, MAX_SHELL_DEPTH, Meter};
+use crate::shell::{self, Command, Exports, SVal, Word};
 
 const SHELLS: [&str; 6] = ["sh", "bash", "dash", "ash", "zsh", "ksh"];
 
@@ -23,19 +23,19 @@ pub(crate) struct View<'p> {
     /// `args` after `$(VAR)` expansion (used by the KServe storage-initializer rule).
     pub(crate) args: Vec<Word>,
     /// `workingDir` when it is an absolute path.
-    pub(crate) cwd: Option<String>,
+    pub(crate) cwd: Option<Rc<str>>,
+    /// The first bound reading the container hit (then `env` and `commands` are not to be
+    /// trusted), with the env entry it was hit at (`None`: command and args).
+    pub(crate) limit: Option<Hit>,
 }
 
 impl<'p> View<'p> {
-    pub(crate) fn new(container: &'p Container, path: &'p str) -> View<'p> {
-        let env = Env::of(container, path);
+    /// Read `container` (at field path `path`), charging the work to the pod's `budget`.
+    pub(crate) fn new(container: &'p Container, path: &'p str, budget: &Budget) -> View<'p> {
+        let meter = Meter::new(budget);
+        let env = Env::of(container, path, &meter);
         let expand = |s: &String| {
-            let (text, unknown) = expand_k8s(s, |n| match env.get(n) {
-                Val::Absent if env.has_env_from => Val::Unknown {
-                    field: String::new(),
-                },
-                v => v,
-            });
+            let (text, unknown) = expand_k8s(s, |n| env.lookup_for_expansion(n), &meter);
             Word {
                 text: text.into_owned(),
                 unknown,
@@ -52,12 +52,22 @@ impl<'p> View<'p> {
         }
         argv.extend(args.iter().cloned());
         let mut commands = Vec::new();
-        let cwd = container
+        let cwd: Option<Rc<str>> = container
             .working_dir
             .as_deref()
             .filter(|d| d.starts_with('/'))
-            .map(crate::paths::clean);
-        emit(argv, Vec::new(), cwd.clone(), &env, 0, &mut commands);
+            .map(|d| Rc::from(crate::paths::clean(d)));
+        if meter.hit().is_none() {
+            emit(
+                argv,
+                Exports::default(),
+                cwd.clone(),
+                &env,
+                &meter,
+                0,
+                &mut commands,
+            );
+        }
         View {
             container,
             path,
@@ -65,6 +75,7 @@ impl<'p> View<'p> {
             commands,
             args,
             cwd,
+            limit: meter.hit(),
         }
     }
 
@@ -108,21 +119,33 @@ pub(crate) fn basename(w: &Word) -> &str {
 
 fn emit(
     words: Vec<Word>,
-    overrides: Vec<(String, SVal)>,
-    cwd: Option<String>,
+    overrides: Exports,
+    cwd: Option<Rc<str>>,
     env: &Env,
+    meter: &Meter<'_>,
     depth: usize,
     out: &mut Vec<Command>,
 ) {
-    let (words, overrides, cwd) = unwrap(words, overrides, cwd);
-    if words.is_empty() {
+    let (words, overrides, cwd) = unwrap(words, overrides, cwd, meter);
+    if words.is_empty() || meter.hit().is_some() {
         return;
     }
-    if depth < MAX_SHELL_DEPTH
-        && let Some(script) = shell_script(&words)
-    {
-        for cmd in shell::parse(&script.text, env, &overrides, cwd) {
-            emit(cmd.words, cmd.overrides, cmd.cwd, env, depth + 1, out);
+    if let Some(script) = shell_script(&words) {
+        if depth >= MAX_SHELL_DEPTH {
+            // Not read: what it runs is not known, and the container is refused.
+            meter.exceed(Bound::ShellDepth);
+            return;
+        }
+        for cmd in shell::parse(&script.text, env, meter, &overrides, cwd) {
+            emit(
+                cmd.words,
+                cmd.overrides,
+                cmd.cwd,
+                env,
+                meter,
+                depth + 1,
+                out,
+            );
         }
         return;
     }
@@ -136,9 +159,15 @@ fn emit(
 /// Strip launchers that run the rest of their argv as the real command.
 fn unwrap(
     mut words: Vec<Word>,
-    mut overrides: Vec<(String, SVal)>,
-    mut cwd: Option<String>,
-) -> (Vec<Word>, Vec<(String, SVal)>, Option<String>) {
+    mut overrides: Exports,
+    mut cwd: Option<Rc<str>>,
+    meter: &Meter<'_>,
+) -> (Vec<Word>, Exports, Option<Rc<str>>) {
+    let set = |overrides: &mut Exports, name: &str, val: SVal| {
+        if let Some(e) = overrides.with(Rc::from(name), val, meter) {
+            *overrides = e;
+        }
+    };
     let mut start = 0;
     // Bounded: each pass consumes at least one word.
     while let Some(w) = words.get(start) {
@@ -185,11 +214,11 @@ fn unwrap(
                         break;
                     } else if t == "-u" || t == "--unset" {
                         if let Some(n) = rest.get(k + 1) {
-                            overrides.push((n.text.clone(), SVal::Unset));
+                            set(&mut overrides, &n.text, SVal::Unset);
                         }
                         k += 2;
                     } else if let Some(n) = t.strip_prefix("--unset=") {
-                        overrides.push((n.to_owned(), SVal::Unset));
+                        set(&mut overrides, n, SVal::Unset);
                         k += 1;
                     } else if t == "-C" || t == "--chdir" {
                         cwd = rest.get(k + 1).and_then(|d| chdir(cwd.as_deref(), d));
@@ -212,9 +241,9 @@ fn unwrap(
                         let val = if a.unknown {
                             SVal::Unknown
                         } else {
-                            SVal::Known(value.to_owned())
+                            SVal::known(value)
                         };
-                        overrides.push((name.to_owned(), val));
+                        set(&mut overrides, name, val);
                         k += 1;
                     } else {
                         break;
@@ -232,14 +261,14 @@ fn unwrap(
     (words, overrides, cwd)
 }
 
-fn chdir(cwd: Option<&str>, dir: &Word) -> Option<String> {
+fn chdir(cwd: Option<&str>, dir: &Word) -> Option<Rc<str>> {
     if dir.unknown {
         return None;
     }
     if dir.text.starts_with('/') {
-        Some(crate::paths::clean(&dir.text))
+        Some(Rc::from(crate::paths::clean(&dir.text)))
     } else {
-        cwd.map(|c| crate::paths::join(c, &dir.text))
+        cwd.map(|c| Rc::from(crate::paths::join(c, &dir.text)))
     }
 }
 
@@ -323,19 +352,19 @@ mod tests {
             ],
             &["exec env HF_HOME=/x nohup sh -c 'vllm serve m/n'"],
         );
-        let v = View::new(&ct, "spec.containers[0]");
+        let budget = Budget::default();
+        let v = View::new(&ct, "spec.containers[0]", &budget);
         assert_eq!(texts(&v), vec![vec!["vllm", "serve", "m/n"]]);
-        assert!(
-            v.commands[0]
-                .overrides
-                .contains(&("HF_HOME".into(), SVal::Known("/x".into())))
+        assert_eq!(
+            v.commands[0].overrides.get("HF_HOME"),
+            Some(&SVal::known("/x"))
         );
     }
 
     #[test]
     fn shell_without_c_is_a_script_file() {
         let ct = c(&["bash", "/start.sh"], &[]);
-        let v = View::new(&ct, "spec.containers[0]");
+        let v = View::new(&ct, "spec.containers[0]", &Budget::default());
         assert_eq!(texts(&v), vec![vec!["bash", "/start.sh"]]);
     }
 
@@ -349,7 +378,7 @@ mod tests {
         assert_eq!(image_repository("localhost:5000/x"), "localhost:5000/x");
         let mut ct = c(&[], &["s3", "sync", "s3://b/k", "/mnt/models"]);
         ct.image = Some("amazon/aws-cli".into());
-        let v = View::new(&ct, "spec.initContainers[0]");
+        let v = View::new(&ct, "spec.initContainers[0]", &Budget::default());
         assert_eq!(texts(&v)[0][..3], ["aws", "s3", "sync"]);
     }
 }

@@ -5,17 +5,21 @@
 //! for the resolution rules (documented), never a known empty value for expansion.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Container;
+
+use crate::limits::Meter;
 
 /// What the environment says about one variable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Val<'a> {
     /// Set with a literal value (after Kubernetes expansion of earlier variables).
     Known(Cow<'a, str>),
-    /// Set, but from `valueFrom` (or from an expansion of such a variable): value unknown.
+    /// Set, but from `valueFrom` (or from an expansion of such a variable, or past an expansion
+    /// bound): value unknown.
     Unknown {
-        /// Field path of the entry, e.g. `spec.containers[0].env[3]`.
+        /// Field path of the entry, e.g. `spec.containers[0].env[3].valueFrom`.
         field: String,
     },
     /// Not set in `env`.
@@ -24,16 +28,18 @@ pub(crate) enum Val<'a> {
 
 #[derive(Debug, Clone)]
 struct Entry<'a> {
-    name: &'a str,
-    /// `None`: set from `valueFrom` (or depends on such a variable).
+    /// `None`: set from `valueFrom` (or depends on such a variable, or past a bound).
     value: Option<Cow<'a, str>>,
     index: usize,
+    /// The value is unknown because an expansion bound was hit.
+    over_bound: bool,
 }
 
 /// The `env` of one container.
 #[derive(Debug, Clone)]
 pub(crate) struct Env<'a> {
-    entries: Vec<Entry<'a>>,
+    /// By name; a later entry of the same name replaces an earlier one, as in the kubelet.
+    entries: BTreeMap<&'a str, Entry<'a>>,
     path: &'a str,
     /// The container declares `envFrom`: names absent from `env` may still be set.
     pub(crate) has_env_from: bool,
@@ -41,19 +47,27 @@ pub(crate) struct Env<'a> {
 
 impl<'a> Env<'a> {
     /// Build from a container; `path` is the container's field path (`spec.containers[0]`).
-    pub(crate) fn of(c: &'a Container, path: &'a str) -> Env<'a> {
+    /// Expansions are charged to `meter`; a value past a bound is unknown.
+    pub(crate) fn of(c: &'a Container, path: &'a str, meter: &Meter<'_>) -> Env<'a> {
         let vars = c.env.as_deref().unwrap_or_default();
         let mut env = Env {
-            entries: Vec::with_capacity(vars.len()),
+            entries: BTreeMap::new(),
             path,
             has_env_from: c.env_from.as_ref().is_some_and(|v| !v.is_empty()),
         };
         for (index, e) in vars.iter().enumerate() {
+            let mut over_bound = false;
             let value = if e.value_from.is_some() {
                 None
             } else {
                 let raw = e.value.as_deref().unwrap_or_default();
-                let (text, unknown) = expand_k8s(raw, |n| env.get(n));
+                meter.at(Some(index));
+                let before = meter.hit();
+                // Only the entries before this one are in `env` yet: `$(VAR)` refers to
+                // variables defined earlier in the list (and to `envFrom`), as in the kubelet.
+                let (text, unknown) = expand_k8s(raw, |n| env.lookup_for_expansion(n), meter);
+                over_bound = before.is_none() && meter.hit().is_some();
+                meter.at(None);
                 if unknown {
                     None
                 } else {
@@ -63,82 +77,120 @@ impl<'a> Env<'a> {
                     })
                 }
             };
-            // Later entries with the same name win, as in the kubelet.
-            if let Some(k) = env.entries.iter().position(|x| x.name == e.name) {
-                env.entries.remove(k);
-            }
-            env.entries.push(Entry {
-                name: &e.name,
-                value,
-                index,
-            });
+            env.entries.insert(
+                &e.name,
+                Entry {
+                    value,
+                    index,
+                    over_bound,
+                },
+            );
         }
         env
     }
 
+    /// A name as `$(NAME)` in an env value, a command or args sees it: a name absent from
+    /// `env` may be set by `envFrom`, so it is unknown when the container has `envFrom`.
+    pub(crate) fn lookup_for_expansion(&self, name: &str) -> Val<'_> {
+        match self.get(name) {
+            Val::Absent if self.has_env_from => Val::Unknown {
+                field: format!("{}.envFrom", self.path),
+            },
+            v => v,
+        }
+    }
+
     /// Look a variable up.
     pub(crate) fn get(&self, name: &str) -> Val<'_> {
-        match self.entries.iter().rev().find(|e| e.name == name) {
+        match self.entries.get(name) {
             Some(Entry { value: Some(v), .. }) => Val::Known(Cow::Borrowed(v.as_ref())),
-            Some(Entry { index, .. }) => Val::Unknown {
-                field: format!("{}.env[{index}].valueFrom", self.path),
+            Some(Entry {
+                index, over_bound, ..
+            }) => Val::Unknown {
+                field: if *over_bound {
+                    format!("{}.env[{index}].value", self.path)
+                } else {
+                    format!("{}.env[{index}].valueFrom", self.path)
+                },
             },
             None => Val::Absent,
         }
     }
 }
 
-/// Kubernetes dependent-variable expansion of `command`, `args` and `env` values: `$(NAME)` is
-/// replaced by NAME's value when NAME is set, `$$` is a literal `$`, anything else stays verbatim.
-/// Returns the text and whether a referenced variable is set but its value unknown (the reference
-/// is then kept verbatim in the text).
+/// Kubernetes dependent-variable expansion of `command`, `args` and `env` values, exactly as the
+/// kubelet's `expansion.Expand` reads them: `$(NAME)` is replaced by NAME's value when NAME is
+/// set, `$$` is a literal `$`, an unterminated `$(` and a `$` before anything else stay verbatim.
+/// Returns the text and whether it is unknown: a referenced variable is set but its value unknown
+/// (the reference is then kept verbatim in the text), or the expansion passes a bound of `meter`
+/// (the text is then `s` as written, never a truncated value).
 pub(crate) fn expand_k8s<'s, 'e>(
     s: &'s str,
     lookup: impl Fn(&str) -> Val<'e>,
+    meter: &Meter<'_>,
 ) -> (Cow<'s, str>, bool) {
     if !s.contains('$') {
         return (Cow::Borrowed(s), false);
     }
+    let b = s.as_bytes();
     let mut out = String::with_capacity(s.len());
     let mut unknown = false;
-    let mut rest = s;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        if let Some(stripped) = after.strip_prefix('$') {
-            out.push('$');
-            rest = stripped;
-        } else if let Some(inner) = after.strip_prefix('(') {
-            match inner.find(')') {
-                Some(end) => {
-                    let name = &inner[..end];
-                    match lookup(name) {
-                        Val::Known(v) => out.push_str(&v),
+    // Bytes of `s` before `checkpoint` are in `out`; `cursor` is the byte looked at. Both only
+    // move forward, so the work is linear in `s` plus the bytes inserted.
+    let mut checkpoint = 0;
+    let mut cursor = 0;
+    while cursor < b.len() {
+        if b[cursor] != b'$' || cursor + 1 >= b.len() {
+            cursor += 1;
+            continue;
+        }
+        out.push_str(&s[checkpoint..cursor]);
+        match b[cursor + 1] {
+            b'$' => {
+                out.push('$');
+                cursor += 2;
+            }
+            b'(' => match s[cursor + 2..].find(')') {
+                Some(k) => {
+                    let reference = &s[cursor..cursor + 3 + k];
+                    match lookup(&s[cursor + 2..cursor + 2 + k]) {
+                        Val::Known(v) => {
+                            if !meter.expand(out.len() + v.len(), v.len()) {
+                                return (Cow::Borrowed(s), true);
+                            }
+                            out.push_str(&v);
+                        }
                         Val::Unknown { .. } => {
                             unknown = true;
-                            out.push_str(&rest[i..i + 3 + end]);
+                            out.push_str(reference);
                         }
-                        Val::Absent => out.push_str(&rest[i..i + 3 + end]),
+                        Val::Absent => out.push_str(reference),
                     }
-                    rest = &inner[end + 1..];
+                    cursor += 3 + k;
                 }
                 None => {
-                    out.push_str(&rest[i..]);
-                    rest = "";
+                    // The kubelet writes "$(" and goes on reading after it.
+                    out.push_str("$(");
+                    cursor += 2;
                 }
+            },
+            _ => {
+                // "$" and the character after it are kept; that character is copied with the
+                // text that follows (it is neither '$' nor '(').
+                out.push('$');
+                cursor += 1;
             }
-        } else {
-            out.push('$');
-            rest = after;
         }
+        checkpoint = cursor;
     }
-    out.push_str(rest);
+    out.push_str(&s[checkpoint..]);
     (Cow::Owned(out), unknown)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{Bound, Budget, MAX_EXPANSION_BYTES};
     use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
 
     fn container(env: Vec<EnvVar>) -> Container {
@@ -178,7 +230,9 @@ mod tests {
             lit("DEP", "/x/$(POD)"),
             lit("ROOT", "/override"),
         ]);
-        let env = Env::of(&c, "spec.containers[0]");
+        let budget = Budget::default();
+        let meter = Meter::new(&budget);
+        let env = Env::of(&c, "spec.containers[0]", &meter);
         assert_eq!(env.get("DEST"), Val::Known("/models/llama".into()));
         assert_eq!(env.get("ESC"), Val::Known("$(ROOT)".into()));
         assert_eq!(env.get("MISSING"), Val::Known("$(NOPE)/x".into()));
@@ -190,11 +244,77 @@ mod tests {
         assert_eq!(env.get("OTHER"), Val::Absent);
     }
 
+    fn expand(s: &str) -> (String, bool) {
+        let budget = Budget::default();
+        let meter = Meter::new(&budget);
+        let (t, u) = expand_k8s(
+            s,
+            |n| match n {
+                "A" => Val::Known("a".into()),
+                "U" => Val::Unknown {
+                    field: String::new(),
+                },
+                _ => Val::Absent,
+            },
+            &meter,
+        );
+        (t.into_owned(), u)
+    }
+
     #[test]
     fn unterminated_reference_is_literal() {
-        let (t, u) = expand_k8s("a$(B", |_| Val::Absent);
-        assert_eq!((t.as_ref(), u), ("a$(B", false));
-        let (t, u) = expand_k8s("$x$", |_| Val::Absent);
-        assert_eq!((t.as_ref(), u), ("$x$", false));
+        assert_eq!(expand("a$(B"), ("a$(B".into(), false));
+        assert_eq!(expand("$x$"), ("$x$".into(), false));
+    }
+
+    #[test]
+    fn expansion_reads_as_the_kubelet_does() {
+        // After an unterminated "$(", the kubelet keeps reading: `$$` still escapes, and a
+        // later complete reference still expands.
+        assert_eq!(expand("$(a$$"), ("$(a$".into(), false));
+        assert_eq!(expand("$($(A)"), ("$($(A)".into(), false));
+        assert_eq!(expand("$(A$(A)"), ("$(A$(A)".into(), false));
+        assert_eq!(expand("x$(A)y$$(A)z$"), ("xay$(A)z$".into(), false));
+        assert_eq!(expand("$é$(A)"), ("$éa".into(), false));
+        assert_eq!(expand("$$$(A)"), ("$a".into(), false));
+        assert_eq!(expand("$(U)/$(A)"), ("$(U)/a".into(), true));
+        assert_eq!(expand("$()"), ("$()".into(), false));
+    }
+
+    #[test]
+    fn env_from_makes_absent_references_unknown() {
+        let mut c = container(vec![lit("HF_HOME", "$(BASE)/hf"), lit("X", "$$(BASE)")]);
+        c.env_from = Some(vec![Default::default()]);
+        let budget = Budget::default();
+        let meter = Meter::new(&budget);
+        let env = Env::of(&c, "spec.containers[0]", &meter);
+        assert!(matches!(env.get("HF_HOME"), Val::Unknown { .. }));
+        assert_eq!(env.get("X"), Val::Known("$(BASE)".into()));
+    }
+
+    #[test]
+    fn doubling_chain_is_unknown_past_the_bound() {
+        let mut vars = vec![lit("V0", "xx")];
+        for k in 1..=40 {
+            vars.push(lit(
+                &format!("V{k}"),
+                &format!("$(V{})$(V{})", k - 1, k - 1),
+            ));
+        }
+        let c = container(vars);
+        let budget = Budget::default();
+        let meter = Meter::new(&budget);
+        let env = Env::of(&c, "spec.containers[0]", &meter);
+        assert_eq!(
+            env.get("V19"),
+            Val::Known("x".repeat(1 << 20).into()),
+            "2^20 bytes is exactly the bound"
+        );
+        assert!(
+            matches!(env.get("V20"), Val::Unknown { field } if field == "spec.containers[0].env[20].value")
+        );
+        assert!(matches!(env.get("V40"), Val::Unknown { .. }));
+        assert_eq!(meter.hit(), Some((Bound::ValueBytes, Some(20))));
+        assert!(budget.expanded() <= MAX_EXPANSION_BYTES);
     }
 }

@@ -8,6 +8,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use warmcache_cli::text::shown;
 
 use crate::paths;
 
@@ -71,19 +72,19 @@ impl fmt::Display for Scheme {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
     /// The text has no `<scheme>://`.
-    #[error("{uri:?} is not a model URI: expected <scheme>://<reference>")]
+    #[error("{} is not a model URI: expected <scheme>://<reference>", shown(.uri))]
     NotAUri {
         /// The text given.
         uri: String,
     },
     /// The scheme is not one of [`Scheme::ALL`].
-    #[error("unknown model URI scheme {scheme:?} (known: hf, ngc, s3, gs, oci, nim, path)")]
+    #[error("unknown model URI scheme {} (known: hf, ngc, s3, gs, oci, nim, path)", shown(.scheme))]
     UnknownScheme {
         /// The scheme given.
         scheme: String,
     },
     /// A part is malformed for its scheme.
-    #[error("invalid {scheme} {part} {value:?}: {why}")]
+    #[error("invalid {scheme} {part} {}: {why}", shown(.value))]
     Invalid {
         /// The scheme the part belongs to.
         scheme: Scheme,
@@ -95,6 +96,14 @@ pub enum IdentityError {
         why: &'static str,
     },
 }
+
+/// Longest reference (bytes): a path is at most `PATH_MAX` (4096), an S3 or GCS object name at
+/// most 1024 bytes, an image reference well below 4096.
+const MAX_REFERENCE_BYTES: usize = 4096;
+
+/// Longest revision or profile (bytes): Hugging Face revisions are branch, tag or commit names;
+/// NIM profiles are 64-character ids or short names.
+const MAX_TAG_BYTES: usize = 1024;
 
 /// A model identity. Construct with [`Identity::new`] or one of the scheme constructors, or parse a
 /// URI; every constructor validates, so `Identity::from_str(&id.to_string()) == Ok(id)` holds.
@@ -125,14 +134,25 @@ impl Identity {
             value: value.to_owned(),
             why,
         };
-        for (part, value) in [
-            ("reference", Some(reference)),
-            ("revision", revision),
-            ("profile", profile),
+        for (part, value, max) in [
+            ("reference", Some(reference), MAX_REFERENCE_BYTES),
+            ("revision", revision, MAX_TAG_BYTES),
+            ("profile", profile, MAX_TAG_BYTES),
         ] {
             if let Some(v) = value {
                 if v.is_empty() {
                     return Err(invalid(part, v, "must not be empty"));
+                }
+                if v.len() > max {
+                    return Err(invalid(
+                        part,
+                        v,
+                        if max == MAX_REFERENCE_BYTES {
+                            "is longer than 4096 bytes (no store names an artifact that long)"
+                        } else {
+                            "is longer than 1024 bytes"
+                        },
+                    ));
                 }
                 if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
                     return Err(invalid(
@@ -350,7 +370,7 @@ impl<'de> Deserialize<'de> for Identity {
 /// Hugging Face repo id rules: `name` or `namespace/name`; letters, digits, `-`, `_`, `.`; no `--`
 /// or `..`; a part neither starts nor ends with `-` or `.`; at most 96 characters per part.
 pub(crate) fn check_hf_repo_id(id: &str) -> Result<(), &'static str> {
-    let parts: Vec<&str> = id.split('/').collect();
+    let parts: Vec<&str> = id.splitn(3, '/').collect();
     if parts.len() > 2 {
         return Err("a repo id is `name` or `namespace/name`");
     }

@@ -1,8 +1,11 @@
 //! Where a download writes, as the main container sees it, and whether that place may be replaced
 //! by the shared read-only copy.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Container, Pod, Volume, VolumeMount};
 use serde::{Deserialize, Serialize};
+use warmcache_cli::text::{self, shown};
 
 use crate::paths;
 
@@ -95,13 +98,46 @@ fn volume<'a>(pod: &'a Pod, name: &str) -> Option<&'a Volume> {
 
 /// Classify pod volume `name`.
 pub fn volume_kind(pod: &Pod, name: &str) -> LandingKind {
-    let Some(v) = volume(pod, name) else {
+    kind_of(volume(pod, name), per_replica_pod_name(pod))
+}
+
+/// The pod's volumes by name (the first of a name wins, as a linear search would find it), so
+/// that classifying every mount of a container costs `m log v`, not `m * v`.
+struct Volumes<'p> {
+    by_name: BTreeMap<&'p str, &'p Volume>,
+    /// The pod's name when a StatefulSet owns it (its per-replica claims end with it).
+    replica: Option<&'p str>,
+}
+
+impl<'p> Volumes<'p> {
+    fn of(pod: &'p Pod) -> Volumes<'p> {
+        let mut by_name = BTreeMap::new();
+        for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+            by_name.entry(v.name.as_str()).or_insert(v);
+        }
+        Volumes {
+            by_name,
+            replica: per_replica_pod_name(pod),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&'p Volume> {
+        self.by_name.get(name).copied()
+    }
+
+    fn kind(&self, name: &str) -> LandingKind {
+        kind_of(self.get(name), self.replica)
+    }
+}
+
+fn kind_of(v: Option<&Volume>, replica: Option<&str>) -> LandingKind {
+    let Some(v) = v else {
         return LandingKind::Other;
     };
     if v.empty_dir.is_some() {
         LandingKind::EmptyDir
     } else if let Some(pvc) = &v.persistent_volume_claim {
-        if is_per_replica_claim(pod, &pvc.claim_name) {
+        if replica.is_some_and(|pod_name| is_per_replica_claim(pod_name, &pvc.claim_name)) {
             LandingKind::PodClaim
         } else {
             LandingKind::Pvc
@@ -113,21 +149,41 @@ pub fn volume_kind(pod: &Pod, name: &str) -> LandingKind {
     }
 }
 
-/// A StatefulSet creates claim `<template>-<pod name>` for each replica.
-fn is_per_replica_claim(pod: &Pod, claim: &str) -> bool {
-    let Some(pod_name) = pod.metadata.name.as_deref().filter(|n| !n.is_empty()) else {
-        return false;
-    };
-    let owned_by_sts = pod
-        .metadata
+/// The pod's name, when the pod is owned by a StatefulSet.
+fn per_replica_pod_name(pod: &Pod) -> Option<&str> {
+    let pod_name = pod.metadata.name.as_deref().filter(|n| !n.is_empty())?;
+    pod.metadata
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.kind == "StatefulSet");
-    owned_by_sts
-        && claim.len() > pod_name.len() + 1
+        .any(|o| o.kind == "StatefulSet")
+        .then_some(pod_name)
+}
+
+/// A StatefulSet creates claim `<template>-<pod name>` for each replica.
+fn is_per_replica_claim(pod_name: &str, claim: &str) -> bool {
+    claim.len() > pod_name.len() + 1
         && claim.ends_with(pod_name)
         && claim.as_bytes().get(claim.len() - pod_name.len() - 1) == Some(&b'-')
+}
+
+/// `Err((field, why))` when a mount of `c` (at field path `c_path`) has an empty or relative
+/// `mountPath`: such a mount is placed by the runtime if at all, so no landing in `c` is known.
+pub(crate) fn check_mount_paths(c: &Container, c_path: &str) -> Result<(), (String, String)> {
+    match mounts(c)
+        .enumerate()
+        .find(|(_, m)| !m.mount_path.starts_with('/'))
+    {
+        Some((i, m)) => Err((
+            format!("{c_path}.volumeMounts[{i}].mountPath"),
+            format!(
+                "{} is not an absolute path; where the runtime would mount volume {} is not known, so no landing in this container is",
+                shown(&m.mount_path),
+                shown(&m.name)
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn mounts(c: &Container) -> impl Iterator<Item = &VolumeMount> {
@@ -164,21 +220,24 @@ fn nested_mount(
     c_path: &str,
     dest: &str,
 ) -> Option<(String, String, LandingKind)> {
+    let volumes = Volumes::of(pod);
     let below: Vec<(usize, &VolumeMount, String, LandingKind)> = mounts(c)
         .enumerate()
         .map(|(i, m)| (i, m, paths::clean(&m.mount_path)))
         .filter(|(_, _, p)| p != dest && paths::is_within(p, dest))
-        .map(|(i, m, p)| (i, m, p, volume_kind(pod, &m.name)))
+        .map(|(i, m, p)| (i, m, p, volumes.kind(&m.name)))
         .collect();
     let (i, m, p, kind) = below
         .iter()
         .find(|(_, _, _, k)| !k.substitutable())
         .or_else(|| below.first())?;
     let reason = format!(
-        "{c_path}.volumeMounts[{i}]: volume {:?} ({}) is mounted at {p}, below the landing {dest}; \
+        "{c_path}.volumeMounts[{i}]: volume {} ({}) is mounted at {}, below the landing {}; \
          the shared copy would hide it",
-        m.name,
-        kind.as_str()
+        shown(&m.name),
+        kind.as_str(),
+        text::path(p),
+        text::path(dest)
     );
     Some((m.name.clone(), reason, *kind))
 }
@@ -338,13 +397,14 @@ pub(crate) fn worker_dest(leader: &Landing) -> &str {
 /// writable data mount (not a service-account token, `/dev/shm`, a read-only mount, or a
 /// configMap/secret/projected/downwardAPI volume), else [`DEFAULT_MOUNT_ROOT`].
 pub(crate) fn mount_root(pod: &Pod, c: &Container) -> String {
+    let volumes = Volumes::of(pod);
     mounts(c)
         .filter(|m| {
             let p = paths::clean(&m.mount_path);
             !p.starts_with("/var/run/secrets") && p != "/dev/shm" && m.read_only != Some(true)
         })
         .filter(|m| {
-            volume(pod, &m.name).is_none_or(|v| {
+            volumes.get(&m.name).is_none_or(|v| {
                 v.config_map.is_none()
                     && v.secret.is_none()
                     && v.projected.is_none()

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+use warmcache_cli::text::shown;
 
 /// API version of LeaderWorkerSet.
 pub const LWS_API_VERSION: &str = "leaderworkerset.x-k8s.io/v1";
@@ -67,7 +68,9 @@ impl LeaderWorkerSet {
 pub enum GroupError {
     /// The worker names no model and its LeaderWorkerSet was not supplied (or does not exist).
     #[error(
-        "metadata.labels[leaderworkerset.sigs.k8s.io/name]: pod is worker {index} of LeaderWorkerSet {name:?} and names no model itself; its leader template is needed and the LeaderWorkerSet is missing"
+        "metadata.labels[leaderworkerset.sigs.k8s.io/name]: pod is worker {} of LeaderWorkerSet {} and names no model itself; its leader template is needed and the LeaderWorkerSet is missing",
+        shown(.index),
+        shown(.name)
     )]
     Missing {
         /// The LeaderWorkerSet's name (pod label).
@@ -77,7 +80,9 @@ pub enum GroupError {
     },
     /// The supplied LeaderWorkerSet is not the pod's.
     #[error(
-        "metadata.name: the pod belongs to LeaderWorkerSet {name:?} (label leaderworkerset.sigs.k8s.io/name), but the LeaderWorkerSet given is named {given:?}"
+        "metadata.name: the pod belongs to LeaderWorkerSet {} (label leaderworkerset.sigs.k8s.io/name), but the LeaderWorkerSet given is named {}",
+        shown(.name),
+        shown(.given)
     )]
     Mismatch {
         /// The pod's group.

@@ -5,9 +5,11 @@ use std::fmt;
 
 use serde::Serialize;
 use serde_json::Value;
+use warmcache_cli::text::{bounded, shown};
 
 use crate::identity::{Identity, Scheme};
 use crate::landing::Landing;
+use crate::limits::MAX_REASON_BYTES;
 
 /// The rule that recognised the artifact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -224,8 +226,10 @@ impl Unresolved {
     }
 }
 
-impl fmt::Display for Unresolved {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Unresolved {
+    /// The reason, unbounded: values are already cut by `shown`, nested reasons are not.
+    fn write_reason(&self, f: &mut String) -> fmt::Result {
+        use fmt::Write as _;
         match self {
             Unresolved::OptedOut { annotation } => {
                 write!(f, "metadata.annotations[{annotation}]: the pod opted out of model sharing")
@@ -236,10 +240,11 @@ impl fmt::Display for Unresolved {
             ),
             Unresolved::PvcStorageUri { field, uri } => write!(
                 f,
-                "{field}: storage URI {uri:?} reads a customer PersistentVolumeClaim, which is already shared"
+                "{field}: storage URI {} reads a customer PersistentVolumeClaim, which is already shared",
+                shown(uri)
             ),
             Unresolved::UnsupportedSource { field, value, why } => {
-                write!(f, "{field}: {value:?} is not a shareable source: {why}")
+                write!(f, "{field}: {} is not a shareable source: {why}", shown(value))
             }
             Unresolved::UnknownValue { field, what } => write!(f, "{field}: {what}"),
             Unresolved::PartialDownload { field, what } => write!(
@@ -251,11 +256,11 @@ impl fmt::Display for Unresolved {
                 "the pod downloads more than one artifact ({first}; {other}); one shared copy cannot replace them"
             ),
             Unresolved::InvalidReference { field, value, why } => {
-                write!(f, "{field}: {value:?} does not name an artifact: {why}")
+                write!(f, "{field}: {} does not name an artifact: {why}", shown(value))
             }
             Unresolved::CustomEndpoint { field, endpoint } => {
                 match endpoint {
-                    Some(e) => write!(f, "{field}: the download uses the custom endpoint {e:?}")?,
+                    Some(e) => write!(f, "{field}: the download uses the custom endpoint {}", shown(e))?,
                     None => write!(
                         f,
                         "{field}: the download endpoint is not set literally and may be a custom store"
@@ -269,11 +274,25 @@ impl fmt::Display for Unresolved {
             Unresolved::LeaderUnresolved {
                 leader_worker_set,
                 reason,
-            } => write!(
-                f,
-                "worker of LeaderWorkerSet {leader_worker_set:?} names no model and its leader template does not resolve: {reason}"
-            ),
+            } => {
+                write!(
+                    f,
+                    "worker of LeaderWorkerSet {} names no model and its leader template does not resolve: ",
+                    shown(leader_worker_set)
+                )?;
+                reason.write_reason(f)
+            }
         }
+    }
+}
+
+/// At most [`MAX_REASON_BYTES`]: values quoted from the pod are cut and escaped, and a reason that
+/// nests others (several downloads, a leader's reason) is cut with a note of its full length.
+impl fmt::Display for Unresolved {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut text = String::new();
+        self.write_reason(&mut text)?;
+        f.write_str(&bounded(&text, MAX_REASON_BYTES))
     }
 }
 

@@ -5,9 +5,11 @@ use std::borrow::Cow;
 use crate::argv::{View, basename};
 use crate::env::{Env, Val};
 use crate::identity::{Identity, Scheme};
+use crate::limits::MAX_PATH_BYTES;
 use crate::outcome::{Source, Unresolved};
 use crate::paths;
 use crate::shell::{Command, SVal, Word};
+use warmcache_cli::text::shown;
 
 /// A download found in one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,10 +35,10 @@ pub(crate) fn argv_field(view: &View<'_>) -> String {
 /// An environment variable as the command's process sees it.
 pub(crate) fn cmd_env<'a>(cmd: Option<&'a Command>, env: &'a Env, name: &str) -> Val<'a> {
     if let Some(cmd) = cmd
-        && let Some((_, v)) = cmd.overrides.iter().rev().find(|(n, _)| n == name)
+        && let Some(v) = cmd.overrides.get(name)
     {
         return match v {
-            SVal::Known(s) => Val::Known(Cow::Borrowed(s.as_str())),
+            SVal::Known(s) => Val::Known(Cow::Borrowed(s)),
             SVal::Unknown => Val::Unknown {
                 field: "the container script".to_owned(),
             },
@@ -101,7 +103,8 @@ pub(crate) fn positionals<'w>(words: &'w [Word], with_value: &[&str]) -> Vec<&'w
     out
 }
 
-/// A destination path word: absolute, or relative to a known working directory.
+/// A destination path word: absolute, or relative to a known working directory; at most
+/// [`MAX_PATH_BYTES`] long (the kernel refuses longer paths).
 pub(crate) fn dest_path(
     w: &Word,
     cwd: Option<&str>,
@@ -112,24 +115,37 @@ pub(crate) fn dest_path(
         return Err(Unresolved::UnknownValue {
             field: field.to_owned(),
             what: format!(
-                "{what} {:?} refers to a value not set literally in the container's env",
-                w.text
+                "{what} {} refers to a value not set literally in the container's env",
+                shown(&w.text)
             ),
         });
     }
-    if w.text.starts_with('/') {
-        return Ok(paths::clean(&w.text));
-    }
-    match cwd.filter(|c| c.starts_with('/')) {
-        Some(c) => Ok(paths::join(c, &w.text)),
-        None => Err(Unresolved::LandingUnknown {
+    let path = if w.text.starts_with('/') {
+        paths::clean(&w.text)
+    } else {
+        match cwd.filter(|c| c.starts_with('/')) {
+            Some(c) => paths::join(c, &w.text),
+            None => {
+                return Err(Unresolved::LandingUnknown {
+                    field: field.to_owned(),
+                    why: format!(
+                        "{what} {} is relative and the working directory is not known",
+                        shown(&w.text)
+                    ),
+                });
+            }
+        }
+    };
+    if path.len() > MAX_PATH_BYTES {
+        return Err(Unresolved::LandingUnknown {
             field: field.to_owned(),
             why: format!(
-                "{what} {:?} is relative and the working directory is not known",
-                w.text
+                "{what} {} is longer than {MAX_PATH_BYTES} bytes (MAX_PATH_BYTES, Linux PATH_MAX); no container writes there",
+                shown(&path)
             ),
-        }),
+        });
     }
+    Ok(path)
 }
 
 /// The first non-empty of the env variables `names` as a path; `Ok(None)` when none is set.
@@ -197,8 +213,8 @@ pub(crate) fn classify_ref(
         return Err(unknown(
             field,
             format!(
-                "{what} {:?} refers to a value not set literally in the container's env",
-                value.text
+                "{what} {} refers to a value not set literally in the container's env",
+                shown(&value.text)
             ),
         ));
     }
@@ -208,7 +224,7 @@ pub(crate) fn classify_ref(
             return Err(Unresolved::UnsupportedSource {
                 field: field.to_owned(),
                 value: text.to_owned(),
-                why: format!("scheme {scheme:?} has no shareable identity"),
+                why: format!("scheme {} has no shareable identity", shown(scheme)),
             });
         };
         if s == Scheme::Hf && !rest.contains('@') {
@@ -232,8 +248,8 @@ fn hf_with_revision(
             return Err(unknown(
                 field,
                 format!(
-                    "--revision {:?} refers to a value not set literally in the container's env",
-                    r.text
+                    "--revision {} refers to a value not set literally in the container's env",
+                    shown(&r.text)
                 ),
             ));
         }
@@ -314,7 +330,7 @@ pub(crate) fn custom_endpoint(
         }
     }
     for name in endpoint_env(scheme) {
-        let from_script = cmd.is_some_and(|c| c.overrides.iter().any(|(n, _)| n == name));
+        let from_script = cmd.is_some_and(|c| c.overrides.get(name).is_some());
         match cmd_env(cmd, &view.env, name) {
             Val::Known(v) if !v.trim().is_empty() && !is_public_endpoint(scheme, &v) => {
                 return Err(Unresolved::CustomEndpoint {
@@ -386,8 +402,8 @@ pub(crate) fn ngc_cli(cmd: &Command, view: &View<'_>) -> Found {
         return Some(Err(unknown(
             &field,
             format!(
-                "the NGC model {:?} refers to a value not set literally in the container's env",
-                artifact.text
+                "the NGC model {} refers to a value not set literally in the container's env",
+                shown(&artifact.text)
             ),
         )));
     }
@@ -456,7 +472,7 @@ pub(crate) fn hf_download(cmd: &Command, view: &View<'_>) -> Found {
     if pos.len() > 1 {
         return Some(Err(Unresolved::PartialDownload {
             field,
-            what: format!("{prog} download names files of {:?}", repo.text),
+            what: format!("{prog} download names files of {}", shown(&repo.text)),
         }));
     }
     let revision = flag(rest, &["--revision"]);
@@ -492,8 +508,8 @@ fn classify_hf(repo: &Word, revision: Option<&Word>, field: &str) -> Result<Iden
         return Err(unknown(
             field,
             format!(
-                "the repository {:?} refers to a value not set literally in the container's env",
-                repo.text
+                "the repository {} refers to a value not set literally in the container's env",
+                shown(&repo.text)
             ),
         ));
     }
@@ -666,8 +682,8 @@ pub(crate) fn object_copy(cmd: &Command, view: &View<'_>) -> Found {
             return Some(Err(unknown(
                 &field,
                 format!(
-                    "{prog} copies from {:?}, which is not set literally in the container's env",
-                    src.text
+                    "{prog} copies from {}, which is not set literally in the container's env",
+                    shown(&src.text)
                 ),
             )));
         }
@@ -689,8 +705,8 @@ pub(crate) fn object_copy(cmd: &Command, view: &View<'_>) -> Found {
         return Some(Err(unknown(
             &field,
             format!(
-                "the source {:?} refers to a value not set literally in the container's env",
-                src.text
+                "the source {} refers to a value not set literally in the container's env",
+                shown(&src.text)
             ),
         )));
     }
@@ -701,7 +717,10 @@ pub(crate) fn object_copy(cmd: &Command, view: &View<'_>) -> Found {
     if key.contains(['*', '?']) {
         return Some(Err(Unresolved::PartialDownload {
             field,
-            what: format!("the wildcard in {:?} selects part of the prefix", src.text),
+            what: format!(
+                "the wildcard in {} selects part of the prefix",
+                shown(&src.text)
+            ),
         }));
     }
     let identity = match identity_or(Identity::new(scheme, key, None, None), &field, &src.text) {
@@ -748,7 +767,8 @@ fn kserve_uri(uri: &str, field: &str) -> Result<Identity, Unresolved> {
             identity_or(Identity::new(s, rest, None, None), field, uri)
         }
         _ => Err(unsupported(&format!(
-            "scheme {scheme:?} has no shareable identity"
+            "scheme {} has no shareable identity",
+            shown(scheme)
         ))),
     }
 }
@@ -767,7 +787,10 @@ pub(crate) fn kserve(view: &View<'_>) -> Vec<Result<Finding, Unresolved>> {
             if uri.unknown {
                 return Err(unknown(
                     &field,
-                    format!("storage URI {:?} refers to a value not set literally in the container's env", uri.text),
+                    format!(
+                        "storage URI {} refers to a value not set literally in the container's env",
+                        shown(&uri.text)
+                    ),
                 ));
             }
             if uri.text.starts_with("pvc://") {

@@ -6,9 +6,10 @@ use crate::argv::View;
 use crate::env::Val;
 use crate::identity::{Identity, Scheme};
 use crate::landing::{
-    self, DEFAULT_HF_HOME, DEFAULT_NIM_CACHE_PATH, InitLandingError, Landing, landing_for_init,
-    landing_in, mount_root,
+    self, DEFAULT_HF_HOME, DEFAULT_NIM_CACHE_PATH, InitLandingError, Landing, check_mount_paths,
+    landing_for_init, landing_in, mount_root,
 };
+use crate::limits::Budget;
 use crate::lws::{GroupError, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, LeaderWorkerSet};
 use crate::outcome::{Downloader, Outcome, Resolution, Source, Unresolved};
 use crate::recognise::{
@@ -16,6 +17,7 @@ use crate::recognise::{
 };
 use crate::shell::{Command, Word};
 use crate::{OPT_OUT_ANNOTATION, paths};
+use warmcache_cli::text::shown;
 
 /// Engine flags that name the model (vLLM/Dynamo `--model`, SGLang `--model-path`, TGI `--model-id`).
 const MODEL_FLAGS: [&str; 4] = ["--model", "--model-path", "--model_path", "--model-id"];
@@ -68,13 +70,41 @@ pub fn resolve(pod: &Pod) -> Outcome {
 
 /// Resolve a pod with `spec.containers[main]` as the main container.
 pub fn resolve_container(pod: &Pod, main: usize) -> Outcome {
-    match resolve_inner(pod, main) {
+    resolve_metered(pod, main, &Budget::default())
+}
+
+/// [`resolve_container`], charging its work to `budget`.
+pub(crate) fn resolve_metered(pod: &Pod, main: usize, budget: &Budget) -> Outcome {
+    match resolve_inner(pod, main, budget) {
         Ok(r) => Outcome::Resolved(r),
         Err(u) => Outcome::Unresolved(u),
     }
 }
 
-fn resolve_inner(pod: &Pod, main: usize) -> Result<Resolution, Unresolved> {
+/// Read a container, refusing it when reading hit a bound: what it runs is then not known.
+fn read<'p>(c: &'p Container, path: &'p str, budget: &Budget) -> Result<View<'p>, Unresolved> {
+    let view = View::new(c, path, budget);
+    match view.limit {
+        None => Ok(view),
+        Some((bound, env_index)) => Err(Unresolved::UnknownValue {
+            field: match env_index {
+                Some(i) => format!("{path}.env[{i}]"),
+                None => argv_field(&view),
+            },
+            what: format!(
+                "{}; what the container runs is not known at admission, so the pod is left alone",
+                bound.describe()
+            ),
+        }),
+    }
+}
+
+/// A landing may only be placed in containers whose mounts all have absolute paths.
+fn mounts_known(c: &Container, c_path: &str) -> Result<(), Unresolved> {
+    check_mount_paths(c, c_path).map_err(|(field, why)| Unresolved::LandingUnknown { field, why })
+}
+
+fn resolve_inner(pod: &Pod, main: usize, budget: &Budget) -> Result<Resolution, Unresolved> {
     if opted_out(pod) {
         return Err(Unresolved::OptedOut {
             annotation: OPT_OUT_ANNOTATION,
@@ -83,11 +113,11 @@ fn resolve_inner(pod: &Pod, main: usize) -> Result<Resolution, Unresolved> {
     let spec = pod.spec.as_ref().ok_or(Unresolved::NoContainers)?;
     let main_c = spec.containers.get(main).ok_or(Unresolved::NoContainers)?;
     // 1. Download init containers, in order.
-    if let Some(r) = from_inits(pod, spec, main, main_c)? {
+    if let Some(r) = from_inits(pod, spec, main, main_c, budget)? {
         return Ok(r);
     }
     let main_path = format!("spec.containers[{main}]");
-    let view = View::new(main_c, &main_path);
+    let view = read(main_c, &main_path, budget)?;
     // 2. The main container's own NGC download.
     if let Some(r) = from_main_ngc(pod, main, &view)? {
         return Ok(r);
@@ -97,7 +127,11 @@ fn resolve_inner(pod: &Pod, main: usize) -> Result<Resolution, Unresolved> {
 }
 
 fn describe(f: &Finding, init: &str) -> String {
-    format!("{} (init container {init:?})", f.identity)
+    format!(
+        "{} (init container {})",
+        shown(&f.identity.uri()),
+        shown(init)
+    )
 }
 
 fn from_inits(
@@ -105,6 +139,7 @@ fn from_inits(
     spec: &PodSpec,
     main: usize,
     main_c: &Container,
+    budget: &Budget,
 ) -> Result<Option<Resolution>, Unresolved> {
     let inits: Vec<&Container> = spec.init_containers.iter().flatten().collect();
     let paths: Vec<String> = (0..inits.len())
@@ -112,7 +147,7 @@ fn from_inits(
         .collect();
     let mut first: Option<(Finding, usize, View<'_>)> = None;
     for (i, init) in inits.iter().enumerate() {
-        let view = View::new(init, &paths[i]);
+        let view = read(init, &paths[i], budget)?;
         let mut found_here = None;
         for found in init_findings(&view) {
             let f0 = match (&first, &found_here) {
@@ -135,8 +170,8 @@ fn from_inits(
                     return Err(Unresolved::MultipleDownloads {
                         first: describe(f0, &inits[i0].name),
                         other: format!(
-                            "an undecidable download in init container {:?}: {u}",
-                            init.name
+                            "an undecidable download in init container {}: {u}",
+                            shown(&init.name)
                         ),
                     });
                 }
@@ -149,11 +184,13 @@ fn from_inits(
     let Some((finding, i, view)) = first else {
         return Ok(None);
     };
+    let main_path = format!("spec.containers[{main}]");
+    mounts_known(view.container, view.path)?;
+    mounts_known(main_c, &main_path)?;
     let dest = finding
         .dest
         .clone()
         .unwrap_or_else(|| mount_root(pod, view.container));
-    let main_path = format!("spec.containers[{main}]");
     let landing = landing_for_init(pod, view.container, view.path, main_c, &main_path, &dest).map_err(|e| match e {
         InitLandingError::SubPathExpr { field } => Unresolved::LandingUnknown {
             field,
@@ -162,8 +199,9 @@ fn from_inits(
         InitLandingError::NotMounted { volume } => Unresolved::LandingUnknown {
             field: format!("spec.containers[{main}].volumeMounts"),
             why: format!(
-                "init container {:?} downloads into volume {volume:?}, which the main container does not mount there",
-                view.name()
+                "init container {} downloads into volume {}, which the main container does not mount there",
+                shown(view.name()),
+                shown(&volume)
             ),
         },
     })?;
@@ -186,8 +224,9 @@ fn engine_resolution(
     identity: Identity,
     source: Source,
     dest: String,
-) -> Resolution {
-    Resolution {
+) -> Result<Resolution, Unresolved> {
+    mounts_known(view.container, view.path)?;
+    Ok(Resolution {
         identity,
         source,
         via_leader: false,
@@ -201,7 +240,7 @@ fn engine_resolution(
             view.path,
             landing_in(pod, view.container, view.path, &dest),
         ),
-    }
+    })
 }
 
 fn from_main_ngc(
@@ -233,14 +272,7 @@ fn from_main_ngc(
             None => mount_root(pod, view.container),
         },
     };
-    Ok(Some(engine_resolution(
-        pod,
-        main,
-        view,
-        identity,
-        Source::EnvNgcModelName,
-        dest,
-    )))
+    engine_resolution(pod, main, view, identity, Source::EnvNgcModelName, dest).map(Some)
 }
 
 fn is_nim_image(image: &str) -> bool {
@@ -290,7 +322,7 @@ fn from_engine(pod: &Pod, main: usize, view: &View<'_>) -> Result<Resolution, Un
     let done = |identity: Identity, source: Source, cmd: Option<&Command>, nim_rule: bool| {
         custom_endpoint(identity.scheme(), cmd.or(view.commands.last()), view)?;
         let dest = engine_dest(view, cmd, &identity, nim_rule)?;
-        Ok(engine_resolution(pod, main, view, identity, source, dest))
+        engine_resolution(pod, main, view, identity, source, dest)
     };
     // a. --model / --model-path / --model-id, with --revision of the same command.
     for cmd in &view.commands {
@@ -391,10 +423,11 @@ pub fn resolve_with_group(
     pod: &Pod,
     group: Option<&LeaderWorkerSet>,
 ) -> Result<Outcome, GroupError> {
+    let budget = Budget::default();
     let Some((name, index)) = lws_worker(pod) else {
-        return Ok(resolve(pod));
+        return Ok(resolve_metered(pod, main_container_index(pod), &budget));
     };
-    let own = resolve_container(pod, 0);
+    let own = resolve_metered(pod, 0, &budget);
     if !matches!(own, Outcome::Unresolved(Unresolved::NoDownloader)) {
         return Ok(own);
     }
@@ -412,7 +445,7 @@ pub fn resolve_with_group(
         });
     }
     let leader_pod = lws.leader_pod();
-    let leader = match resolve_container(&leader_pod, 0) {
+    let leader = match resolve_metered(&leader_pod, 0, &budget) {
         Outcome::Resolved(r) => r,
         Outcome::Unresolved(u) => {
             return Ok(Outcome::Unresolved(Unresolved::LeaderUnresolved {
@@ -426,14 +459,20 @@ pub fn resolve_with_group(
     };
     // The worker downloads the leader's artifact itself when the leader's engine does: its own
     // endpoint settings decide where from.
+    let worker_path = "spec.containers[0]";
     if leader.downloader == Downloader::Engine {
-        let view = View::new(worker_main, "spec.containers[0]");
+        let view = match read(worker_main, worker_path, &budget) {
+            Ok(v) => v,
+            Err(u) => return Ok(Outcome::Unresolved(u)),
+        };
         if let Err(u) = custom_endpoint(leader.identity.scheme(), view.commands.last(), &view) {
             return Ok(Outcome::Unresolved(u));
         }
     }
+    if let Err(u) = mounts_known(worker_main, worker_path) {
+        return Ok(Outcome::Unresolved(u));
+    }
     let dest = landing::worker_dest(&leader.landing);
-    let worker_path = "spec.containers[0]";
     let landing: Landing = landing::reland(
         pod,
         worker_main,

@@ -11,8 +11,11 @@
 //! Nothing here panics on any input (property- and fuzz-tested).
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use crate::env::{Env, Val};
+use crate::limits::Meter;
 use crate::paths;
 
 /// One word after expansion.
@@ -36,19 +39,64 @@ impl Word {
 /// A value assigned by the script (or a command prefix) that overrides the container env.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SVal {
-    Known(String),
+    Known(Rc<str>),
     Unknown,
     Unset,
 }
 
+impl SVal {
+    pub(crate) fn known(s: &str) -> SVal {
+        SVal::Known(Rc::from(s))
+    }
+}
+
+#[derive(Debug)]
+struct Frame {
+    name: Rc<str>,
+    val: SVal,
+    next: Option<Rc<Frame>>,
+}
+
+/// Environment changes visible to a command's process (exports of its scripts, `A=b cmd`
+/// prefixes, `env A=b` launchers), newest first. Commands share the changes made before them
+/// (a persistent list), so a script's commands cost no copy of its exports; the list is at most
+/// [`crate::limits::MAX_EXPORTS`] long, which bounds a lookup.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Exports(Option<Rc<Frame>>);
+
+impl Exports {
+    /// The latest change of `name`, if any.
+    pub(crate) fn get(&self, name: &str) -> Option<&SVal> {
+        let mut frame = self.0.as_deref();
+        while let Some(f) = frame {
+            if &*f.name == name {
+                return Some(&f.val);
+            }
+            frame = f.next.as_deref();
+        }
+        None
+    }
+
+    /// These changes and then `name` set to `val`; `None` when the meter refuses one more.
+    pub(crate) fn with(&self, name: Rc<str>, val: SVal, meter: &Meter<'_>) -> Option<Exports> {
+        meter.export().then(|| {
+            Exports(Some(Rc::new(Frame {
+                name,
+                val,
+                next: self.0.clone(),
+            })))
+        })
+    }
+}
+
 /// One simple command a script runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Command {
     pub(crate) words: Vec<Word>,
-    /// Environment changes visible to this command's process, in order (later wins).
-    pub(crate) overrides: Vec<(String, SVal)>,
+    /// Environment changes visible to this command's process (later wins).
+    pub(crate) overrides: Exports,
     /// Working directory when known.
-    pub(crate) cwd: Option<String>,
+    pub(crate) cwd: Option<Rc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,24 +142,29 @@ fn push_lit(parts: &mut Vec<Part>, text: &str, quoted: bool) {
     });
 }
 
+/// Reads a script one token at a time, so a script is never held as a whole token list.
 struct Lexer<'a> {
     s: &'a str,
     b: &'a [u8],
     i: usize,
-    toks: Vec<Tok>,
+    /// The token read by the last step, if any.
+    out: Option<Tok>,
+    /// The last token handed out was a separator (or there was none yet).
+    after_sep: bool,
     heredocs: Vec<(String, bool)>,
 }
 
-fn lex(s: &str) -> Vec<Tok> {
-    let mut lx = Lexer {
-        s,
-        b: s.as_bytes(),
-        i: 0,
-        toks: Vec::new(),
-        heredocs: Vec::new(),
-    };
-    lx.run();
-    lx.toks
+impl<'a> Lexer<'a> {
+    fn new(s: &'a str) -> Lexer<'a> {
+        Lexer {
+            s,
+            b: s.as_bytes(),
+            i: 0,
+            out: None,
+            after_sep: true,
+            heredocs: Vec::new(),
+        }
+    }
 }
 
 impl Lexer<'_> {
@@ -120,13 +173,28 @@ impl Lexer<'_> {
     }
 
     fn sep(&mut self) {
-        if !matches!(self.toks.last(), Some(Tok::Sep) | None) {
-            self.toks.push(Tok::Sep);
+        if !self.after_sep {
+            self.out = Some(Tok::Sep);
+            self.after_sep = true;
         }
     }
 
-    fn run(&mut self) {
-        while let Some(c) = self.at(0) {
+    fn push_word(&mut self, parts: Vec<Part>) {
+        self.out = Some(Tok::Word(parts));
+        self.after_sep = false;
+    }
+
+    /// The next token; `None` at the end. Every step consumes input or yields a token.
+    fn next_tok(&mut self) -> Option<Tok> {
+        while self.out.is_none() {
+            let c = self.at(0)?;
+            self.step(c);
+        }
+        self.out.take()
+    }
+
+    fn step(&mut self, c: u8) {
+        {
             match c {
                 b' ' | b'\t' | b'\r' => self.i += 1,
                 b'\n' => {
@@ -177,7 +245,7 @@ impl Lexer<'_> {
                     if io_number && matches!(self.at(0), Some(b'<' | b'>')) {
                         self.redirect();
                     } else if !parts.is_empty() {
-                        self.toks.push(Tok::Word(parts));
+                        self.push_word(parts);
                     } else if self.i == start {
                         // Defensive: never loop without progress.
                         self.i += 1;
@@ -561,7 +629,6 @@ fn assignment(parts: &[Part]) -> Option<(String, Vec<Part>)> {
 
 #[derive(Debug, Clone)]
 struct ScriptVar {
-    name: String,
     val: SVal,
     exported: bool,
 }
@@ -569,18 +636,30 @@ struct ScriptVar {
 /// Interpreter state while walking a script.
 struct State<'e> {
     env: &'e Env<'e>,
-    vars: Vec<ScriptVar>,
-    cwd: Option<String>,
+    meter: &'e Meter<'e>,
+    /// Variables the script set, by name (lookups and updates are logarithmic).
+    vars: BTreeMap<Rc<str>, ScriptVar>,
+    /// The environment of the script's commands: inherited changes, then the script's own.
+    exports: Exports,
+    cwd: Option<Rc<str>>,
+}
+
+fn sval_text(v: &SVal) -> Option<Cow<'_, str>> {
+    match v {
+        SVal::Known(s) => Some(Cow::Borrowed(s)),
+        SVal::Unset => Some(Cow::Borrowed("")),
+        SVal::Unknown => None,
+    }
 }
 
 impl State<'_> {
     fn lookup(&self, name: &str) -> Option<Cow<'_, str>> {
-        if let Some(v) = self.vars.iter().rev().find(|v| v.name == name) {
-            return match &v.val {
-                SVal::Known(s) => Some(Cow::Borrowed(s.as_str())),
-                SVal::Unset => Some(Cow::Borrowed("")),
-                SVal::Unknown => None,
-            };
+        if let Some(v) = self.vars.get(name) {
+            return sval_text(&v.val);
+        }
+        if let Some(v) = self.exports.get(name) {
+            // Inherited from an outer script or a launcher.
+            return sval_text(v);
         }
         match self.env.get(name) {
             Val::Known(v) => Some(v),
@@ -590,30 +669,24 @@ impl State<'_> {
     }
 
     fn set(&mut self, name: &str, val: SVal, export: bool) {
-        let in_env = !matches!(self.env.get(name), Val::Absent);
-        let was_exported = self
-            .vars
-            .iter()
-            .rev()
-            .find(|v| v.name == name)
-            .is_some_and(|v| v.exported);
-        self.vars.retain(|v| v.name != name);
-        self.vars.push(ScriptVar {
-            name: name.to_owned(),
-            val,
-            exported: export || in_env || was_exported,
-        });
-    }
-
-    fn exported(&self) -> Vec<(String, SVal)> {
-        self.vars
-            .iter()
-            .filter(|v| v.exported)
-            .map(|v| (v.name.clone(), v.val.clone()))
-            .collect()
+        let (key, was_exported) = match self.vars.get_key_value(name) {
+            Some((k, v)) => (Rc::clone(k), v.exported),
+            None => (Rc::from(name), self.exports.get(name).is_some()),
+        };
+        let exported = export || was_exported || !matches!(self.env.get(name), Val::Absent);
+        if exported {
+            match self.exports.with(Rc::clone(&key), val.clone(), self.meter) {
+                Some(e) => self.exports = e,
+                // Past MAX_EXPORTS: the meter has recorded it and the container is refused.
+                None => return,
+            }
+        }
+        self.vars.insert(key, ScriptVar { val, exported });
     }
 
     /// Expand one word; with `split`, unquoted expansions are split on blanks into several fields.
+    /// Every variable value inserted is charged to the meter; past a bound the word is unknown
+    /// and keeps the reference as written.
     fn expand(&self, parts: &[Part], split: bool, out: &mut Vec<Word>) {
         let mut cur = Word::default();
         let mut started = false;
@@ -639,6 +712,8 @@ impl State<'_> {
                         }
                         (v, _) => v,
                     };
+                    let value =
+                        value.filter(|v| self.meter.expand(cur.text.len() + v.len(), v.len()));
                     match value {
                         None => {
                             cur.text.push('$');
@@ -689,7 +764,25 @@ impl State<'_> {
         if w.unknown {
             SVal::Unknown
         } else {
-            SVal::Known(w.text)
+            SVal::Known(Rc::from(w.text))
+        }
+    }
+
+    /// `cd DIR`: the new working directory, when known. A relative `cd` builds a new path from
+    /// the old one, so its bytes are charged like an expansion (`cd a` repeated would otherwise
+    /// cost the square of the script's length).
+    fn chdir(&self, dir: Option<&Word>) -> Option<Rc<str>> {
+        match dir {
+            Some(w) if !w.unknown && w.text.starts_with('/') => {
+                Some(Rc::from(paths::clean(&w.text)))
+            }
+            Some(w) if !w.unknown && w.text != "-" => {
+                let joined = paths::join(self.cwd.as_deref()?, &w.text);
+                self.meter
+                    .expand(joined.len(), joined.len())
+                    .then(|| Rc::from(joined))
+            }
+            _ => None,
         }
     }
 
@@ -745,9 +838,8 @@ impl State<'_> {
                     } else if export && let Some(name) = plain(parts).filter(|n| valid_name(n)) {
                         let val = self
                             .vars
-                            .iter()
-                            .rev()
-                            .find(|v| v.name == name)
+                            .get(name)
+                            .filter(|v| !v.exported)
                             .map(|v| v.val.clone());
                         if let Some(val) = val {
                             self.set(name, val, true);
@@ -758,23 +850,24 @@ impl State<'_> {
             (false, "unset") => {
                 for w in &words[1..] {
                     if !w.unknown && valid_name(&w.text) {
-                        let name = w.text.clone();
-                        self.set(&name, SVal::Unset, false);
+                        self.set(&w.text, SVal::Unset, false);
                     }
                 }
             }
             (false, "cd") => {
-                self.cwd = match words.get(1) {
-                    Some(w) if !w.unknown && w.text.starts_with('/') => Some(paths::clean(&w.text)),
-                    Some(w) if !w.unknown && w.text != "-" => {
-                        self.cwd.as_deref().map(|c| paths::join(c, &w.text))
-                    }
-                    _ => None,
-                };
+                self.cwd = self.chdir(words.get(1));
             }
             _ => {
-                let mut overrides = self.exported();
-                overrides.extend(prefix);
+                if !self.meter.command() {
+                    return;
+                }
+                let mut overrides = self.exports.clone();
+                for (name, val) in prefix {
+                    match overrides.with(Rc::from(name), val, self.meter) {
+                        Some(e) => overrides = e,
+                        None => return,
+                    }
+                }
                 out.push(Command {
                     words,
                     overrides,
@@ -786,28 +879,30 @@ impl State<'_> {
 }
 
 /// The simple commands `script` runs, in order. `inherited` are environment changes made by the
-/// caller (an outer script), `cwd` the working directory when known.
+/// caller (an outer script, a launcher), `cwd` the working directory when known. Work is charged
+/// to `meter`; once it records a bound, reading stops (the caller must then not trust the
+/// commands).
 pub(crate) fn parse(
     script: &str,
     env: &Env<'_>,
-    inherited: &[(String, SVal)],
-    cwd: Option<String>,
+    meter: &Meter<'_>,
+    inherited: &Exports,
+    cwd: Option<Rc<str>>,
 ) -> Vec<Command> {
     let mut state = State {
         env,
-        vars: inherited
-            .iter()
-            .map(|(n, v)| ScriptVar {
-                name: n.clone(),
-                val: v.clone(),
-                exported: true,
-            })
-            .collect(),
+        meter,
+        vars: BTreeMap::new(),
+        exports: inherited.clone(),
         cwd,
     };
     let mut out = Vec::new();
     let mut raw: Vec<Vec<Part>> = Vec::new();
-    for tok in lex(script) {
+    let mut lexer = Lexer::new(script);
+    while let Some(tok) = lexer.next_tok() {
+        if meter.hit().is_some() {
+            return out;
+        }
         match tok {
             Tok::Word(parts) => raw.push(parts),
             Tok::Sep => {
@@ -823,7 +918,16 @@ pub(crate) fn parse(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{Bound, Budget, MAX_EXPORTS};
     use k8s_openapi::api::core::v1::{Container, EnvVar};
+
+    fn meter() -> &'static Meter<'static> {
+        Box::leak(Box::new(Meter::new(Box::leak(Box::new(Budget::default())))))
+    }
+
+    fn run(script: &str, e: &Env<'_>) -> Vec<Command> {
+        parse(script, e, meter(), &Exports::default(), None)
+    }
 
     fn env(vars: &[(&str, &str)]) -> Env<'static> {
         let c = Container {
@@ -839,7 +943,7 @@ mod tests {
             ),
             ..Default::default()
         };
-        Env::of(Box::leak(Box::new(c)), "spec.containers[0]")
+        Env::of(Box::leak(Box::new(c)), "spec.containers[0]", meter())
     }
 
     fn texts(cmds: &[Command]) -> Vec<Vec<String>> {
@@ -851,11 +955,9 @@ mod tests {
     #[test]
     fn operators_redirections_and_background() {
         let e = env(&[]);
-        let cmds = parse(
+        let cmds = run(
             "vllm serve --model Qwen/Qwen2.5-32B-Instruct --tensor-parallel-size 4 > /vllm.out 2>&1 &",
             &e,
-            &[],
-            None,
         );
         assert_eq!(
             texts(&cmds),
@@ -868,12 +970,7 @@ mod tests {
                 "4"
             ]]
         );
-        let cmds = parse(
-            "a && b || c; d | e |& f\ng &>/dev/null; h 2> x <in",
-            &e,
-            &[],
-            None,
-        );
+        let cmds = run("a && b || c; d | e |& f\ng &>/dev/null; h 2> x <in", &e);
         assert_eq!(
             texts(&cmds),
             vec![
@@ -892,11 +989,9 @@ mod tests {
     #[test]
     fn quotes_and_escapes() {
         let e = env(&[("A", "x y")]);
-        let cmds = parse(
+        let cmds = run(
             r#"p 'a b' "c $A" d\ e "q\"x" '' "" $A "${A}" 'no $A' a"b"c"#,
             &e,
-            &[],
-            None,
         );
         assert_eq!(
             texts(&cmds),
@@ -909,11 +1004,9 @@ mod tests {
     #[test]
     fn unknown_expansions_are_marked() {
         let e = env(&[("KNOWN", "/m")]);
-        let cmds = parse(
+        let cmds = run(
             "vllm serve $MODEL --x $(cat f) `id` $1 ${KNOWN%/} ${KNOWN} ${NOPE:-d} ${EMPTY:-d}",
             &e,
-            &[],
-            None,
         );
         let w = &cmds[0].words;
         assert!(w[2].unknown && w[2].text == "$MODEL");
@@ -927,18 +1020,16 @@ mod tests {
             "unset-or-image-env variable with default is not known"
         );
         let e = env(&[("EMPTY", "")]);
-        let cmds = parse("x ${EMPTY:-d} ${EMPTY-d}", &e, &[], None);
+        let cmds = run("x ${EMPTY:-d} ${EMPTY-d}", &e);
         assert_eq!(texts(&cmds), vec![vec!["x", "d"]]);
     }
 
     #[test]
     fn assignments_exports_and_cd() {
         let e = env(&[("HF_HOME", "/a")]);
-        let cmds = parse(
+        let cmds = run(
             "M=org/m; export HF_HOME=/b; cd /work && X=1 hf download $M --local-dir ./d; cd sub; run",
             &e,
-            &[],
-            None,
         );
         assert_eq!(
             texts(&cmds),
@@ -949,15 +1040,9 @@ mod tests {
         );
         let c = &cmds[0];
         assert_eq!(c.cwd.as_deref(), Some("/work"));
-        assert!(
-            c.overrides
-                .contains(&("HF_HOME".into(), SVal::Known("/b".into())))
-        );
-        assert!(c.overrides.contains(&("X".into(), SVal::Known("1".into()))));
-        assert!(
-            !c.overrides.iter().any(|(n, _)| n == "M"),
-            "M is not exported"
-        );
+        assert_eq!(c.overrides.get("HF_HOME"), Some(&SVal::known("/b")));
+        assert_eq!(c.overrides.get("X"), Some(&SVal::known("1")));
+        assert!(c.overrides.get("M").is_none(), "M is not exported");
         assert_eq!(cmds[1].cwd.as_deref(), Some("/work/sub"));
     }
 
@@ -965,7 +1050,7 @@ mod tests {
     fn reserved_words_comments_heredocs() {
         let e = env(&[]);
         let script = "# fetch\nif [ ! -f /m/done ]; then\n  hf download a/b # trailing\nfi\ncat <<EOF > /x\nvllm serve nope\nEOF\nfor i in 1 2; do run $i; done\n";
-        let cmds = parse(script, &e, &[], None);
+        let cmds = run(script, &e);
         let t = texts(&cmds);
         assert_eq!(t[0], vec!["[", "!", "-f", "/m/done", "]"]);
         assert_eq!(t[1], vec!["hf", "download", "a/b"]);
@@ -1001,7 +1086,55 @@ mod tests {
             "$",
             "\"\\",
         ] {
-            let _ = parse(s, &e, &[], None);
+            let _ = run(s, &e);
         }
+    }
+
+    #[test]
+    fn doubling_is_unknown_past_the_bound() {
+        let e = env(&[]);
+        let m = meter();
+        let mut script = String::from("A=x\n");
+        for _ in 0..64 {
+            script.push_str("A=$A$A\n");
+        }
+        script.push_str("echo \"$A\"\n");
+        let cmds = parse(&script, &e, m, &Exports::default(), None);
+        assert!(cmds.is_empty(), "reading stops at the bound");
+        assert_eq!(m.hit(), Some((Bound::ValueBytes, None)));
+    }
+
+    #[test]
+    fn exports_are_shared_not_copied() {
+        let e = env(&[]);
+        let m = meter();
+        let mut script = String::new();
+        for i in 0..100 {
+            script.push_str(&format!("export V{i}=x{i}; run {i}; "));
+        }
+        let cmds = parse(&script, &e, m, &Exports::default(), None);
+        assert_eq!(cmds.len(), 100);
+        assert_eq!(cmds[0].overrides.get("V0"), Some(&SVal::known("x0")));
+        assert!(cmds[0].overrides.get("V1").is_none());
+        assert_eq!(cmds[99].overrides.get("V0"), Some(&SVal::known("x0")));
+        assert_eq!(cmds[99].overrides.get("V99"), Some(&SVal::known("x99")));
+        assert_eq!(m.hit(), None);
+        let m = meter();
+        let script = "export A=1; ".repeat(MAX_EXPORTS + 1) + "run";
+        let cmds = parse(&script, &e, m, &Exports::default(), None);
+        assert!(cmds.is_empty());
+        assert_eq!(m.hit(), Some((Bound::Exports, None)));
+    }
+
+    #[test]
+    fn relative_cd_is_charged() {
+        let e = env(&[]);
+        let m = meter();
+        let script = format!("cd /w; {}run", "cd a; ".repeat(10_000));
+        let cmds = parse(&script, &e, m, &Exports::default(), None);
+        assert!(cmds.is_empty());
+        assert_eq!(m.hit(), Some((Bound::ExpansionBytes, None)));
+        let cmds = run("cd /w; cd a; cd ../b; run", &e);
+        assert_eq!(cmds[0].cwd.as_deref(), Some("/w/b"));
     }
 }

@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Pod, PodTemp
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use warmcache_cli::text;
 
 use crate::lws::{LWS_KIND, LeaderWorkerSet};
 
@@ -16,7 +17,8 @@ pub enum WorkloadError {
     MissingKind,
     /// A kind without a pod template.
     #[error(
-        "kind: {kind:?} has no pod template to read (expected Pod, Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob or LeaderWorkerSet)"
+        "kind: {} has no pod template to read (expected Pod, Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob or LeaderWorkerSet)",
+        text::shown(.kind)
     )]
     UnsupportedKind {
         /// The kind given.
@@ -38,6 +40,9 @@ pub enum WorkloadError {
     },
 }
 
+/// Longest decoder message kept in [`WorkloadError::Decode`] (serde quotes whole values).
+const MAX_DECODE_MESSAGE_BYTES: usize = 512;
+
 fn field<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     path.iter().try_fold(v, |v, k| v.get(k))
 }
@@ -51,9 +56,10 @@ pub fn decode<T: DeserializeOwned>(v: &Value, prefix: &str) -> Result<T, Workloa
             (false, ".") => prefix.to_owned(),
             (false, p) => format!("{prefix}.{p}"),
         };
+        // The path holds map keys and the decoder's message may quote the input: both bounded.
         WorkloadError::Decode {
-            path,
-            message: e.into_inner().to_string(),
+            path: text::path(&path),
+            message: text::bounded(&e.into_inner().to_string(), MAX_DECODE_MESSAGE_BYTES),
         }
     })
 }

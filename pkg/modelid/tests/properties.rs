@@ -1,6 +1,8 @@
 //! Property tests: identities round-trip through their URI; resolution never panics on arbitrary
 //! pod specs (containers with random argv, shell strings, env, mounts and volumes) and answers the
-//! same thing every time; the shell reader never panics on any string.
+//! same thing every time; the shell reader never panics on any string; pods built to blow up
+//! (doubling scripts and `$(V)` chains, deep nesting, many exports, huge values) cost a bounded
+//! amount of work and give a report no larger than a constant factor of the pod plus a constant.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -17,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use proptest::prelude::*;
 use warmcache_modelid::{
     Identity, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, LeaderWorkerSet, LeaderWorkerSetSpec,
-    LeaderWorkerTemplate, OPT_OUT_ANNOTATION, Outcome, Scheme, debug_shell_commands, resolve,
-    resolve_with_group,
+    LeaderWorkerTemplate, MAX_COMMANDS, MAX_EXPANSION_BYTES, OPT_OUT_ANNOTATION, Outcome, Scheme,
+    debug_resolve_cost, debug_shell_commands, resolve, resolve_with_group,
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -562,4 +564,149 @@ fn generated_pods_exercise_the_resolver() {
     }
     assert!(sources.len() >= 8, "resolved sources reached: {sources:?}");
     assert!(codes.len() >= 6, "unresolved reasons reached: {codes:?}");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Bounds: pods built to blow up
+// ------------------------------------------------------------------------------------------------
+
+const BOMB_COMMANDS: &[&str] = &[
+    "vllm serve $A",
+    "vllm serve --model \"$A\"",
+    "hf download $A --local-dir /models",
+    "hf download org/m --local-dir \"$A\"",
+    "export HF_HOME=\"$A\"; vllm serve org/m",
+    "cd \"$A\"; hf download org/m --local-dir x",
+    "sh -c \"$A\"",
+    "aws s3 sync \"s3://b/$A\" /models",
+    "HF_ENDPOINT=\"$A\" vllm serve org/m",
+];
+
+const SEEDS: &[&str] = &[
+    "x",
+    "Qwen/Qwen3-0.6B",
+    "/m",
+    " a b ",
+    "true; ",
+    "sh -c \"$A\"; ",
+];
+
+/// A container whose values grow far beyond its own size, or that repeats something many times.
+fn bomb_container() -> impl Strategy<Value = Container> {
+    (
+        0..6u8,
+        1..70usize,
+        prop::sample::select(SEEDS),
+        prop::sample::select(BOMB_COMMANDS),
+        0..300_000usize,
+    )
+        .prop_map(|(kind, n, seed, cmd, len)| {
+            let mut c = Container {
+                name: "bomb".to_owned(),
+                image: Some("python:3".to_owned()),
+                ..Default::default()
+            };
+            let sh = |script: String| Some(vec!["sh".to_owned(), "-c".to_owned(), script]);
+            let lit = |name: String, value: String| EnvVar {
+                name,
+                value: Some(value),
+                value_from: None,
+            };
+            match kind {
+                // A=$A$A, n times.
+                0 => {
+                    let mut script = format!("A='{seed}'\n");
+                    for _ in 0..n {
+                        script.push_str("A=\"$A$A\"\n");
+                    }
+                    script.push_str(cmd);
+                    c.command = sh(script);
+                }
+                // V(k) = $(V(k-1))$(V(k-1)), n deep, used by the command.
+                1 => {
+                    let mut env = vec![lit("V0".to_owned(), seed.to_owned())];
+                    for k in 1..=n {
+                        env.push(lit(format!("V{k}"), format!("$(V{})$(V{})", k - 1, k - 1)));
+                    }
+                    env.push(lit("A".to_owned(), format!("$(V{n})")));
+                    c.env = Some(env);
+                    c.command = sh(cmd.to_owned());
+                }
+                // A huge literal value.
+                2 => {
+                    c.env = Some(vec![lit("A".to_owned(), seed.repeat(len / seed.len() + 1))]);
+                    c.command = sh(cmd.to_owned());
+                }
+                // Many exports (and commands) in one script.
+                3 => {
+                    let mut script = String::new();
+                    for i in 0..n * 60 {
+                        script.push_str(&format!("export V{i}={seed:?}; true; "));
+                    }
+                    script.push_str("A=x; ");
+                    script.push_str(cmd);
+                    c.command = sh(script);
+                }
+                // Nested shells, n deep.
+                4 => {
+                    let mut script = cmd.replace("$A", "org/m");
+                    for _ in 0..n.min(12) {
+                        script = format!("sh -c '{}'", script.replace('\'', "'\\''"));
+                    }
+                    c.command = sh(script);
+                }
+                // An argument referencing a variable n times, and a huge literal argument.
+                _ => {
+                    c.env = Some(vec![lit("A".to_owned(), seed.repeat(len / 64 + 1))]);
+                    c.command = Some(vec![
+                        "vllm".to_owned(),
+                        "serve".to_owned(),
+                        "$(A)".repeat(n),
+                        "--revision".to_owned(),
+                        seed.repeat(len / seed.len() + 1),
+                    ]);
+                }
+            }
+            c
+        })
+}
+
+fn bomb_pod() -> impl Strategy<Value = Pod> {
+    (
+        prop::collection::vec(prop_oneof![container(), bomb_container()], 0..3),
+        prop::collection::vec(prop_oneof![container(), bomb_container()], 1..3),
+        prop::collection::vec(volume(), 0..3),
+    )
+        .prop_map(|(init, containers, volumes)| Pod {
+            spec: Some(PodSpec {
+                init_containers: Some(init),
+                containers,
+                volumes: Some(volumes),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn report_size_is_bounded_by_the_pod(p in bomb_pod()) {
+        let input = serde_json::to_string(&p).unwrap();
+        let (outcome, expanded, commands) = debug_resolve_cost(&p);
+        prop_assert!(expanded <= MAX_EXPANSION_BYTES, "expanded {expanded} bytes");
+        prop_assert!(commands <= MAX_COMMANDS, "read {commands} commands");
+        prop_assert_eq!(&outcome, &resolve(&p));
+        let report = outcome.report_json().unwrap();
+        prop_assert!(
+            report.len() <= 4 * input.len() + 16 * 1024,
+            "report of {} bytes for a pod of {} bytes",
+            report.len(),
+            input.len()
+        );
+        if let Outcome::Unresolved(u) = &outcome {
+            prop_assert!(u.to_string().len() <= warmcache_modelid::MAX_REASON_BYTES + 32);
+        }
+    }
 }
