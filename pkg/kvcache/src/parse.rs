@@ -33,10 +33,10 @@ pub fn parse_backend(text: &str) -> Result<KVCacheBackend, DecodeFailure> {
 /// `worker.gpustack.ai/v1alpha1` `KVCacheBackend`, without decoding its fields (see
 /// [`crate::validate_values`], which decides some updates on the raw document).
 pub fn parse_document(text: &str) -> Result<Value, ParseError> {
-    let mut documents: Vec<Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| ParseError::Yaml(e.to_string()))?;
-    // A trailing "---" or an empty file yields null documents; they hold nothing.
-    documents.retain(|d| !d.is_null());
+    // Read as kubectl reads it (YAML 1.1 integers, empty documents skipped), the convention of
+    // every command; a parser message is bounded.
+    let mut documents =
+        warmcache_cli::yaml::documents(text).map_err(|e| ParseError::Yaml(e.message))?;
     if documents.len() != 1 {
         return Err(ParseError::Documents(documents.len()));
     }
@@ -50,8 +50,8 @@ pub fn parse_document(text: &str) -> Result<Value, ParseError> {
         return Err(ParseError::WrongKind {
             found: format!(
                 "apiVersion {} kind {}",
-                api_version.map_or_else(|| "(none)".to_owned(), |v| format!("{v:?}")),
-                kind.map_or_else(|| "(none)".to_owned(), |k| format!("{k:?}")),
+                api_version.map_or_else(|| "(none)".to_owned(), warmcache_cli::text::shown),
+                kind.map_or_else(|| "(none)".to_owned(), warmcache_cli::text::shown),
             ),
         });
     }
@@ -156,6 +156,28 @@ mod tests {
 
     const HEADER: &str =
         "apiVersion: worker.gpustack.ai/v1alpha1\nkind: KVCacheBackend\nmetadata: {name: kvc}\n";
+
+    #[test]
+    fn a_huge_kind_is_shown_bounded() {
+        let text = format!("apiVersion: v1\nkind: {}\n", "K".repeat(1_000_000));
+        let Err(e) = parse_document(&text) else {
+            panic!("not a backend");
+        };
+        let message = e.to_string();
+        assert!(message.len() < 300, "{}", message.len());
+        assert!(message.contains("(1000000 bytes in all)"), "{message}");
+    }
+
+    #[test]
+    fn yaml_is_read_as_kubectl_reads_it() {
+        // A YAML 1.1 octal spelling is an integer, as kubectl sends it (and then a type error
+        // for a string field), not the string "0555".
+        let text = format!("{HEADER}spec:\n  image: 0555\n");
+        let Ok(document) = parse_document(&text) else {
+            panic!("one backend document");
+        };
+        assert_eq!(document["spec"]["image"], serde_json::json!(365));
+    }
 
     fn shape(text: &str) -> Vec<String> {
         match parse_backend(text) {
