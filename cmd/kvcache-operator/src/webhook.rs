@@ -6,6 +6,7 @@
 //! the backend; the operator's own finalizer removal changes no spec and is always admitted.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
@@ -24,8 +25,13 @@ use crate::WebhookArgs;
 /// Path the webhook is served on.
 pub const WEBHOOK_PATH: &str = "/validate-kvcachebackends";
 
-/// Prefix of the binary's Prometheus metrics.
+/// Prefix of the binary's own Prometheus metrics. The admission server's series keep their
+/// library names (`warmcache_admission_*`), the same in every binary.
 pub const METRICS_PREFIX: &str = "warmcache_kvcache_operator";
+
+/// How long the process waits at exit for review handlers that are still running (abandoned
+/// at their timeout) before leaving them behind.
+const BLOCKING_SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
 /// Why the webhook server stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +145,21 @@ pub fn run(args: WebhookArgs) -> Result<(), ServeError> {
             what: "cannot start the async runtime".into(),
             source,
         })?;
-    runtime.block_on(serve(args))
+    let result = runtime.block_on(serve(args));
+    // Review handlers run on the blocking pool; one still stuck in a validation must not keep
+    // the process from exiting.
+    runtime.shutdown_timeout(BLOCKING_SHUTDOWN_WAIT);
+    result
+}
+
+/// The registry served on `/metrics`: the binary's own metrics under [`METRICS_PREFIX`], and
+/// the admission server's under their documented names.
+pub fn metrics_registry()
+-> Result<(warmcache_telemetry::prometheus::Registry, AdmissionMetrics), ServeError> {
+    let metrics = telemetry::Metrics::new(METRICS_PREFIX)?;
+    let admission_metrics = AdmissionMetrics::new()?;
+    let exposed = admission_metrics.exposition_registry(metrics.registry())?;
+    Ok((exposed, admission_metrics))
 }
 
 async fn serve(args: WebhookArgs) -> Result<(), ServeError> {
@@ -153,14 +173,12 @@ async fn serve(args: WebhookArgs) -> Result<(), ServeError> {
     let _telemetry = telemetry::init(&config)?;
     let shutdown = telemetry::shutdown_signal()?;
 
-    let metrics = telemetry::Metrics::new(METRICS_PREFIX)?;
-    let admission_metrics = AdmissionMetrics::with_namespace("")?;
-    admission_metrics.register(metrics.registry())?;
+    let (registry, admission_metrics) = metrics_registry()?;
     let readiness = Readiness::new();
     readiness.set_not_ready("loading the webhook certificate");
     let admin: JoinHandle<Result<(), TelemetryError>> = tokio::spawn(telemetry::serve_admin(
         args.admin_listen,
-        metrics.registry().clone(),
+        registry,
         readiness.clone(),
         shutdown.clone(),
     ));
@@ -351,6 +369,29 @@ mod tests {
         assert!(review(&request("UPDATE", Some(edited), Some(stored.clone())), &ctx).allowed);
         let moved = tiered("9Mi");
         assert!(!review(&request("UPDATE", Some(moved), Some(stored)), &ctx).allowed);
+    }
+
+    #[test]
+    fn admission_metrics_keep_their_documented_names() {
+        let (registry, metrics) = metrics_registry().unwrap();
+        metrics.observe_review(WEBHOOK_PATH, warmcache_admission::Verdict::Denied, 0.01);
+        let names: Vec<String> = registry
+            .gather()
+            .iter()
+            .map(|family| family.name().to_owned())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n == "warmcache_admission_reviews_total"),
+            "{names:?}"
+        );
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.starts_with(METRICS_PREFIX) && n.contains("admission")),
+            "{names:?}"
+        );
     }
 
     #[test]

@@ -14,13 +14,15 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum_server::tls_rustls::RustlsConfig;
 use http_body_util::BodyExt;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
+use prometheus::IntGauge;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::conn::{self, ConnSettings};
 use crate::error::AdmissionError;
 use crate::metrics::{AdmissionMetrics, Verdict};
 use crate::review::{DecodeRejection, decode_review, into_v1_review, invalid_response};
@@ -29,6 +31,12 @@ use crate::tls::{ReloadingCertResolver, TlsFiles, spawn_reloader, tls_server_con
 /// Default [`AdmissionServerConfig::max_body_bytes`]: 3 MiB, the API server's own limit for
 /// admission requests.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Default [`AdmissionServerConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// Default [`AdmissionServerConfig::max_concurrent_handlers`].
+pub const DEFAULT_MAX_CONCURRENT_HANDLERS: usize = 8;
 
 /// Settings of an [`AdmissionServer`]. Build with [`AdmissionServerConfig::new`] and adjust
 /// the public fields.
@@ -42,13 +50,33 @@ pub struct AdmissionServerConfig {
     /// Largest request body accepted; bigger bodies get `413`. Default
     /// [`DEFAULT_MAX_BODY_BYTES`].
     pub max_body_bytes: usize,
-    /// Time a client gets to send the request headers (HTTP/1.1) and the whole body; a slower
-    /// client gets `408` and its connection is closed. Also bounds the TLS handshake.
-    /// Default 5 s.
+    /// The header and body timeout. A connection must finish its TLS handshake within it, and
+    /// then deliver its first request's headers (HTTP/2: the preface and the first `HEADERS`)
+    /// within it, or it is closed; an HTTP/1.1 request's headers must arrive within it of its
+    /// first byte. A request body not received within it gets `408` and the connection is
+    /// closed. Default 5 s.
     pub body_timeout: Duration,
-    /// Time a handler gets to answer; after that the handler has failed and the route's
-    /// [`OnHandlerError`] decides the answer. Keep it below the webhook's `timeoutSeconds` (10 s by default) so the API server
-    /// sees our message rather than a timeout. Default 8 s.
+    /// A connection with no request in flight for this long is closed: HTTP/1.1 keep-alive
+    /// between requests, or HTTP/2 with no open stream (with a `GOAWAY`; pings do not count as
+    /// activity). Longer than the API server's own idle timeout for webhook connections
+    /// (90 s), so the client normally closes first. Default 120 s.
+    pub idle_timeout: Duration,
+    /// Most connections open at once, TLS handshakes included. While this many are open the
+    /// server accepts no more, so new clients wait in the listen backlog until one closes.
+    /// `0` counts as 1. Default [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: usize,
+    /// Most synchronous handlers running at once, on tokio's blocking pool (they never run
+    /// on the async workers, so a slow one cannot delay other reviews or the timeouts). A
+    /// review that finds every slot busy waits for one until
+    /// [`handler_timeout`](Self::handler_timeout). A handler still running at its timeout
+    /// keeps its slot until it returns. Async handlers are not counted. `0` counts as 1.
+    /// Default [`DEFAULT_MAX_CONCURRENT_HANDLERS`].
+    pub max_concurrent_handlers: usize,
+    /// Time a handler gets to answer, waiting for a handler slot included; after that the
+    /// handler has failed and the route's [`OnHandlerError`] decides the answer, sent at once
+    /// even if a synchronous handler is still running. Keep it below the webhook's
+    /// `timeoutSeconds` (10 s by default) so the API server sees our message rather than a
+    /// timeout. Default 8 s.
     pub handler_timeout: Duration,
     /// How long in-flight requests may finish after shutdown is requested. Default 10 s.
     pub shutdown_grace: Duration,
@@ -62,6 +90,9 @@ impl AdmissionServerConfig {
             reload_interval: Duration::from_secs(10),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             body_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_concurrent_handlers: DEFAULT_MAX_CONCURRENT_HANDLERS,
             handler_timeout: Duration::from_secs(8),
             shutdown_grace: Duration::from_secs(10),
         }
@@ -153,7 +184,16 @@ impl<E: fmt::Display + Send + 'static> HandlerOutput for Result<AdmissionRespons
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<AdmissionResponse, String>> + Send>>;
-type DynHandler = Arc<dyn Fn(AdmissionRequest<DynamicObject>) -> HandlerFuture + Send + Sync>;
+type AsyncFn = Arc<dyn Fn(AdmissionRequest<DynamicObject>) -> HandlerFuture + Send + Sync>;
+type SyncFn =
+    Arc<dyn Fn(AdmissionRequest<DynamicObject>) -> Result<AdmissionResponse, String> + Send + Sync>;
+
+/// A route's handler: synchronous ones run on the blocking pool, async ones in a task.
+#[derive(Clone)]
+enum DynHandler {
+    Sync(SyncFn),
+    Async(AsyncFn),
+}
 
 struct RouteSpec {
     path: String,
@@ -241,8 +281,14 @@ impl AdmissionServer {
     }
 
     /// Adds a validating route with a synchronous handler that denies on handler failure
-    /// ([`OnHandlerError::Deny`]). The handler runs on the async runtime, so it must not block;
-    /// use [`validate_async`](Self::validate_async) for I/O.
+    /// ([`OnHandlerError::Deny`]).
+    ///
+    /// Synchronous handlers run on tokio's blocking pool, at most
+    /// [`max_concurrent_handlers`](AdmissionServerConfig::max_concurrent_handlers) at a time,
+    /// so CPU-heavy validation cannot stall the server; a handler still running at the
+    /// [`handler_timeout`](AdmissionServerConfig::handler_timeout) is abandoned (the review is
+    /// answered, the handler runs to completion in the background). Use
+    /// [`validate_async`](Self::validate_async) for I/O.
     #[must_use]
     pub fn validate<F, R>(self, path: impl Into<String>, handler: F) -> Self
     where
@@ -374,15 +420,25 @@ impl AdmissionServer {
     /// Useful to drive the handlers in-process (`tower::ServiceExt::oneshot`). Fails when a
     /// path does not start with `/`, contains characters other than `A-Z a-z 0-9 - . _ ~ /`,
     /// or is registered twice.
+    ///
+    /// All routes of one router share its
+    /// [`max_concurrent_handlers`](AdmissionServerConfig::max_concurrent_handlers) slots.
     pub fn router(&self) -> Result<Router, AdmissionError> {
         self.check_routes()?;
+        let max_handlers = self.config.max_concurrent_handlers.max(1);
+        let handler_slots = Arc::new(Semaphore::new(max_handlers));
         let mut router = Router::new();
         for spec in &self.routes {
+            if let Some(metrics) = &self.metrics {
+                metrics.init_route(&spec.path);
+            }
             let state = Arc::new(RouteState {
                 path: spec.path.clone(),
                 kind: spec.kind,
                 on_error: spec.on_error,
-                handler: Arc::clone(&spec.handler),
+                handler: spec.handler.clone(),
+                handler_slots: Arc::clone(&handler_slots),
+                max_handlers,
                 max_body_bytes: self.config.max_body_bytes,
                 body_timeout: self.config.body_timeout,
                 handler_timeout: self.config.handler_timeout,
@@ -463,34 +519,20 @@ impl AdmissionServer {
         shutdown: CancellationToken,
     ) -> Result<(), AdmissionError> {
         let router = self.router()?;
-        let tls = RustlsConfig::from_config(tls_server_config(resolver)?);
-        let mut server = match listen.into() {
-            Listen::Addr(addr) => axum_server::bind_rustls(addr, tls),
-            Listen::Listener(listener) => {
-                axum_server::from_tcp_rustls(listener, tls).map_err(AdmissionError::Serve)?
-            }
-        };
-        let body_timeout = self.config.body_timeout;
-        server
-            .http_builder()
-            .http1()
-            .header_read_timeout(body_timeout);
-        let handle = axum_server::Handle::new();
-        let server = server
-            .map(|acceptor| acceptor.handshake_timeout(body_timeout))
-            .handle(handle.clone());
-
-        let grace = self.config.shutdown_grace;
-        let shutdown_watch = tokio::spawn(async move {
-            shutdown.cancelled().await;
-            handle.graceful_shutdown(Some(grace));
-        });
-        let result = server
-            .serve(router.into_make_service())
+        let tls = tls_server_config(resolver)?;
+        let (listener, addr) = conn::listen(listen.into())
             .await
-            .map_err(AdmissionError::Serve);
-        shutdown_watch.abort();
-        result
+            .map_err(AdmissionError::Serve)?;
+        let settings = ConnSettings {
+            header_timeout: self.config.body_timeout,
+            idle_timeout: self.config.idle_timeout,
+            shutdown_grace: self.config.shutdown_grace,
+            max_connections: self.config.max_connections,
+            metrics: self.metrics.clone(),
+        };
+        tracing::debug!(%addr, ?settings, "admission server listening");
+        conn::serve_connections(listener, tls, router, settings, shutdown).await;
+        Ok(())
     }
 }
 
@@ -518,12 +560,7 @@ where
     F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
     R: HandlerOutput,
 {
-    let handler = Arc::new(handler);
-    Arc::new(move |request| {
-        let handler = Arc::clone(&handler);
-        // The call happens when the future is polled, inside the handler task.
-        Box::pin(async move { handler(request).into_result() })
-    })
+    DynHandler::Sync(Arc::new(move |request| handler(request).into_result()))
 }
 
 fn async_handler<F, Fut, R>(handler: F) -> DynHandler
@@ -533,10 +570,10 @@ where
     R: HandlerOutput,
 {
     let handler = Arc::new(handler);
-    Arc::new(move |request| {
+    DynHandler::Async(Arc::new(move |request| {
         let handler = Arc::clone(&handler);
         Box::pin(async move { handler(request).await.into_result() })
-    })
+    }))
 }
 
 struct RouteState {
@@ -544,6 +581,9 @@ struct RouteState {
     kind: RouteKind,
     on_error: OnHandlerError,
     handler: DynHandler,
+    /// Slots for synchronous handlers, shared by all routes of the router.
+    handler_slots: Arc<Semaphore>,
+    max_handlers: usize,
     max_body_bytes: usize,
     body_timeout: Duration,
     handler_timeout: Duration,
@@ -654,21 +694,9 @@ impl RouteState {
     ) -> (Verdict, AdmissionResponse) {
         let base = AdmissionResponse::from(&request);
         let uid = request.uid.clone();
-        let mut task = tokio::spawn((self.handler)(request).in_current_span());
-        let outcome = match tokio::time::timeout(self.handler_timeout, &mut task).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(join_error)) => Err(if join_error.is_panic() {
-                "the admission handler panicked".to_owned()
-            } else {
-                "the admission handler was cancelled".to_owned()
-            }),
-            Err(_elapsed) => {
-                task.abort();
-                Err(format!(
-                    "the admission handler did not answer within {:?}",
-                    self.handler_timeout
-                ))
-            }
+        let outcome = match &self.handler {
+            DynHandler::Async(handler) => self.run_async(handler, request).await,
+            DynHandler::Sync(handler) => self.run_blocking(handler, request).await,
         };
         match outcome {
             Ok(response) if self.kind == RouteKind::Validate && response.patch.is_some() => (
@@ -686,6 +714,95 @@ impl RouteState {
             }
             Err(message) => (Verdict::Error, self.handler_error(base, &message)),
         }
+    }
+
+    /// Runs an async handler in its own task (a panic stays there), aborted at the timeout.
+    async fn run_async(
+        &self,
+        handler: &AsyncFn,
+        request: AdmissionRequest<DynamicObject>,
+    ) -> Result<AdmissionResponse, String> {
+        let mut task = tokio::spawn(handler(request).in_current_span());
+        match tokio::time::timeout(self.handler_timeout, &mut task).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(join_error)) => Err(join_message(&join_error)),
+            Err(_elapsed) => {
+                task.abort();
+                Err(self.timeout_message())
+            }
+        }
+    }
+
+    /// Runs a synchronous handler on the blocking pool once a handler slot is free. The slot
+    /// is held by the handler itself, so one that outlives its timeout keeps it until it
+    /// returns; the review is answered at the timeout regardless.
+    async fn run_blocking(
+        &self,
+        handler: &SyncFn,
+        request: AdmissionRequest<DynamicObject>,
+    ) -> Result<AdmissionResponse, String> {
+        let deadline = tokio::time::Instant::now() + self.handler_timeout;
+        let slot = match tokio::time::timeout_at(
+            deadline,
+            Arc::clone(&self.handler_slots).acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(slot)) => slot,
+            Ok(Err(_closed)) => {
+                return Err("the admission handler could not be started".to_owned());
+            }
+            Err(_elapsed) => {
+                if let Some(metrics) = &self.metrics {
+                    metrics
+                        .handler_slot_timeouts()
+                        .with_label_values(&[self.path.as_str()])
+                        .inc();
+                }
+                tracing::warn!(
+                    max_concurrent_handlers = self.max_handlers,
+                    "no admission handler slot became free before the timeout"
+                );
+                return Err(format!(
+                    "{} (all {} handler slots stayed busy)",
+                    self.timeout_message(),
+                    self.max_handlers
+                ));
+            }
+        };
+        let handler = Arc::clone(handler);
+        let running = self.metrics.as_ref().map(RunningHandler::new);
+        let span = tracing::Span::current();
+        let task = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            let _running = running;
+            span.in_scope(|| handler(request))
+        });
+        let mut waiting = AbandonGuard {
+            metrics: self.metrics.as_ref(),
+            route: &self.path,
+            armed: true,
+        };
+        let outcome = tokio::time::timeout_at(deadline, task).await;
+        match outcome {
+            Ok(Ok(outcome)) => {
+                waiting.armed = false;
+                outcome
+            }
+            Ok(Err(join_error)) => {
+                waiting.armed = false;
+                Err(join_message(&join_error))
+            }
+            // Dropping the JoinHandle detaches the thread; `waiting` counts it as abandoned.
+            Err(_elapsed) => Err(self.timeout_message()),
+        }
+    }
+
+    fn timeout_message(&self) -> String {
+        format!(
+            "the admission handler did not answer within {:?}",
+            self.handler_timeout
+        )
     }
 
     /// The answer to a failed handler, per the route's [`OnHandlerError`]. `base` is the
@@ -717,6 +834,58 @@ impl RouteState {
             "the request body is larger than the limit of {} bytes\n",
             self.max_body_bytes
         )
+    }
+}
+
+fn join_message(join_error: &tokio::task::JoinError) -> String {
+    if join_error.is_panic() {
+        "the admission handler panicked".to_owned()
+    } else {
+        "the admission handler was cancelled".to_owned()
+    }
+}
+
+/// Counts a synchronous handler in `..._handlers_running` while it executes.
+struct RunningHandler(IntGauge);
+
+impl RunningHandler {
+    fn new(metrics: &AdmissionMetrics) -> Self {
+        let gauge = metrics.handlers_running().clone();
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for RunningHandler {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Counts a review that stops waiting for its synchronous handler (timeout, or the client went
+/// away and the request was dropped) while the handler is still running.
+struct AbandonGuard<'a> {
+    metrics: Option<&'a AdmissionMetrics>,
+    route: &'a str,
+    armed: bool,
+}
+
+impl Drop for AbandonGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        tracing::warn!(
+            route = %self.route,
+            "abandoned a synchronous admission handler that is still running; it keeps its \
+             thread and handler slot until it returns"
+        );
+        if let Some(metrics) = self.metrics {
+            metrics
+                .handlers_abandoned()
+                .with_label_values(&[self.route])
+                .inc();
+        }
     }
 }
 

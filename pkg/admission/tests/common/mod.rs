@@ -337,3 +337,31 @@ pub fn spawn_with_resolver(
 pub fn files_in(dir: &Path) -> TlsFiles {
     TlsFiles::in_dir(dir)
 }
+
+/// Reads from `stream` (discarding the data) until the server closes it or `within` elapses;
+/// true when it was closed.
+pub async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    within: Duration,
+) -> bool {
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Polls `condition` every 20 ms until it holds; panics after `within`.
+pub async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < within, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,278 @@
+//! Synchronous handlers run on the blocking pool: a slow one neither delays other reviews nor
+//! its own answer at the timeout, and the number running at once is bounded.
+
+// Test code: helpers outside #[test] fns may unwrap/panic too (clippy.toml only covers #[test]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::sync::mpsc;
+use warmcache_admission::{
+    AdmissionMetrics, AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig,
+    DynamicObject, OnHandlerError,
+};
+
+/// Blocks synchronous handlers until opened (or for at most 20 s, so that the old,
+/// runtime-blocking server eventually answers and the test fails instead of hanging).
+#[derive(Clone)]
+struct Gate {
+    open: Arc<(Mutex<bool>, Condvar)>,
+    running: Arc<AtomicUsize>,
+    started: mpsc::UnboundedSender<()>,
+}
+
+impl Gate {
+    fn new() -> (Self, mpsc::UnboundedReceiver<()>) {
+        let (started, receiver) = mpsc::unbounded_channel();
+        let gate = Self {
+            open: Arc::new((Mutex::new(false), Condvar::new())),
+            running: Arc::new(AtomicUsize::new(0)),
+            started,
+        };
+        (gate, receiver)
+    }
+
+    /// The synchronous handler body: announce, block (a thread stuck in CPU work or a
+    /// blocking call looks the same to the server), finish.
+    fn block(&self, req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        self.started.send(()).unwrap();
+        let (lock, condvar) = &*self.open;
+        let guard = lock.lock().unwrap();
+        let _guard = condvar
+            .wait_timeout_while(guard, Duration::from_secs(20), |open| !*open)
+            .unwrap();
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        AdmissionResponse::from(req)
+    }
+
+    fn running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
+    }
+
+    fn release(&self) {
+        let (lock, condvar) = &*self.open;
+        *lock.lock().unwrap() = true;
+        condvar.notify_all();
+    }
+}
+
+fn ok(req: AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    AdmissionResponse::from(&req)
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    ca: Ca,
+    running: Running,
+}
+
+fn start(
+    config: impl FnOnce(&mut AdmissionServerConfig),
+    gate: &Gate,
+    metrics: &AdmissionMetrics,
+) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    ca.leaf(1).write_to(dir.path());
+    let mut server_config = AdmissionServerConfig::new(files_in(dir.path()));
+    config(&mut server_config);
+    let (deny_gate, allow_gate) = (gate.clone(), gate.clone());
+    let server = AdmissionServer::new(server_config)
+        .validate("/slow", move |req| deny_gate.block(&req))
+        .mutate_with(
+            "/allow/slow",
+            move |req| allow_gate.block(&req),
+            OnHandlerError::Allow,
+        )
+        .validate("/fast", ok)
+        .validate_async("/fast-async", |req| async move { ok(req) })
+        .with_metrics(metrics.clone());
+    Fixture {
+        _dir: dir,
+        ca,
+        running: spawn_serve(server),
+    }
+}
+
+// Two runtime workers, as on the 2-CPU nodes the webhook runs on: two handlers blocking them
+// used to stall every other review (and the timeout meant to answer them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_synchronous_handlers_neither_delay_others_nor_their_own_timeout() {
+    let (gate, mut started) = Gate::new();
+    let metrics = AdmissionMetrics::new().unwrap();
+    let f = start(
+        |c| c.handler_timeout = Duration::from_secs(2),
+        &gate,
+        &metrics,
+    );
+    let (addr, ca) = (f.running.addr, Arc::new(f.ca));
+
+    let sent = Instant::now();
+    let slow_deny = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(
+            async move { post_json(addr, &ca, "/slow", &pod_review("uid-slow", "p")).await },
+        )
+    };
+    let slow_allow = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(async move {
+            post(
+                addr,
+                &ca,
+                b"h2",
+                "/allow/slow",
+                Some("application/json"),
+                serde_json::to_vec(&pod_review("uid-slow-allow", "p")).unwrap(),
+            )
+            .await
+        })
+    };
+    for _ in 0..2 {
+        tokio::time::timeout(Duration::from_secs(30), started.recv())
+            .await
+            .expect("both slow handlers start")
+            .unwrap();
+    }
+
+    // A fast review, synchronous too, is answered while both slow handlers still run.
+    let fast = tokio::time::timeout(
+        Duration::from_secs(30),
+        post_json(addr, &ca, "/fast", &pod_review("uid-fast", "good")),
+    )
+    .await
+    .expect("the fast review is answered");
+    assert_eq!(fast.response()["allowed"], true);
+    assert_eq!(
+        gate.running(),
+        2,
+        "the fast review was answered only after the slow handlers returned"
+    );
+    let fast = post_json(
+        addr,
+        &ca,
+        "/fast-async",
+        &pod_review("uid-fast-async", "good"),
+    )
+    .await;
+    assert_eq!(fast.response()["allowed"], true);
+    assert_eq!(gate.running(), 2);
+
+    // The slow reviews are answered at the timeout, by their routes' policies, while their
+    // handlers are still blocked.
+    let denied = slow_deny.await.unwrap().response();
+    assert_eq!(gate.running(), 2, "answered only when the handler returned");
+    assert!(
+        sent.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(denied["uid"], "uid-slow");
+    assert_eq!(denied["allowed"], false);
+    assert_eq!(denied["status"]["code"], 500);
+    let message = denied["status"]["message"].as_str().unwrap();
+    assert!(message.contains("did not answer within 2s"), "{message}");
+
+    let allowed = slow_allow.await.unwrap().response();
+    assert_eq!(gate.running(), 2, "answered only when the handler returned");
+    assert_eq!(allowed["uid"], "uid-slow-allow");
+    assert_eq!(allowed["allowed"], true);
+    assert!(allowed.get("patch").is_none(), "{allowed}");
+    let warning = allowed["warnings"][0].as_str().unwrap();
+    assert!(
+        warning.contains("/allow/slow") && warning.contains("did not answer within"),
+        "{warning}"
+    );
+
+    let abandoned = |route: &str| {
+        metrics
+            .handlers_abandoned()
+            .with_label_values(&[route])
+            .get()
+    };
+    assert_eq!(abandoned("/slow"), 1);
+    assert_eq!(abandoned("/allow/slow"), 1);
+    assert_eq!(abandoned("/fast"), 0);
+    assert_eq!(metrics.handlers_running().get(), 2);
+
+    gate.release();
+    eventually(
+        Duration::from_secs(10),
+        "the abandoned handlers to return",
+        || metrics.handlers_running().get() == 0,
+    )
+    .await;
+    assert_eq!(gate.running(), 0);
+    f.running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_handler_slots_make_synchronous_reviews_wait_until_the_timeout() {
+    let (gate, mut started) = Gate::new();
+    let metrics = AdmissionMetrics::new().unwrap();
+    let f = start(
+        |c| {
+            c.handler_timeout = Duration::from_secs(1);
+            c.max_concurrent_handlers = 1;
+        },
+        &gate,
+        &metrics,
+    );
+    let (addr, ca) = (f.running.addr, Arc::new(f.ca));
+
+    let slow = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(
+            async move { post_json(addr, &ca, "/slow", &pod_review("uid-slow", "p")).await },
+        )
+    };
+    started.recv().await.unwrap();
+
+    // The only slot is taken: a synchronous review waits for it, then gets the timeout answer.
+    let waited = Instant::now();
+    let reply = post_json(addr, &ca, "/fast", &pod_review("uid-queued", "good")).await;
+    let response = reply.response();
+    assert!(
+        waited.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        waited.elapsed()
+    );
+    assert_eq!(response["uid"], "uid-queued");
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("did not answer within") && message.contains("handler slots"),
+        "{message}"
+    );
+    assert_eq!(
+        metrics
+            .handler_slot_timeouts()
+            .with_label_values(&["/fast"])
+            .get(),
+        1
+    );
+    // Async handlers do not use the slots.
+    let reply = post_json(addr, &ca, "/fast-async", &pod_review("uid-async", "good")).await;
+    assert_eq!(reply.response()["allowed"], true);
+
+    // The abandoned handler still holds the slot after its own review was answered...
+    assert_eq!(slow.await.unwrap().response()["allowed"], false);
+    assert_eq!(gate.running(), 1);
+    // ...until it returns; then synchronous reviews run again.
+    gate.release();
+    eventually(
+        Duration::from_secs(10),
+        "the slow handler to return",
+        || metrics.handlers_running().get() == 0,
+    )
+    .await;
+    let reply = post_json(addr, &ca, "/fast", &pod_review("uid-after", "good")).await;
+    assert_eq!(reply.response()["allowed"], true);
+    f.running.stop().await;
+}
