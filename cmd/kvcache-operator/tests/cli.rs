@@ -660,7 +660,7 @@ async fn webhook_serves_the_api_server_and_stops_on_sigterm() {
     let (status, metrics) = http_get(&admin, "/metrics").unwrap();
     assert_eq!(status, 200);
     assert!(
-        metrics.contains("warmcache_kvcache_operator_admission_reviews_total{route=\"/validate-kvcachebackends\",verdict=\"denied\"}"),
+        metrics.contains("warmcache_admission_reviews_total{route=\"/validate-kvcachebackends\",verdict=\"denied\"}"),
         "{metrics}"
     );
     assert!(metrics.contains("verdict=\"allowed\""), "{metrics}");

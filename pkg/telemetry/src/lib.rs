@@ -15,7 +15,7 @@
 //! let _telemetry = telemetry::init(&config)?;
 //!
 //! let shutdown = telemetry::shutdown_signal()?;
-//! let metrics = telemetry::Metrics::new("warmcache_modelcache_controller")?;
+//! let metrics = telemetry::Metrics::new("warmcache_binding_controller")?;
 //! let reconcile = telemetry::ReconcileMetrics::register(metrics.registry())?;
 //! let readiness = telemetry::Readiness::new();
 //! let admin = tokio::spawn(telemetry::serve_admin(

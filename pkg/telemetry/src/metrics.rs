@@ -45,7 +45,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// A new, empty registry whose metric names get `prefix` and an underscore in front, for
-    /// example `warmcache_reaper`.
+    /// example `warmcache_binding_controller`.
     ///
     /// # Errors
     /// [`TelemetryError::InvalidMetricPrefix`] if `prefix` is not a valid metric name (for
@@ -138,8 +138,8 @@ where
 ///   the error's stable category (the same `&'static str` used as the Event reason);
 /// - `reconcile_duration_seconds{controller}`: how long each reconcile took.
 ///
-/// With a [`Metrics`] prefix of `warmcache_reaper` the exposed names are
-/// `warmcache_reaper_reconcile_runs_total` and so on. Labels are bounded by construction: only
+/// With a [`Metrics`] prefix of `warmcache_binding_controller` the exposed names are
+/// `warmcache_binding_controller_reconcile_runs_total` and so on. Labels are bounded by construction: only
 /// `&'static str` values are accepted. Do not build them from object names (see the module
 /// documentation).
 #[derive(Clone, Debug)]
