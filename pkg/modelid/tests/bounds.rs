@@ -9,7 +9,9 @@
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, Volume, VolumeMount,
 };
-use warmcache_modelid::{Outcome, Unresolved, resolve};
+use warmcache_modelid::{
+    MAX_COMMANDS, MAX_EXPANSION_BYTES, Outcome, Unresolved, debug_resolve_cost, resolve,
+};
 
 fn container(name: &str, command: &[&str], env: &[(&str, &str)]) -> Container {
     Container {
@@ -192,6 +194,16 @@ fn absolute_mounts_still_land_through_the_volume() {
 // Expansion bombs
 // ------------------------------------------------------------------------------------------------
 
+/// Resolve, checking the work done (bytes inserted by expansions, commands read) against the
+/// bounds: a structural measure of time and memory, not a timing.
+fn metered(p: &Pod) -> Outcome {
+    let (o, expanded, commands) = debug_resolve_cost(p);
+    assert!(expanded <= MAX_EXPANSION_BYTES, "expanded {expanded} bytes");
+    assert!(commands <= MAX_COMMANDS, "read {commands} commands");
+    assert_eq!(o, resolve(p), "the metered resolution is the resolution");
+    o
+}
+
 /// The reason of an outcome that hit a bound: unknown value, naming the bound.
 fn bound_hit(o: &Outcome, field: &str, bound: &str) {
     let u = unresolved(o);
@@ -212,7 +224,7 @@ fn doubling_script_is_bounded() {
     script.push_str("exec vllm serve \"$A\"\n");
     assert!(script.len() < 600);
     let main = container("engine", &["sh", "-c", &script], &[]);
-    let o = resolve(&pod(Vec::new(), main, Vec::new()));
+    let o = metered(&pod(Vec::new(), main, Vec::new()));
     bound_hit(&o, "spec.containers[0].command: ", "MAX_VALUE_BYTES");
     small_report(&o, 1024);
 }
@@ -226,7 +238,7 @@ fn doubling_script_in_an_init_container_is_bounded() {
     script.push_str("hf download $R --local-dir /models");
     let init = container("fetch", &["bash", "-lc", &script], &[]);
     let main = container("engine", &["vllm", "serve", "/models"], &[]);
-    let o = resolve(&pod(vec![init], main, Vec::new()));
+    let o = metered(&pod(vec![init], main, Vec::new()));
     bound_hit(&o, "spec.initContainers[0].command: ", "MAX_VALUE_BYTES");
 }
 
@@ -249,7 +261,7 @@ fn doubling_env_chain_is_bounded() {
         .map(|(n, v)| (n.as_str(), v.as_str()))
         .collect();
     let main = container("engine", &["vllm", "serve", "--model", "$(V40)"], &env);
-    let o = resolve(&pod(Vec::new(), main, Vec::new()));
+    let o = metered(&pod(Vec::new(), main, Vec::new()));
     bound_hit(&o, "spec.containers[0].env[", "MAX_VALUE_BYTES");
     small_report(&o, 1024);
 }
@@ -260,7 +272,7 @@ fn doubling_args_reference_is_bounded() {
     let big = "a".repeat(512 * 1024);
     let refs = "$(BIG)".repeat(64);
     let main = container("engine", &["vllm", "serve", &refs], &[("BIG", &big)]);
-    let o = resolve(&pod(Vec::new(), main, Vec::new()));
+    let o = metered(&pod(Vec::new(), main, Vec::new()));
     bound_hit(&o, "spec.containers[0].command: ", "MAX_VALUE_BYTES");
 }
 
@@ -278,7 +290,7 @@ fn expansion_budget_is_per_pod() {
         })
         .collect();
     let main = container("engine", &["vllm", "serve", "Qwen/Qwen3-0.6B"], &[]);
-    let o = resolve(&pod(inits, main, Vec::new()));
+    let o = metered(&pod(inits, main, Vec::new()));
     bound_hit(&o, "spec.initContainers[", "MAX_EXPANSION_BYTES");
 }
 
@@ -286,7 +298,7 @@ fn expansion_budget_is_per_pod() {
 fn one_megabyte_argument_is_not_echoed() {
     let value = "!".repeat(1 << 20);
     let main = container("engine", &["vllm", "serve", "--model", &value], &[]);
-    let o = resolve(&pod(Vec::new(), main, Vec::new()));
+    let o = metered(&pod(Vec::new(), main, Vec::new()));
     let u = unresolved(&o);
     assert_eq!(u.code(), "invalid-reference");
     let reason = u.to_string();
@@ -364,7 +376,7 @@ fn thousands_of_exports_are_bounded() {
     script.push_str("hf download Qwen/Qwen3-0.6B --local-dir /models");
     let init = container("fetch", &["sh", "-c", &script], &[]);
     let main = container("engine", &["vllm", "serve", "/models"], &[]);
-    let o = resolve(&pod(vec![init], main, Vec::new()));
+    let o = metered(&pod(vec![init], main, Vec::new()));
     bound_hit(&o, "spec.initContainers[0].command: ", "MAX_EXPORTS");
 }
 
@@ -393,7 +405,7 @@ fn deep_shell_nesting_is_bounded() {
     }
     let init = container("fetch", &["sh", "-c", &script], &[]);
     let main = container("engine", &["vllm", "serve", "org/other"], &[]);
-    let o = resolve(&pod(vec![init], main, Vec::new()));
+    let o = metered(&pod(vec![init], main, Vec::new()));
     bound_hit(&o, "spec.initContainers[0].command: ", "MAX_SHELL_DEPTH");
 }
 
@@ -409,7 +421,7 @@ fn nested_fan_out_is_bounded() {
                   hf download Qwen/Qwen3-0.6B --local-dir /models";
     let init = container("fetch", &["sh", "-c", script], &[]);
     let main = container("engine", &["vllm", "serve", "/models"], &[]);
-    let o = resolve(&pod(vec![init], main, Vec::new()));
+    let o = metered(&pod(vec![init], main, Vec::new()));
     bound_hit(&o, "spec.initContainers[0].command: ", "MAX_COMMANDS");
 }
 
@@ -422,7 +434,7 @@ fn growing_working_directory_is_bounded() {
     );
     let init = container("fetch", &["sh", "-c", &script], &[]);
     let main = container("engine", &["vllm", "serve", "/models"], &[]);
-    let o = resolve(&pod(vec![init], main, Vec::new()));
+    let o = metered(&pod(vec![init], main, Vec::new()));
     bound_hit(
         &o,
         "spec.initContainers[0].command: ",

@@ -301,6 +301,7 @@ const PATHS: &[&str] = &[
     "/var/run/secrets/x",
     "/opt/nim/.cache",
     "rel",
+    "",
 ];
 
 fn mount() -> impl Strategy<Value = VolumeMount> {
