@@ -652,3 +652,35 @@ fn a_worker_finds_its_leader_worker_set_in_the_same_stream() {
     assert_eq!(entries[0]["report"]["uri"], entries[1]["report"]["uri"]);
     assert!(entries[1]["report"]["uri"].is_string(), "{entries:?}");
 }
+
+#[test]
+fn an_expansion_bomb_is_left_alone_with_a_bounded_report() {
+    // A few hundred bytes whose script doubles a variable 64 times: 2^64 bytes if expanded.
+    let script = format!("A=x; {} exec vllm serve \"$A\"", "A=$A$A; ".repeat(64));
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bomb"},
+        "spec": {"containers": [{
+            "name": "vllm",
+            "image": "vllm/vllm-openai:v0.20.0",
+            "command": ["sh", "-c", script],
+        }]},
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "bomb.json", &pod.to_string());
+    let out = identify(&["-f", f.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.len() < 4096, "{} bytes", out.stdout.len());
+    let v = stdout_json(&out);
+    assert_eq!(v["uri"], Value::Null);
+    assert!(
+        v["reason"].as_str().unwrap().contains("MAX_"),
+        "the reason names the bound: {v}"
+    );
+}
