@@ -22,6 +22,24 @@ fn identify(args: &[&str]) -> Output {
     webhook().arg("identify").args(args).output().unwrap()
 }
 
+/// `webhook identify -f -` with `input` on standard input.
+fn identify_stdin(input: &str) -> Output {
+    let mut child = webhook()
+        .args(["identify", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn stdout_json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -282,20 +300,7 @@ fn lws_of_another_group_is_an_input_error() {
 
 #[test]
 fn stdin_is_read_with_dash() {
-    let mut child = webhook()
-        .args(["identify", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(VLLM_POD.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = identify_stdin(VLLM_POD);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         stdout_json(&out)["uri"],
@@ -563,20 +568,7 @@ fn a_helm_template_stream_reports_each_pod_template() {
 
 #[test]
 fn the_stream_is_read_from_standard_input() {
-    let mut child = webhook()
-        .args(["identify", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(HELM_STREAM.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = identify_stdin(HELM_STREAM);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(stdout_values(&out).len(), 2);
 }

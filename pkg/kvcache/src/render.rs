@@ -718,17 +718,7 @@ fn quota_policy_seed_container(plan: &Plan<'_>) -> Container {
             },
         ]),
         // A copy of one small file: the survey's small requests and limits fit it.
-        resources: Some(ResourceRequirements {
-            requests: Some(quantities(&[
-                ("cpu", SURVEY_CPU_REQUEST),
-                ("memory", SURVEY_MEMORY_REQUEST),
-            ])),
-            limits: Some(quantities(&[
-                ("cpu", SURVEY_CPU_LIMIT),
-                ("memory", SURVEY_MEMORY_LIMIT),
-            ])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(small_task_resources()),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         security_context: Some(restricted_container_context()),
         ..Container::default()
@@ -1211,17 +1201,7 @@ fn member_daemonset(
             }]),
             termination_message_path: Some(TERMINATION_LOG.to_owned()),
             termination_message_policy: Some("File".to_owned()),
-            resources: Some(ResourceRequirements {
-                requests: Some(quantities(&[
-                    ("cpu", SURVEY_CPU_REQUEST),
-                    ("memory", SURVEY_MEMORY_REQUEST),
-                ])),
-                limits: Some(quantities(&[
-                    ("cpu", SURVEY_CPU_LIMIT),
-                    ("memory", SURVEY_MEMORY_LIMIT),
-                ])),
-                ..ResourceRequirements::default()
-            }),
+            resources: Some(small_task_resources()),
             security_context: Some(survey_context),
             ..Container::default()
         });
@@ -1312,6 +1292,22 @@ fn member_daemonset(
         },
         status: None,
     })
+}
+
+/// The small requests and limits of the survey and of the quota-policy seed (each copies or
+/// reads a few small files).
+fn small_task_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(quantities(&[
+            ("cpu", SURVEY_CPU_REQUEST),
+            ("memory", SURVEY_MEMORY_REQUEST),
+        ])),
+        limits: Some(quantities(&[
+            ("cpu", SURVEY_CPU_LIMIT),
+            ("memory", SURVEY_MEMORY_LIMIT),
+        ])),
+        ..ResourceRequirements::default()
+    }
 }
 
 #[cfg(test)]
