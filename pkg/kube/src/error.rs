@@ -247,6 +247,27 @@ pub enum Error {
         source: Box<kube::Error>,
     },
 
+    /// The object to write has no `metadata.name` (this is a bug in the caller).
+    #[error("the object to write to {resource} has no metadata.name")]
+    MissingName {
+        /// Collection URL of the object.
+        resource: String,
+    },
+
+    /// A list call failed.
+    #[error("list {resource}?labelSelector={selector} failed ({category})")]
+    List {
+        /// Collection URL.
+        resource: String,
+        /// The label selector of the list.
+        selector: String,
+        /// Classification of `source`.
+        category: ErrorCategory,
+        /// The API error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+
     /// A JSON patch could not be built (this is a bug, not an API failure).
     #[error("could not build the JSON patch for {resource}/{name}")]
     BuildPatch {
@@ -287,14 +308,15 @@ impl Error {
     /// The stable class of this error (see [`ErrorCategory`]).
     ///
     /// [`Error::ConflictRetriesExhausted`] is a [`ErrorCategory::Conflict`]; `Aborted`,
-    /// `MissingResourceVersion`, `ResourceVersionMismatch` and `BuildPatch` are
+    /// `MissingResourceVersion`, `ResourceVersionMismatch`, `MissingName` and `BuildPatch` are
     /// [`ErrorCategory::Other`].
     pub fn category(&self) -> ErrorCategory {
         match self {
             Self::NotFound { .. } => ErrorCategory::NotFound,
             Self::ConflictRetriesExhausted { .. } => ErrorCategory::Conflict,
-            Self::Api { category, .. } => *category,
+            Self::Api { category, .. } | Self::List { category, .. } => *category,
             Self::Aborted { .. }
+            | Self::MissingName { .. }
             | Self::MissingResourceVersion { .. }
             | Self::ResourceVersionMismatch { .. }
             | Self::BuildPatch { .. } => ErrorCategory::Other,
@@ -321,7 +343,8 @@ impl Error {
         match self {
             Self::NotFound { source, .. }
             | Self::ConflictRetriesExhausted { source, .. }
-            | Self::Api { source, .. } => Some(source.as_ref()),
+            | Self::Api { source, .. }
+            | Self::List { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

@@ -7,9 +7,15 @@
 //! - [`EventRecorder`]: best-effort Events for a component.
 //! - [`add_finalizer`] / [`remove_finalizer`]: JSON patches guarded by a `test` op.
 //! - [`LeaderElector`] / [`Leadership`]: Lease-based leader election gating writes.
+//! - [`Applier`]: server-side apply with one field manager per component (force only on request);
+//!   [`create_or_get`]: create, or return the stored object as [`Created::Existing`], never
+//!   overwrite; [`controller_owner_reference`] / [`set_controller_owner`] /
+//!   [`set_managed_labels`]: pure metadata stamping; [`apply::prune::prune_unlisted`]: opt-in
+//!   deletion of unlisted children, never for model-cache components (only the reaper deletes).
 //! - [`category`], [`is_conflict`], [`is_not_found`], [`is_transient`]: stable error classes
 //!   for `error_policy` and metric labels.
 
+pub mod apply;
 pub mod conditions;
 pub mod error;
 pub mod events;
@@ -17,6 +23,11 @@ pub mod finalizers;
 pub mod leader;
 pub mod update;
 
+pub use apply::{
+    Applier, COMPONENT_LABEL, Created, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MetadataError,
+    controller_owner_reference, create_or_get, is_managed_by, managed_selector,
+    set_controller_owner, set_managed_labels,
+};
 pub use conditions::{
     ConditionError, ConditionStatus, NewCondition, find_condition, is_condition_false,
     is_condition_true, is_condition_true_for_generation, remove_condition, set_condition,

@@ -23,6 +23,9 @@ use warmcache_kube::{
 };
 use warmcache_testkit::{ControlPlane, Fault, FaultInjector, TestNamespace, eventually};
 
+#[path = "apiserver/apply.rs"]
+mod apply;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn client() -> Client {
