@@ -12,6 +12,10 @@
 //!   overwrite; [`controller_owner_reference`] / [`set_controller_owner`] /
 //!   [`set_managed_labels`]: pure metadata stamping; [`apply::prune::prune_unlisted`]: opt-in
 //!   deletion of unlisted children, never for model-cache components (only the reaper deletes).
+//! - [`OwnerResolver`]: the top-level controller of a pod ([`TopLevelOwner`]) by following
+//!   controller ownerReferences with bounded, cached dynamic GETs; a stale reference (NotFound,
+//!   other UID) stops the walk at the last object that exists, RBAC Forbidden stops it and is
+//!   reported in the [`Resolution`]; the pure step logic is [`owner::Walk`].
 //! - [`category`], [`is_conflict`], [`is_not_found`], [`is_transient`]: stable error classes
 //!   for `error_policy` and metric labels.
 
@@ -21,6 +25,7 @@ pub mod error;
 pub mod events;
 pub mod finalizers;
 pub mod leader;
+pub mod owner;
 pub mod update;
 
 pub use apply::{
@@ -42,6 +47,7 @@ pub use leader::{
     LeaderElectionError, LeaderElector, LeaderHandle, Leadership, LeaseAction, LeaseConfig,
     LeaseRecord, NotLeader, Observation,
 };
+pub use owner::{OwnerError, OwnerResolver, Resolution, Stop, TopLevelOwner};
 pub use update::{
     Decision, RetryPolicy, Updated, update_status_with_retry, update_status_with_retry_policy,
     update_with_retry, update_with_retry_policy,

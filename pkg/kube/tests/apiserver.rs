@@ -25,6 +25,8 @@ use warmcache_testkit::{ControlPlane, Fault, FaultInjector, TestNamespace, event
 
 #[path = "apiserver/apply.rs"]
 mod apply;
+#[path = "apiserver/owner.rs"]
+mod owner;
 
 const WAIT: Duration = Duration::from_secs(20);
 
