@@ -116,7 +116,7 @@ fn object_ref(index: usize, doc: &Value) -> Value {
     let meta = doc.get("metadata");
     let field = |v: Option<&Value>| {
         v.and_then(Value::as_str)
-            .map(|s| Value::String(text::bounded(s, 512)))
+            .map(|s| Value::String(text::escape(&text::bounded(s, 512))))
     };
     let mut o = serde_json::Map::new();
     o.insert("document".to_owned(), json!(index));
@@ -221,7 +221,7 @@ fn identify_stream(
                 Err(WorkloadError::UnsupportedKind { .. }) => continue,
                 Err(e) => {
                     failed += 1;
-                    json!({"object": object, "error": text::bounded(&e.to_string(), 4096)})
+                    json!({"object": object, "error": text::escape(&text::bounded(&e.to_string(), 4096))})
                 }
                 Ok(pod) => match report(&pod, group, &groups, args.lws.as_deref())? {
                     Ok(report) => {

@@ -676,3 +676,19 @@ fn an_expansion_bomb_is_left_alone_with_a_bounded_report() {
         "the reason names the bound: {v}"
     );
 }
+
+#[test]
+fn stream_entries_escape_invisible_characters() {
+    let stream = format!(
+        "{HELM_STREAM}---\napiVersion: apps/v1\nkind: Job\nmetadata: {{name: \"job\\u202e\\u200b\"}}\nspec: {{template: {{spec: {{containers: [{{name: a, image: busybox}}]}}}}}}\n"
+    );
+    let out = identify_stdin(&stream);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries = stdout_values(&out);
+    assert_eq!(entries[2]["object"]["name"], "job\\u{202e}\\u{200b}");
+}

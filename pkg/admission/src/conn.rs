@@ -50,6 +50,11 @@ use crate::metrics::{AdmissionMetrics, CloseReason};
 /// Pause after a failed `accept` (out of file descriptors, ...), so the loop does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Most concurrent HTTP/2 streams a client may open on one connection (hyper's default is
+/// 200). The API server opens more connections when it needs more; request memory is bounded
+/// over all streams by the server's body budget.
+pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+
 /// Limits and timeouts of the connection layer.
 #[derive(Clone, Debug)]
 pub(crate) struct ConnSettings {
@@ -227,7 +232,9 @@ async fn connection(
     };
     let reason = if h2 {
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        builder.timer(TokioTimer::new());
+        builder
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
         let conn = builder.serve_connection(io, service);
         watch.drive(conn, |conn| conn.graceful_shutdown()).await
     } else {

@@ -34,8 +34,8 @@ pub use metrics::{AdmissionMetrics, CloseReason, Verdict};
 pub use review::{DecodeRejection, decode_review, into_v1_review, invalid_response};
 pub use server::{
     AdmissionServer, AdmissionServerConfig, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CONCURRENT_HANDLERS, DEFAULT_MAX_CONNECTIONS, HandlerOutput, Listen,
-    OnHandlerError, RouteKind,
+    DEFAULT_MAX_BUFFERED_BODY_BYTES, DEFAULT_MAX_CONCURRENT_HANDLERS, DEFAULT_MAX_CONNECTIONS,
+    HandlerOutput, Listen, OnHandlerError, RouteKind,
 };
 pub use tls::{
     ALPN_PROTOCOLS, ReloadingCertResolver, TlsFiles, install_default_crypto_provider,

@@ -38,6 +38,12 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// Default [`AdmissionServerConfig::max_concurrent_handlers`].
 pub const DEFAULT_MAX_CONCURRENT_HANDLERS: usize = 8;
 
+/// Default [`AdmissionServerConfig::max_buffered_body_bytes`]: 32 MiB, ten largest requests.
+pub const DEFAULT_MAX_BUFFERED_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Unit in which the body budget is counted (a semaphore permit).
+const BODY_BUDGET_UNIT: usize = 1024;
+
 /// Settings of an [`AdmissionServer`]. Build with [`AdmissionServerConfig::new`] and adjust
 /// the public fields.
 #[derive(Clone, Debug)]
@@ -78,6 +84,13 @@ pub struct AdmissionServerConfig {
     /// `timeoutSeconds` (10 s by default) so the API server sees our message rather than a
     /// timeout. Default 8 s.
     pub handler_timeout: Duration,
+    /// Most request-body bytes held in memory at once, over all connections and streams
+    /// (HTTP/2 multiplexes many requests on one connection, so the connection bound alone does
+    /// not bound memory). A request reserves its `Content-Length` (or
+    /// [`max_body_bytes`](Self::max_body_bytes) without one) before its body is read; a request
+    /// that finds no room within [`body_timeout`](Self::body_timeout) gets `503`. Default
+    /// [`DEFAULT_MAX_BUFFERED_BODY_BYTES`].
+    pub max_buffered_body_bytes: usize,
     /// How long in-flight requests may finish after shutdown is requested. Default 10 s.
     pub shutdown_grace: Duration,
 }
@@ -94,6 +107,7 @@ impl AdmissionServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_concurrent_handlers: DEFAULT_MAX_CONCURRENT_HANDLERS,
             handler_timeout: Duration::from_secs(8),
+            max_buffered_body_bytes: DEFAULT_MAX_BUFFERED_BODY_BYTES,
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -427,6 +441,12 @@ impl AdmissionServer {
         self.check_routes()?;
         let max_handlers = self.config.max_concurrent_handlers.max(1);
         let handler_slots = Arc::new(Semaphore::new(max_handlers));
+        let body_budget_units = self
+            .config
+            .max_buffered_body_bytes
+            .div_ceil(BODY_BUDGET_UNIT)
+            .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+        let body_budget = Arc::new(Semaphore::new(body_budget_units));
         let mut router = Router::new();
         for spec in &self.routes {
             if let Some(metrics) = &self.metrics {
@@ -439,6 +459,8 @@ impl AdmissionServer {
                 handler: spec.handler.clone(),
                 handler_slots: Arc::clone(&handler_slots),
                 max_handlers,
+                body_budget: Arc::clone(&body_budget),
+                body_budget_units,
                 max_body_bytes: self.config.max_body_bytes,
                 body_timeout: self.config.body_timeout,
                 handler_timeout: self.config.handler_timeout,
@@ -584,6 +606,10 @@ struct RouteState {
     /// Slots for synchronous handlers, shared by all routes of the router.
     handler_slots: Arc<Semaphore>,
     max_handlers: usize,
+    /// Request-body bytes that may be buffered at once, in [`BODY_BUDGET_UNIT`]s, shared by
+    /// all routes of the router.
+    body_budget: Arc<Semaphore>,
+    body_budget_units: usize,
     max_body_bytes: usize,
     body_timeout: Duration,
     handler_timeout: Duration,
@@ -615,11 +641,38 @@ impl RouteState {
         if let Err(message) = check_content_type(&parts.headers) {
             return self.refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, message);
         }
-        if let Some(length) = content_length(&parts.headers)
+        let declared = content_length(&parts.headers);
+        if let Some(length) = declared
             && length > self.max_body_bytes as u64
         {
             return self.refuse(StatusCode::PAYLOAD_TOO_LARGE, self.too_large_message());
         }
+        // Reserve the body's room in the shared budget before reading it, so many multiplexed
+        // streams cannot hold more than the budget in memory.
+        let reserve = declared
+            .map_or(self.max_body_bytes, |l| {
+                usize::try_from(l).unwrap_or(self.max_body_bytes)
+            })
+            .div_ceil(BODY_BUDGET_UNIT)
+            .clamp(1, self.body_budget_units);
+        let reserve = u32::try_from(reserve).unwrap_or(u32::MAX);
+        let _body_room = match tokio::time::timeout(
+            self.body_timeout,
+            Arc::clone(&self.body_budget).acquire_many_owned(reserve),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) | Err(_) => {
+                return self.refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "too many request bodies are being received at once (the server buffers at most {} bytes); retry\n",
+                        self.body_budget_units * BODY_BUDGET_UNIT
+                    ),
+                );
+            }
+        };
         let bytes =
             match tokio::time::timeout(self.body_timeout, read_limited(body, self.max_body_bytes))
                 .await

@@ -577,3 +577,46 @@ async fn bad_routes_are_refused_before_serving() {
     let err = running.task.await.unwrap().unwrap_err();
     assert!(err.to_string().contains("more than once"), "{err}");
 }
+
+#[tokio::test]
+async fn buffered_bodies_share_one_budget() {
+    // Budget of one 48 KiB body; a review holding it (its handler hangs) makes the next one
+    // wait for room, and give up with 503 at its body timeout; once the first is answered the
+    // budget is free again.
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    ca.leaf(1).write_to(dir.path());
+    let mut config = AdmissionServerConfig::new(files_in(dir.path()));
+    config.max_body_bytes = 64 * 1024;
+    config.max_buffered_body_bytes = 48 * 1024;
+    config.body_timeout = Duration::from_millis(300);
+    config.handler_timeout = Duration::from_secs(2);
+    let server = AdmissionServer::new(config)
+        .validate(VALIDATE, validate_name)
+        .validate_async("/hangs", |req| async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            AdmissionResponse::from(&req)
+        });
+    let running = spawn_serve(server);
+    let addr = running.addr;
+
+    let mut big = pod_review("uid-holder", "p");
+    big["request"]["object"]["metadata"]["annotations"] = json!({"pad": "x".repeat(40 * 1024)});
+    let body = serde_json::to_vec(&big).unwrap();
+    let holder = post(addr, &ca, b"h2", "/hangs", Some("application/json"), body);
+    let mut waiting = pod_review("uid-waits", "good");
+    waiting["request"]["object"]["metadata"]["annotations"] = json!({"pad": "x".repeat(20 * 1024)});
+    let second = async {
+        // The holder's body is read and its handler started well within this.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        post_json(addr, &ca, VALIDATE, &waiting).await
+    };
+    let (held, reply) = tokio::join!(holder, second);
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert!(reply.text().contains("49152 bytes"), "{}", reply.text());
+    // The holder was answered at its handler timeout (denied), which freed its room.
+    assert_eq!(held.response()["allowed"], false);
+    let reply = post_json(addr, &ca, VALIDATE, &waiting).await;
+    assert_eq!(reply.response()["allowed"], true, "{}", reply.text());
+    running.stop().await;
+}

@@ -42,12 +42,19 @@ fn options() -> serde_saphyr::Options {
     options
 }
 
+/// A parser message for the user: it quotes the input around the error, so each line is
+/// escaped (bidirectional overrides, zero-width characters) and the whole is bounded.
+fn parser_message(message: &str) -> String {
+    let escaped: Vec<String> = message.lines().map(text::escape).collect();
+    text::bounded(&escaped.join("\n"), MAX_MESSAGE_BYTES)
+}
+
 /// Every non-empty document of `text`, in order (an empty document, such as the one after a
 /// trailing `---`, holds nothing and is skipped, as kubectl skips it).
 pub fn documents(text: &str) -> Result<Vec<Value>, YamlError> {
     let docs: Vec<Value> =
         serde_saphyr::from_multiple_with_options(text, options()).map_err(|e| YamlError {
-            message: text::bounded(&e.to_string(), MAX_MESSAGE_BYTES),
+            message: parser_message(&e.to_string()),
         })?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
@@ -137,6 +144,21 @@ mod tests {
             "{}",
             e.message.len()
         );
+    }
+
+    #[test]
+    fn parser_messages_escape_invisible_characters() {
+        let Err(e) = documents("a: [x\u{202e}y, \n") else {
+            panic!("an unterminated flow sequence is not YAML");
+        };
+        // Line breaks separate the parser's snippet lines; nothing else invisible remains.
+        let invisible: Vec<char> = e
+            .message
+            .chars()
+            .filter(|c| *c != '\n' && text::is_invisible(*c))
+            .collect();
+        assert!(invisible.is_empty(), "{invisible:?} in {:?}", e.message);
+        assert!(!e.message.contains('\u{202e}'));
     }
 
     #[test]

@@ -536,10 +536,19 @@ impl OwnerResolver {
         dependent: &TopLevelOwner,
     ) -> Result<Read, OwnerError> {
         let now = Instant::now();
+        // A cached owner answers only the lookup that would have found it: same name, kind and
+        // apiVersion, and (for a namespaced owner) the dependent's namespace. A uid copied into
+        // a reference in another namespace must not borrow an owner it could not read.
         if let Ok(mut owners) = self.owners.lock()
             && let Some(node) = owners.get(&reference.uid, now)
             && node.identity.name == reference.name
             && node.identity.kind == reference.kind
+            && node.identity.api_version == reference.api_version
+            && node
+                .identity
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| Some(ns) == namespace)
         {
             return Ok(Read::Lookup(Lookup::Found(node), false));
         }

@@ -163,6 +163,29 @@ async fn resolves_deployment_statefulset_and_cronjob_chains_within_the_get_bound
     assert_eq!(faults.pending(), budget, "a GET left the process");
     faults.clear();
 
+    // A pod in another namespace that copies the ReplicaSet's name and uid into its own
+    // controller reference does not borrow the cached owner: the lookup goes to the server (in
+    // its namespace, where no such ReplicaSet exists) and the walk stops at the pod.
+    let rs_name = web_pods[0]
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.first())
+        .map(|r| r.name.clone())
+        .unwrap();
+    let intruder = pod_controlled_by(
+        "another-namespace",
+        "intruder",
+        Some(controller("apps/v1", "ReplicaSet", &rs_name, &rs_uid)),
+    );
+    let r = resolver.resolve(&intruder).await.unwrap();
+    assert_eq!(r.top.name, "intruder", "{r:?}");
+    assert_eq!(r.top.kind, "Pod");
+    assert_eq!(
+        r.gets, 1,
+        "the cached owner of another namespace was not used"
+    );
+
     // StatefulSet -> pod db-0.
     let sts = ns
         .api::<StatefulSet>()
