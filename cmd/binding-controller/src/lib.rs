@@ -16,13 +16,6 @@ use warmcache_catalog::{CatalogFile, FieldErrors, LoadError, YamlError, explain}
 use warmcache_cli::args::InputFile;
 use warmcache_cli::input::{self, InputError};
 
-/// Exit code of a successful command.
-pub const EXIT_OK: u8 = warmcache_cli::exit::OK;
-/// Exit code when the catalog is invalid.
-pub const EXIT_INVALID: u8 = warmcache_cli::exit::REFUSED;
-/// Exit code when the input or the output cannot be used at all.
-pub const EXIT_UNUSABLE_INPUT: u8 = warmcache_cli::exit::UNUSABLE;
-
 /// ModelCacheBinding controller.
 #[derive(Debug, Parser)]
 #[command(name = "binding-controller", version, about, long_about = None)]
@@ -85,24 +78,9 @@ impl From<WorkflowArg> for Workflow {
     }
 }
 
-/// How a command ended when it could read its input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Success.
-    Ok,
-    /// The catalog is invalid; the refusals were printed.
-    Invalid,
-}
-
-impl Status {
-    /// The process exit code.
-    pub const fn exit_code(self) -> u8 {
-        match self {
-            Self::Ok => EXIT_OK,
-            Self::Invalid => EXIT_INVALID,
-        }
-    }
-}
+/// How a command ended when it could read its input: the shared verdict (`Ok`, or `Refused`:
+/// the catalog is invalid and the refusals were printed).
+pub use warmcache_cli::exit::Verdict as Status;
 
 /// Input that cannot be used at all, or output that cannot be written (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -124,9 +102,9 @@ pub enum Error {
 }
 
 impl Error {
-    /// The process exit code (always [`EXIT_UNUSABLE_INPUT`]: see [`warmcache_cli::exit`]).
+    /// The process exit code (always [`warmcache_cli::exit::UNUSABLE`]).
     pub const fn exit_code(&self) -> u8 {
-        EXIT_UNUSABLE_INPUT
+        warmcache_cli::exit::UNUSABLE
     }
 }
 
@@ -160,7 +138,7 @@ fn print_errors(out: &mut dyn Write, errors: &FieldErrors) -> Result<Status, Err
     for error in errors {
         writeln!(out, "{error}")?;
     }
-    Ok(Status::Invalid)
+    Ok(Status::Refused)
 }
 
 /// Reads and loads a catalog file: the outer `Err` is unusable input, the inner one an invalid

@@ -9,7 +9,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut stdout = std::io::stdout().lock();
     match run(cli, &mut stdout) {
-        Ok(status) => ExitCode::from(status.exit_code()),
+        Ok(status) => ExitCode::from(status.code()),
         Err(error) => {
             eprintln!("binding-controller: {error}");
             ExitCode::from(error.exit_code())

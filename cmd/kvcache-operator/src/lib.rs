@@ -33,6 +33,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use warmcache_api_kvcache::SYSTEM_NAMESPACE;
+use warmcache_cli::args::InputFile;
 
 pub use webhook::{WEBHOOK_PATH, review};
 
@@ -90,8 +91,8 @@ impl ImageSetting {
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
     /// The backend to validate (YAML or JSON; "-" reads standard input).
-    #[arg(short = 'f', long = "filename", value_name = "NEW.yaml")]
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub input: InputFile,
     /// The stored backend it updates; without it the backend is validated as created.
     #[arg(long, value_name = "OLD.yaml")]
     pub old: Option<PathBuf>,
@@ -103,8 +104,8 @@ pub struct ValidateArgs {
 #[derive(Debug, Args)]
 pub struct RenderArgs {
     /// The backend to render (YAML or JSON; "-" reads standard input).
-    #[arg(short = 'f', long = "filename", value_name = "BACKEND.yaml")]
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub input: InputFile,
     /// Namespace of the rendered workloads.
     #[arg(long, short = 'n', default_value = SYSTEM_NAMESPACE)]
     pub namespace: String,
@@ -134,24 +135,9 @@ pub struct WebhookArgs {
     pub image: ImageSetting,
 }
 
-/// How a command ended, when it did not fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Admitted, rendered, or served until shutdown.
-    Success,
-    /// The backend was refused (refusals printed).
-    Refused,
-}
-
-impl Outcome {
-    /// The process exit code: 0 or 1 ([`warmcache_cli::exit`]).
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Self::Success => warmcache_cli::exit::OK,
-            Self::Refused => warmcache_cli::exit::REFUSED,
-        }
-    }
-}
+/// How a command ended, when it did not fail: the shared verdict (`Ok`: admitted, rendered, or
+/// served until shutdown; `Refused`: the refusals were printed).
+pub use warmcache_cli::exit::Verdict as Outcome;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -222,7 +208,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Outcome
         Command::Render(args) => offline::render(&args, out, err),
         Command::Webhook(args) => {
             webhook::run(args)?;
-            Ok(Outcome::Success)
+            Ok(Outcome::Ok)
         }
     }
 }

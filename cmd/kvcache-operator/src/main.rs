@@ -10,7 +10,7 @@ fn main() -> ExitCode {
     let mut out = std::io::stdout().lock();
     let mut err = std::io::stderr();
     match run(cli, &mut out, &mut err) {
-        Ok(outcome) => ExitCode::from(outcome.exit_code()),
+        Ok(outcome) => ExitCode::from(outcome.code()),
         Err(error) => {
             let code = error.exit_code();
             eprintln!("kvcache-operator: {error}");

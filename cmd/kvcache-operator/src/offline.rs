@@ -60,11 +60,11 @@ fn load_document(path: &Path) -> Result<serde_json::Value, RunError> {
 /// update that leaves `spec` unchanged is admitted even when the stored object no longer decodes.
 pub fn validate(args: &ValidateArgs, out: &mut dyn Write) -> Result<Outcome, RunError> {
     warmcache_cli::input::stdin_at_most_once(&[
-        ("-f", Some(&args.file)),
+        ("-f", Some(&args.input.file)),
         ("--old", args.old.as_deref()),
     ])?;
     let old = args.old.as_deref().map(load_document).transpose()?;
-    let new = load_document(&args.file)?;
+    let new = load_document(&args.input.file)?;
     let errors = validate_values(&new, old.as_ref(), &validation_context(&args.image)).map_err(
         |StoredObjectError(errors)| {
             let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
@@ -76,7 +76,7 @@ pub fn validate(args: &ValidateArgs, out: &mut dyn Write) -> Result<Outcome, Run
     )?;
     if errors.is_empty() {
         writeln!(out, "ok")?;
-        Ok(Outcome::Success)
+        Ok(Outcome::Ok)
     } else {
         print_refusals(out, &errors)?;
         Ok(Outcome::Refused)
@@ -95,7 +95,7 @@ pub fn render(
             problem,
         });
     }
-    let backend = match load(&args.file)? {
+    let backend = match load(&args.input.file)? {
         Ok(backend) => backend,
         Err(errors) => {
             print_refusals(out, &errors)?;
@@ -111,16 +111,16 @@ pub fn render(
         writeln!(
             err,
             "note: {} is an external backend: the operator runs nothing for it, so there is nothing to render",
-            shown(&args.file)
+            shown(&args.input.file)
         )?;
-        return Ok(Outcome::Success);
+        return Ok(Outcome::Ok);
     }
     if backend.metadata.uid.is_none() {
         writeln!(
             err,
             "note: {} has no metadata.uid, so the rendered objects carry no owner reference; the operator \
              sets one from the stored backend",
-            shown(&args.file)
+            shown(&args.input.file)
         )?;
     }
     let ctx = RenderContext {
@@ -132,5 +132,5 @@ pub fn render(
         .to_yaml_stream()
         .map_err(|e| RunError::Yaml(e.to_string()))?;
     out.write_all(text.as_bytes())?;
-    Ok(Outcome::Success)
+    Ok(Outcome::Ok)
 }

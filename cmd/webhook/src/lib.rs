@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
+use warmcache_cli::args::InputFile;
 use warmcache_cli::input::{self, InputError, Source};
 use warmcache_cli::{text, yaml};
 use warmcache_modelid::{
@@ -46,8 +47,8 @@ pub enum Command {
 pub struct IdentifyArgs {
     /// The manifest (YAML or JSON: one object, or a stream of documents); `-` reads standard
     /// input.
-    #[arg(short = 'f', long = "filename", value_name = "POD.yaml")]
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub input: InputFile,
     /// The LeaderWorkerSet a worker pod belongs to (needed when the worker names no model and
     /// its LeaderWorkerSet is not in the same stream).
     #[arg(long, value_name = "LWS.yaml")]
@@ -159,10 +160,13 @@ fn report(
     })
 }
 
-/// `webhook identify`: print the identity report of the pod in `args.file`, or one entry per
+/// `webhook identify`: print the identity report of the pod in `args.input`, or one entry per
 /// pod template of a stream.
 pub fn identify(args: &IdentifyArgs, out: &mut dyn Write) -> Result<(), Error> {
-    input::stdin_at_most_once(&[("-f", Some(&args.file)), ("--lws", args.lws.as_deref())])?;
+    input::stdin_at_most_once(&[
+        ("-f", Some(&args.input.file)),
+        ("--lws", args.lws.as_deref()),
+    ])?;
     let group: Option<LeaderWorkerSet> = match &args.lws {
         Some(p) => {
             let v = read_object(p)?;
@@ -170,17 +174,18 @@ pub fn identify(args: &IdentifyArgs, out: &mut dyn Write) -> Result<(), Error> {
         }
         None => None,
     };
-    let docs = read_documents(&args.file)?;
+    let docs = read_documents(&args.input.file)?;
     match docs.as_slice() {
-        [] => Err(input_error(&args.file, "no object in the input")),
+        [] => Err(input_error(&args.input.file, "no object in the input")),
         [doc] => {
             if !doc.is_object() {
                 return Err(input_error(
-                    &args.file,
+                    &args.input.file,
                     "not a Kubernetes object (expected a mapping)",
                 ));
             }
-            let pod = pod_from_object(doc).map_err(|e| input_error(&args.file, e.to_string()))?;
+            let pod =
+                pod_from_object(doc).map_err(|e| input_error(&args.input.file, e.to_string()))?;
             match report(&pod, group.as_ref(), &BTreeMap::new(), args.lws.as_deref())? {
                 Ok(text) => writeln!(out, "{text}")?,
                 Err(message) => {
@@ -238,7 +243,7 @@ fn identify_stream(
         entries += 1;
         writeln!(out, "{}", serde_json::to_string_pretty(&entry)?)?;
     }
-    let path = Source::of(&args.file).name();
+    let path = Source::of(&args.input.file).name();
     if failed > 0 {
         return Err(Error::Documents {
             path,

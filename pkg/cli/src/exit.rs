@@ -34,9 +34,3 @@ impl Verdict {
         }
     }
 }
-
-/// Whether an I/O error is a write failure the user should read as "output unusable" (always
-/// [`UNUSABLE`]); kept as a function so every binary classifies it the same way.
-pub const fn write_failure_code(_error: &std::io::Error) -> u8 {
-    UNUSABLE
-}

@@ -73,16 +73,6 @@ pub fn one_object(text: &str) -> Result<Value, DocumentError> {
     }
 }
 
-/// The single document of `text`, of any shape (for inputs that may be a mapping or, say, a
-/// bare catalog list).
-pub fn one_document(text: &str) -> Result<Value, DocumentError> {
-    let mut docs = documents(text)?;
-    if docs.len() != 1 {
-        return Err(DocumentError::Count(docs.len()));
-    }
-    Ok(docs.remove(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,7 +120,6 @@ mod tests {
             Err(DocumentError::Count(2))
         );
         assert_eq!(one_object("- 1\n"), Err(DocumentError::NotAnObject));
-        assert_eq!(one_document("- 1\n"), Ok(json!([1])));
     }
 
     #[test]
