@@ -9,13 +9,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::Criterion;
 use serde_json::{Value, json};
 use warmcache_api_kvcache::v1alpha1::KVCacheBackend;
 use warmcache_kvcache::vectors::{self, members};
 use warmcache_kvcache::{ValidationContext, from_value, validate};
+
+#[path = "../../../hack/bench/per_call.rs"]
+mod per_call;
+use per_call::per_call;
 
 /// A path of `len` bytes: `/<prefix>/aaaa...`.
 fn long_path(prefix: &str, len: usize) -> String {
@@ -161,32 +165,6 @@ fn benches(c: &mut Criterion, cases: &[Case]) {
         });
     }
     g.finish();
-}
-
-/// Median time per call of `f` over several batches of about `budget` each.
-fn per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
-    let mut n: u32 = 1;
-    loop {
-        let t = Instant::now();
-        for _ in 0..n {
-            f();
-        }
-        if t.elapsed() >= budget / 10 || n >= 1 << 20 {
-            break;
-        }
-        n *= 2;
-    }
-    let mut samples: Vec<Duration> = (0..7)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..n {
-                f();
-            }
-            t.elapsed() / n
-        })
-        .collect();
-    samples.sort();
-    samples[samples.len() / 2]
 }
 
 fn print_ratios(cases: &[Case]) {

@@ -7,11 +7,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::Criterion;
 use k8s_openapi::api::core::v1::Pod;
 use warmcache_modelid::{Outcome, resolve};
+
+#[path = "../../../hack/bench/per_call.rs"]
+mod per_call;
+use per_call::per_call;
 
 const PODS: [(&str, &str); 2] = [
     ("vllm", include_str!("data/vllm-pod.json")),
@@ -32,33 +36,6 @@ fn benches(c: &mut Criterion) {
         g.bench_function("resolve", |b| b.iter(|| resolve(black_box(&pod))));
         g.finish();
     }
-}
-
-/// Median time per call of `f` over several batches of about `budget` each.
-fn per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
-    // Calibrate the batch size.
-    let mut n: u32 = 1;
-    loop {
-        let t = Instant::now();
-        for _ in 0..n {
-            f();
-        }
-        if t.elapsed() >= budget / 10 || n >= 1 << 20 {
-            break;
-        }
-        n *= 2;
-    }
-    let mut samples: Vec<Duration> = (0..7)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..n {
-                f();
-            }
-            t.elapsed() / n
-        })
-        .collect();
-    samples.sort();
-    samples[samples.len() / 2]
 }
 
 fn print_ratios() {
