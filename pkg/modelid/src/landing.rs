@@ -263,6 +263,10 @@ fn check_nested(pod: &Pod, c: &Container, c_path: &str, dest: &str, l: Landing) 
 /// The landing of `dest` in container `main` (at field path `main_path`, e.g.
 /// `spec.containers[0]`): the mount at or above it, or rootfs; not substitutable when `main`
 /// mounts another volume below it.
+///
+/// Assumes every mount of `main` has an absolute `mountPath`, as the API server enforces;
+/// [`crate::resolve`] refuses a pod that breaks this (`landing-unknown`) before it looks a
+/// landing up, so call it on containers that passed that check.
 pub fn landing_in(pod: &Pod, main: &Container, main_path: &str, dest: &str) -> Landing {
     let dest = paths::clean(dest);
     let l = match covering_mount(main, &dest) {
