@@ -33,8 +33,8 @@ step "fetch crates (cargo fetch --locked)"
 # Everything after this step may run offline: on a fresh machine the registry is empty.
 cargo fetch --locked
 
-step "generated files are committed (cargo xtask crdgen --check)"
-cargo xtask crdgen --check
+step "generated files are committed (cargo xtask gen --check)"
+cargo xtask gen --check
 
 step "dependency direction (cargo xtask deps-check)"
 cargo xtask deps-check

@@ -2,8 +2,9 @@
 //! qualified set; the ConfigMap manifest holds exactly that file; and what it gives each
 //! provisioner and workflow.
 //!
-//! Regenerate the ConfigMap manifest after editing the catalog file:
-//! `WARMCACHE_BLESS=1 cargo test -p warmcache-catalog --test shipped`.
+//! Regenerate the ConfigMap manifest (and its chart copy) after editing the catalog file:
+//! `cargo xtask gen`; `cargo xtask gen --check` in hack/test.sh fails while either is stale.
+//! (`WARMCACHE_BLESS=1` on this test still rewrites the `config/` copy alone.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
@@ -38,8 +39,7 @@ fn config_map_manifest_holds_the_file_byte_for_byte() {
     let actual = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         actual == expected,
-        "{CONFIG_MAP_MANIFEST_PATH} is stale; regenerate it with \
-         WARMCACHE_BLESS=1 cargo test -p warmcache-catalog --test shipped"
+        "{CONFIG_MAP_MANIFEST_PATH} is stale; regenerate it with `cargo xtask gen`"
     );
     let file = CatalogFile::parse(&actual).unwrap();
     assert_eq!(file.form, FileForm::ConfigMap);
