@@ -1,0 +1,305 @@
+//! Watches that feed a cache and survive objects that do not decode.
+//!
+//! kube's typed watcher decodes every object of a list or a watch event as `K`; one object the
+//! type cannot read (a custom resource stored under an older schema, a field a newer API server
+//! writes in a shape k8s-openapi does not expect) fails the whole list, and the watcher retries
+//! the same list forever: the cache never syncs and nothing else of that kind is reconciled.
+//! [`guarded`] watches the kind as untyped objects and decodes each one on its own: an object
+//! that does not decode is left out of the cache with a warning naming it and the first field
+//! that failed, and counted in `watch_objects_malformed_total{kind}`; every other object goes on.
+//!
+//! A [`Cache`] is a reflector store plus a broadcast of its changes, so controllers (while they
+//! lead) and any other reader share one watch per kind. Its readiness gate is released when
+//! the first list completes.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use warmcache_telemetry::prometheus::{IntCounterVec, Opts, Registry};
+
+use crate::error::RuntimeError;
+use crate::readiness::Gate;
+
+/// How many changes a slow subscriber may fall behind before it is told to resync.
+const CHANGE_BUFFER: usize = 1024;
+
+/// Metrics of the watches of one process.
+#[derive(Clone, Debug)]
+pub struct WatchMetrics {
+    /// `watch_objects_malformed_total{kind}`.
+    pub malformed: IntCounterVec,
+    /// `watch_errors_total{kind}`.
+    pub errors: IntCounterVec,
+    /// `watch_resyncs_total{kind}`: completed lists (the first one releases readiness).
+    pub resyncs: IntCounterVec,
+}
+
+impl WatchMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, RuntimeError> {
+        let counter = |name: &str, help: &str| -> Result<IntCounterVec, RuntimeError> {
+            let counter = IntCounterVec::new(Opts::new(name, help), &["kind"])
+                .map_err(|source| RuntimeError::metric(name, source))?;
+            registry
+                .register(Box::new(counter.clone()))
+                .map_err(|source| RuntimeError::metric(name, source))?;
+            Ok(counter)
+        };
+        Ok(Self {
+            malformed: counter(
+                "watch_objects_malformed_total",
+                "Watched objects left out of the cache because they do not decode, per kind.",
+            )?,
+            errors: counter(
+                "watch_errors_total",
+                "Failed list or watch requests (the watch retries with backoff), per kind.",
+            )?,
+            resyncs: counter(
+                "watch_resyncs_total",
+                "Completed lists of a watched kind (the first one releases readiness), per kind.",
+            )?,
+        })
+    }
+}
+
+/// One change seen by a [`Cache`], broadcast after the store has applied it.
+#[derive(Debug)]
+pub enum Change<K> {
+    /// An object was created or changed.
+    Applied(Arc<K>),
+    /// An object was deleted.
+    Deleted(Arc<K>),
+    /// A list completed (the first sync, a relist after a watch expired, or a subscriber that
+    /// fell behind): the store holds the whole current state; treat every object as changed.
+    Resynced,
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Applied(object) => Self::Applied(Arc::clone(object)),
+            Self::Deleted(object) => Self::Deleted(Arc::clone(object)),
+            Self::Resynced => Self::Resynced,
+        }
+    }
+}
+
+/// A watched kind: the store every reader reads and a broadcast of its changes.
+#[derive(Debug)]
+pub struct Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store: Store<K>,
+    changes: broadcast::Sender<Change<K>>,
+    kind: &'static str,
+}
+
+impl<K> Clone for Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            changes: self.changes.clone(),
+            kind: self.kind,
+        }
+    }
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// The store (empty until the first list completes).
+    pub fn store(&self) -> &Store<K> {
+        &self.store
+    }
+
+    /// The kind, as used in metric labels and logs.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Changes from now on. A receiver that falls more than 1024 changes behind gets
+    /// `RecvError::Lagged`; treat it as [`Change::Resynced`].
+    pub fn subscribe(&self) -> broadcast::Receiver<Change<K>> {
+        self.changes.subscribe()
+    }
+
+    /// Waits until the first list completed.
+    pub async fn wait_until_ready(&self) -> Result<(), RuntimeError> {
+        self.store
+            .wait_until_ready()
+            .await
+            .map_err(|_| RuntimeError::WatchEnded { kind: self.kind })
+    }
+}
+
+/// Watches `K` as untyped objects and decodes each on its own (see the module documentation).
+/// A Delete of an object that does not decode is dropped; the next relist removes it from the
+/// store.
+pub fn guarded<K>(
+    api: Api<DynamicObject>,
+    config: watcher::Config,
+    kind: &'static str,
+    metrics: WatchMetrics,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + 'static,
+{
+    watcher::watcher(api, config).filter_map(move |event| {
+        let metrics = metrics.clone();
+        async move {
+            let event = match event {
+                Ok(event) => event,
+                Err(err) => return Some(Err(err)),
+            };
+            let decode = |object: DynamicObject| -> Option<K> {
+                match decode::<K>(&object) {
+                    Ok(typed) => Some(typed),
+                    Err(problem) => {
+                        metrics.malformed.with_label_values(&[kind]).inc();
+                        tracing::warn!(
+                            kind,
+                            namespace = object.namespace().unwrap_or_default(),
+                            name = object.name_any(),
+                            problem = %problem,
+                            "left a watched object out of the cache: it does not decode"
+                        );
+                        None
+                    }
+                }
+            };
+            let typed = match event {
+                Event::Apply(object) => Event::Apply(decode(object)?),
+                Event::InitApply(object) => Event::InitApply(decode(object)?),
+                Event::Delete(object) => Event::Delete(decode(object)?),
+                Event::Init => Event::Init,
+                Event::InitDone => Event::InitDone,
+            };
+            Some(Ok(typed))
+        }
+    })
+}
+
+/// Decodes an untyped object as `K`, naming the first field that does not fit.
+pub fn decode<K: DeserializeOwned>(object: &DynamicObject) -> Result<K, String> {
+    let value = serde_json::to_value(object).map_err(|err| err.to_string())?;
+    serde_path_to_error::deserialize::<_, K>(&value).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if path == "." || path.is_empty() {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        }
+    })
+}
+
+/// The untyped API of `K`, in `namespace` or cluster-wide.
+pub fn dynamic_api<K>(client: Client, namespace: Option<&str>) -> Api<DynamicObject>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let resource = ApiResource::erase::<K>(&());
+    match namespace {
+        Some(namespace) => Api::namespaced_with(client, namespace, &resource),
+        None => Api::all_with(client, &resource),
+    }
+}
+
+/// Feeds `events` into a new store, broadcasting each change after it is applied, until
+/// `stop` is cancelled. `gate` is released when the first list completes.
+pub(crate) fn spawn_cache<K, S>(
+    kind: &'static str,
+    events: S,
+    metrics: WatchMetrics,
+    gate: Gate,
+    stop: CancellationToken,
+) -> (Cache<K>, tokio::task::JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    let (changes, _) = broadcast::channel(CHANGE_BUFFER);
+    let writer = reflector::store::Writer::<K>::new(());
+    let store = writer.as_reader();
+    let cache = Cache {
+        store,
+        changes: changes.clone(),
+        kind,
+    };
+    let task = tokio::spawn(run_cache(
+        kind, events, writer, changes, metrics, gate, stop,
+    ));
+    (cache, task)
+}
+
+async fn run_cache<K, S>(
+    kind: &'static str,
+    events: S,
+    mut writer: reflector::store::Writer<K>,
+    changes: broadcast::Sender<Change<K>>,
+    metrics: WatchMetrics,
+    gate: Gate,
+    stop: CancellationToken,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    let events = events.default_backoff();
+    let mut events = std::pin::pin!(events);
+    loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => return,
+            next = events.next() => next,
+        };
+        let event = match next {
+            None => return,
+            Some(Err(err)) => {
+                metrics.errors.with_label_values(&[kind]).inc();
+                tracing::warn!(kind, error = %err, "watch failed; retrying with backoff");
+                continue;
+            }
+            Some(Ok(event)) => event,
+        };
+        writer.apply_watcher_event(&event);
+        // No receiver is fine: nobody leads yet, or nobody subscribes to this kind.
+        let _ = match event {
+            Event::Apply(object) => changes.send(Change::Applied(Arc::new(object))),
+            Event::Delete(object) => changes.send(Change::Deleted(Arc::new(object))),
+            Event::InitDone => {
+                metrics.resyncs.with_label_values(&[kind]).inc();
+                gate.release();
+                tracing::debug!(kind, "cache synced");
+                changes.send(Change::Resynced)
+            }
+            Event::Init | Event::InitApply(_) => continue,
+        };
+    }
+}
+
+/// A metadata-only watch of `K` (labels, annotations, owners; no spec or status): nothing in
+/// it can fail to decode, and the cache holds a fraction of the bytes. kube sends
+/// metadata-only requests for `Api<PartialObjectMeta<K>>`.
+pub fn metadata<K>(
+    api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<Event<PartialObjectMeta<K>>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watcher::watcher(api, config)
+}
