@@ -26,12 +26,6 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// `gen` restricted to the CRDs (config/crd/ and charts/warmcache/crds/); prefer `gen`.
-    Crdgen {
-        /// As `gen --check`, for the CRDs only.
-        #[arg(long)]
-        check: bool,
-    },
     /// Enforce the dependency direction of docs/architecture.md section 4 over `cargo metadata`.
     DepsCheck,
 }
@@ -41,8 +35,6 @@ fn main() -> ExitCode {
     let root = workspace_root();
     let result = match cli.command {
         Command::Gen { check } => generate::run(&root, None, check),
-        // Kept while README.md and docs/architecture.md still name `crdgen`.
-        Command::Crdgen { check } => generate::run(&root, Some("crds"), check),
         Command::DepsCheck => deps::run(&root),
     };
     match result {

@@ -4,7 +4,6 @@
 //!
 //! Regenerate the ConfigMap manifest (and its chart copy) after editing the catalog file:
 //! `cargo xtask gen`; `cargo xtask gen --check` in hack/test.sh fails while either is stale.
-//! (`WARMCACHE_BLESS=1` on this test still rewrites the `config/` copy alone.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
@@ -33,9 +32,6 @@ fn compiled_copy_is_the_file_byte_for_byte() {
 fn config_map_manifest_holds_the_file_byte_for_byte() {
     let path = repo_file(CONFIG_MAP_MANIFEST_PATH);
     let expected = render_config_map(BUILTIN_CATALOG);
-    if std::env::var_os("WARMCACHE_BLESS").is_some() {
-        std::fs::write(&path, &expected).unwrap();
-    }
     let actual = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         actual == expected,
