@@ -200,6 +200,18 @@ pub fn event_reason(category: &str) -> String {
 
 type Source<K> = Box<dyn FnOnce() -> BoxStream<'static, ObjectRef<K>> + Send>;
 type SourceFactory<K> = Arc<dyn Fn() -> Source<K> + Send + Sync>;
+type Synced = Arc<dyn Fn() -> futures::future::BoxFuture<'static, bool> + Send + Sync>;
+
+fn synced<C>(cache: &Cache<C>) -> Synced
+where
+    C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let cache = cache.clone();
+    Arc::new(move || {
+        let cache = cache.clone();
+        Box::pin(async move { cache.wait_until_ready().await.is_ok() })
+    })
+}
 
 /// A controller for `K`, built by [`Runtime::controller`](crate::Runtime::controller) and
 /// started with [`Runtime::start_controller`](crate::Runtime::start_controller).
@@ -211,6 +223,8 @@ where
     pub(crate) cache: Cache<K>,
     pub(crate) reconciler: Arc<R>,
     pub(crate) sources: Vec<SourceFactory<K>>,
+    /// One per cache the controller reads: reconciling starts once all have listed once.
+    pub(crate) synced: Vec<Synced>,
     pub(crate) concurrency: u16,
     pub(crate) backoff: BackoffPolicy,
 }
@@ -264,6 +278,7 @@ where
             cache: cache.clone(),
             reconciler: Arc::new(reconciler),
             sources: vec![factory],
+            synced: vec![synced(cache)],
             concurrency: 4,
             backoff: BackoffPolicy::default(),
         }
@@ -295,6 +310,7 @@ where
         C: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
         F: Fn(&C) -> Vec<ObjectRef<K>> + Send + Sync + 'static,
     {
+        let other_for_sync = other.clone();
         let other = other.clone();
         let map = Arc::new(map);
         let factory: SourceFactory<K> = Arc::new(move || {
@@ -316,6 +332,7 @@ where
             })
         });
         self.sources.push(factory);
+        self.synced.push(synced(&other_for_sync));
         self
     }
 
@@ -406,13 +423,14 @@ pub(crate) async fn run_while_leader<K, R>(
             () = stop.cancelled() => return,
             () = leadership.wait_until_leader() => {}
         }
-        // Wait for the first sync: a controller that starts on an empty cache would see
-        // every object as new only later, and reconciling half a world helps nobody.
+        // Wait for the first list of every cache the controller reads: a reconcile that
+        // sees half a world (a binding without its pods) would decide wrongly.
+        let all_synced = futures::future::join_all(controller.synced.iter().map(|synced| synced()));
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            synced = controller.cache.wait_until_ready() => {
-                if synced.is_err() {
+            synced = all_synced => {
+                if !synced.iter().all(|ok| *ok) {
                     return;
                 }
             }
@@ -514,6 +532,7 @@ where
     drop(timer);
     let failure = match joined {
         Ok(Ok(action)) => {
+            tracing::debug!(parent: &span, ?action, "reconciled");
             shared
                 .backoffs
                 .lock()

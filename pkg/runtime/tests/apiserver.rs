@@ -674,3 +674,84 @@ async fn the_reconcile_span_continues_the_trace_on_the_object() {
     running.await.unwrap().unwrap();
     ns.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_to_an_owned_object_reconciles_its_owner() {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    init_telemetry();
+    let plane = plane().await;
+    let ns = TestNamespace::new("rt-owns").await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(ns.client.clone(), &ns.name);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut rt = Runtime::builder("runtime-test", args(plane))
+        .without_global_telemetry()
+        .with_client()
+        .build()
+        .await
+        .unwrap();
+    let parents = rt
+        .watch::<ConfigMap>(Some(&ns.name), WatcherConfig::default())
+        .unwrap();
+    let children = rt
+        .watch_metadata::<Secret>(Some(&ns.name), WatcherConfig::default())
+        .unwrap();
+    let controller = rt
+        .controller("recorder", &parents, Recorder::new("solo", &seen))
+        .owns(&children);
+    rt.start_controller(controller);
+    let stop = rt.shutdown_token();
+    let running = tokio::spawn(rt.run());
+
+    create_cm(&cms, "parent", BTreeMap::new()).await;
+    create_cm(&cms, "bystander", BTreeMap::new()).await;
+    eventually("both to be reconciled once", WAIT, || {
+        let done =
+            !seen_for(&seen, "parent").is_empty() && !seen_for(&seen, "bystander").is_empty();
+        async move { done.then_some(()) }
+    })
+    .await
+    .unwrap();
+    let parent = cms.get("parent").await.unwrap();
+    let owned = |name: &str, controller: bool| Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: "parent".into(),
+                uid: parent.uid().unwrap(),
+                controller: Some(controller),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    };
+    secrets
+        .create(&PostParams::default(), &owned("child", true))
+        .await
+        .unwrap();
+    eventually("the owner to be reconciled for its child", WAIT, || {
+        let tries = seen_for(&seen, "parent").len();
+        async move { (tries >= 2).then_some(()) }
+    })
+    .await
+    .unwrap();
+    // A non-controller owner reference does not trigger, and bystanders are left alone.
+    let before = seen_for(&seen, "parent").len();
+    secrets
+        .create(&PostParams::default(), &owned("weak-child", false))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(seen_for(&seen, "parent").len(), before);
+    assert_eq!(seen_for(&seen, "bystander").len(), 1);
+    assert!(children.store().len() >= 2);
+
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    ns.cleanup().await;
+}
