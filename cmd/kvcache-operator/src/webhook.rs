@@ -14,7 +14,7 @@ use kube::core::response::{StatusCause, StatusDetails};
 use tokio::task::JoinHandle;
 use warmcache_admission::{
     AdmissionError, AdmissionMetrics, AdmissionServer, AdmissionServerConfig,
-    ReloadingCertResolver, TlsFiles, install_default_crypto_provider, spawn_reloader,
+    ReloadingCertResolver, Route, TlsFiles, install_default_crypto_provider, spawn_reloader,
 };
 use warmcache_api_kvcache::v1alpha1::{GROUP, KIND};
 use warmcache_kvcache::{FieldError, ValidationContext, validate_values};
@@ -130,10 +130,10 @@ fn deny(
 /// The admission server with the `KVCacheBackend` route, validating with `ctx`.
 pub fn admission_server(config: AdmissionServerConfig, ctx: ValidationContext) -> AdmissionServer {
     let ctx = Arc::new(ctx);
-    AdmissionServer::new(config).validate(
+    AdmissionServer::new(config).route(Route::validating(
         WEBHOOK_PATH,
         move |request: AdmissionRequest<DynamicObject>| review(&request, &ctx),
-    )
+    ))
 }
 
 /// `kvcache-operator webhook`: builds a runtime and serves until SIGTERM or SIGINT.

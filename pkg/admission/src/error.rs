@@ -67,6 +67,18 @@ pub enum AdmissionError {
         reason: &'static str,
     },
 
+    /// A route's webhook registration would not be accepted by the API server, or would not do
+    /// what it says.
+    #[error("invalid webhook registration {webhook:?} of the route {path:?}: {reason}")]
+    InvalidWebhook {
+        /// The route's path.
+        path: String,
+        /// The webhook's name.
+        webhook: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// The listening socket could not be set up, or the server stopped with an I/O error.
     #[error("the admission server failed: {0}")]
     Serve(#[source] std::io::Error),

@@ -15,6 +15,11 @@
 //! the request's uid when one could be read (a string at `request.uid`), and empty otherwise.
 //! "Invalid" answers have `allowed: false` and `status.reason: InvalidRequest`, so the API
 //! server refuses the object with a readable message instead of a transport error.
+//!
+//! On typed routes ([`Route::validating_typed`](crate::Route::validating_typed) and the like)
+//! `request.object` and `request.oldObject` are taken out as sent before the review is decoded
+//! and then decoded as the route's type; one that does not fit is a handler failure, answered
+//! by the route's [`OnHandlerError`](crate::OnHandlerError) policy with the field path.
 
 use kube::core::admission::{
     AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND,
@@ -23,6 +28,7 @@ use kube::core::{DynamicObject, TypeMeta};
 use serde_json::Value;
 
 use crate::patch::json_type;
+use crate::route::{RawObjects, Review};
 
 /// Why a body did not yield an [`AdmissionRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +50,18 @@ pub enum DecodeRejection {
 /// The returned request carries the review's `TypeMeta`, so
 /// `AdmissionResponse::from(&request)` copies the uid and version correctly.
 pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, DecodeRejection> {
-    let value: Value = serde_json::from_slice(body).map_err(|err| {
+    decode_review_parts(body, false).map(|review| review.request)
+}
+
+/// [`decode_review`], and with `take_objects` the raw `request.object` and `request.oldObject`
+/// as sent, taken out before decoding (the request then carries neither as a
+/// [`DynamicObject`]), for typed routes: a [`DynamicObject`] reads `metadata` as `ObjectMeta`,
+/// which drops unknown metadata fields and normalises others.
+pub(crate) fn decode_review_parts(
+    body: &[u8],
+    take_objects: bool,
+) -> Result<Review, DecodeRejection> {
+    let mut value: Value = serde_json::from_slice(body).map_err(|err| {
         DecodeRejection::NotAReview(format!(
             "the request body is not JSON ({err}); expected an admission.k8s.io/v1 AdmissionReview"
         ))
@@ -112,6 +129,17 @@ pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Dec
         Some(_) => {}
     }
 
+    let mut raw = RawObjects::default();
+    if take_objects && let Some(Value::Object(request)) = value.get_mut("request") {
+        raw.object = request
+            .get_mut("object")
+            .map(Value::take)
+            .filter(|v| !v.is_null());
+        raw.old_object = request
+            .get_mut("oldObject")
+            .map(Value::take)
+            .filter(|v| !v.is_null());
+    }
     let review: AdmissionReview<DynamicObject> =
         serde_path_to_error::deserialize(&value).map_err(|err| {
             let path = err.path().to_string();
@@ -126,7 +154,7 @@ pub fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Dec
     if request.uid.is_empty() {
         return Err(invalid("request.uid is empty".to_owned()));
     }
-    Ok(request)
+    Ok(Review { request, raw })
 }
 
 /// An [`AdmissionResponse::invalid`] carrying `uid` (which may be empty when unknown).

@@ -2,9 +2,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +23,9 @@ use tracing::Instrument;
 use crate::conn::{self, ConnSettings};
 use crate::error::AdmissionError;
 use crate::metrics::{AdmissionMetrics, Verdict};
-use crate::review::{DecodeRejection, decode_review, into_v1_review, invalid_response};
+use crate::registration::{self, Registered, ServiceTarget, WebhookConfigurations};
+use crate::review::{DecodeRejection, decode_review_parts, into_v1_review, invalid_response};
+use crate::route::{AsyncFn, DynHandler, OnHandlerError, Review, Route, RouteKind, SyncFn};
 use crate::tls::{ReloadingCertResolver, TlsFiles, spawn_reloader, tls_server_config};
 
 /// Default [`AdmissionServerConfig::max_body_bytes`]: 3 MiB, the API server's own limit for
@@ -134,88 +134,6 @@ impl From<std::net::TcpListener> for Listen {
     }
 }
 
-/// Whether a route backs a validating or a mutating webhook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RouteKind {
-    /// Validating: the handler's response must not carry a patch (a patch is treated as a
-    /// handler bug: the review is denied with an internal error).
-    Validate,
-    /// Mutating: the handler may attach a JSON patch with
-    /// [`AdmissionResponse::with_patch`].
-    Mutate,
-}
-
-/// What a route answers when its handler fails: returns an error, panics, does not answer
-/// within [`handler_timeout`](AdmissionServerConfig::handler_timeout), or (on a validating
-/// route) returns a patch.
-///
-/// The webhook configuration's `failurePolicy` only covers failures the API server sees
-/// (connection refused, TLS error, timeout); a review we answer is taken as given. So this
-/// policy, not `failurePolicy`, decides what a handler failure does to the request:
-///
-/// - [`Deny`](Self::Deny) for webhooks that guard our own resources, where an unchecked object
-///   is worse than a refused one, e.g. KVCacheBackend validation. This is what
-///   [`validate`](AdmissionServer::validate), [`mutate`](AdmissionServer::mutate) and their
-///   `_async` forms use.
-/// - [`Allow`](Self::Allow) for webhooks on other people's workloads that must never block
-///   them when warmcache misbehaves, e.g. the Pod-mutating webhook: register it with
-///   [`mutate_with`](AdmissionServer::mutate_with) or
-///   [`mutate_async_with`](AdmissionServer::mutate_async_with) and `OnHandlerError::Allow`,
-///   and set `failurePolicy: Ignore` for the transport failures.
-///
-/// Either way the review is logged at warn level and counted with verdict
-/// [`Verdict::Error`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OnHandlerError {
-    /// Deny the request: `allowed: false`, `status.code: 500`, `status.reason: InternalError`
-    /// and a message naming the failure.
-    #[default]
-    Deny,
-    /// Allow the request unchanged (no patch, whatever the handler produced) with an
-    /// `AdmissionResponse` warning naming the webhook route and the failure, which `kubectl`
-    /// shows to whoever made the request.
-    Allow,
-}
-
-/// What a handler may return: an [`AdmissionResponse`], or a `Result` whose error is a handler
-/// failure handled by the route's [`OnHandlerError`] policy, with the error's text (alternate
-/// form, so an `anyhow` chain is shown in full) in the message.
-pub trait HandlerOutput: Send + 'static {
-    /// The response, or the message of a handler failure.
-    fn into_result(self) -> Result<AdmissionResponse, String>;
-}
-
-impl HandlerOutput for AdmissionResponse {
-    fn into_result(self) -> Result<AdmissionResponse, String> {
-        Ok(self)
-    }
-}
-
-impl<E: fmt::Display + Send + 'static> HandlerOutput for Result<AdmissionResponse, E> {
-    fn into_result(self) -> Result<AdmissionResponse, String> {
-        self.map_err(|err| format!("{err:#}"))
-    }
-}
-
-type HandlerFuture = Pin<Box<dyn Future<Output = Result<AdmissionResponse, String>> + Send>>;
-type AsyncFn = Arc<dyn Fn(AdmissionRequest<DynamicObject>) -> HandlerFuture + Send + Sync>;
-type SyncFn =
-    Arc<dyn Fn(AdmissionRequest<DynamicObject>) -> Result<AdmissionResponse, String> + Send + Sync>;
-
-/// A route's handler: synchronous ones run on the blocking pool, async ones in a task.
-#[derive(Clone)]
-enum DynHandler {
-    Sync(SyncFn),
-    Async(AsyncFn),
-}
-
-struct RouteSpec {
-    path: String,
-    kind: RouteKind,
-    on_error: OnHandlerError,
-    handler: DynHandler,
-}
-
 /// The admission webhook server: a set of routes, each answering `AdmissionReview`s with a
 /// handler, served over HTTPS (HTTP/1.1 and HTTP/2 via ALPN).
 ///
@@ -225,16 +143,18 @@ struct RouteSpec {
 /// let config = AdmissionServerConfig::new(TlsFiles::in_dir("/etc/webhook/certs"));
 /// let shutdown = tokio_util::sync::CancellationToken::new();
 /// AdmissionServer::new(config)
-///     .validate("/validate-kvcachebackend", |req: AdmissionRequest<DynamicObject>| {
-///         AdmissionResponse::from(&req)
-///     })
+///     .route(Route::validating(
+///         "/validate-kvcachebackend",
+///         |req: AdmissionRequest<DynamicObject>| AdmissionResponse::from(&req),
+///     ))
 ///     .serve(std::net::SocketAddr::from(([0, 0, 0, 0], 8443)), shutdown)
 ///     .await
 /// # }
 /// ```
 ///
-/// Each route only accepts `POST` with `Content-Type: application/json`. The decoding layer
-/// in front of the handlers:
+/// Routes are added with [`route`](Self::route) (see [`Route`] for the kinds of handlers). Each
+/// route only accepts `POST` with `Content-Type: application/json`. The decoding layer in front
+/// of the handlers:
 /// - refuses a missing or other content type with `415`;
 /// - refuses a body over [`max_body_bytes`](AdmissionServerConfig::max_body_bytes) with `413`
 ///   (from `Content-Length` up front, or while reading);
@@ -248,10 +168,13 @@ struct RouteSpec {
 ///   reply's `uid` is always the request's.
 ///
 /// Every review is traced in an `admission_review` span (route, uid, kind, operation,
-/// namespace, name, verdict) and, with [`with_metrics`](Self::with_metrics), counted.
+/// namespace, name, dry_run, verdict) and, with [`with_metrics`](Self::with_metrics), counted.
+///
+/// The routes' webhook registrations become `ValidatingWebhookConfiguration` and
+/// `MutatingWebhookConfiguration` objects with [`configurations`](Self::configurations).
 pub struct AdmissionServer {
     config: AdmissionServerConfig,
-    routes: Vec<RouteSpec>,
+    routes: Vec<Route>,
     metrics: Option<AdmissionMetrics>,
 }
 
@@ -294,146 +217,59 @@ impl AdmissionServer {
         self
     }
 
-    /// Adds a validating route with a synchronous handler that denies on handler failure
-    /// ([`OnHandlerError::Deny`]).
-    ///
-    /// Synchronous handlers run on tokio's blocking pool, at most
-    /// [`max_concurrent_handlers`](AdmissionServerConfig::max_concurrent_handlers) at a time,
-    /// so CPU-heavy validation cannot stall the server; a handler still running at the
-    /// [`handler_timeout`](AdmissionServerConfig::handler_timeout) is abandoned (the review is
-    /// answered, the handler runs to completion in the background). Use
-    /// [`validate_async`](Self::validate_async) for I/O.
+    /// Adds a route (see [`Route`]). Paths and registrations are checked when the router is
+    /// built ([`router`](Self::router), [`serve`](Self::serve)) or the configurations are
+    /// generated ([`configurations`](Self::configurations)).
     #[must_use]
-    pub fn validate<F, R>(self, path: impl Into<String>, handler: F) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
-        R: HandlerOutput,
-    {
-        self.validate_with(path, handler, OnHandlerError::Deny)
-    }
-
-    /// Adds a validating route with a synchronous handler and the given failure policy.
-    #[must_use]
-    pub fn validate_with<F, R>(
-        self,
-        path: impl Into<String>,
-        handler: F,
-        on_error: OnHandlerError,
-    ) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
-        R: HandlerOutput,
-    {
-        self.route(path, RouteKind::Validate, on_error, sync_handler(handler))
-    }
-
-    /// Adds a mutating route with a synchronous handler that denies on handler failure
-    /// ([`OnHandlerError::Deny`]; see [`validate`](Self::validate)). For a webhook that must
-    /// never block the request, use [`mutate_with`](Self::mutate_with).
-    #[must_use]
-    pub fn mutate<F, R>(self, path: impl Into<String>, handler: F) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
-        R: HandlerOutput,
-    {
-        self.mutate_with(path, handler, OnHandlerError::Deny)
-    }
-
-    /// Adds a mutating route with a synchronous handler and the given failure policy
-    /// ([`OnHandlerError::Allow`] for the Pod webhook).
-    #[must_use]
-    pub fn mutate_with<F, R>(
-        self,
-        path: impl Into<String>,
-        handler: F,
-        on_error: OnHandlerError,
-    ) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
-        R: HandlerOutput,
-    {
-        self.route(path, RouteKind::Mutate, on_error, sync_handler(handler))
-    }
-
-    /// Adds a validating route with an async handler that denies on handler failure
-    /// ([`OnHandlerError::Deny`]).
-    #[must_use]
-    pub fn validate_async<F, Fut, R>(self, path: impl Into<String>, handler: F) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: HandlerOutput,
-    {
-        self.validate_async_with(path, handler, OnHandlerError::Deny)
-    }
-
-    /// Adds a validating route with an async handler and the given failure policy.
-    #[must_use]
-    pub fn validate_async_with<F, Fut, R>(
-        self,
-        path: impl Into<String>,
-        handler: F,
-        on_error: OnHandlerError,
-    ) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: HandlerOutput,
-    {
-        self.route(path, RouteKind::Validate, on_error, async_handler(handler))
-    }
-
-    /// Adds a mutating route with an async handler that denies on handler failure
-    /// ([`OnHandlerError::Deny`]). For a webhook that must never block the request, use
-    /// [`mutate_async_with`](Self::mutate_async_with).
-    #[must_use]
-    pub fn mutate_async<F, Fut, R>(self, path: impl Into<String>, handler: F) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: HandlerOutput,
-    {
-        self.mutate_async_with(path, handler, OnHandlerError::Deny)
-    }
-
-    /// Adds a mutating route with an async handler and the given failure policy
-    /// ([`OnHandlerError::Allow`] for the Pod webhook).
-    #[must_use]
-    pub fn mutate_async_with<F, Fut, R>(
-        self,
-        path: impl Into<String>,
-        handler: F,
-        on_error: OnHandlerError,
-    ) -> Self
-    where
-        F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: HandlerOutput,
-    {
-        self.route(path, RouteKind::Mutate, on_error, async_handler(handler))
-    }
-
-    fn route(
-        mut self,
-        path: impl Into<String>,
-        kind: RouteKind,
-        on_error: OnHandlerError,
-        handler: DynHandler,
-    ) -> Self {
-        self.routes.push(RouteSpec {
-            path: path.into(),
-            kind,
-            on_error,
-            handler,
-        });
+    pub fn route(mut self, route: Route) -> Self {
+        self.routes.push(route);
         self
+    }
+
+    /// The routes added so far, in order.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// The webhook configurations registering every route that carries a
+    /// [`Webhook`](crate::Webhook) registration, both named `name`: validating routes in the
+    /// `ValidatingWebhookConfiguration`, mutating ones in the `MutatingWebhookConfiguration`
+    /// (`None` when the server has no registered route of that kind), in route order.
+    ///
+    /// Each webhook calls `service` at its route's path (`clientConfig.service` with
+    /// namespace, name, path and port) and carries no `caBundle`: the chart or cert-manager's
+    /// CA injector adds it. For tests that serve on loopback, retarget with
+    /// [`WebhookConfigurations::with_url`]. Defaults are written out
+    /// (`reinvocationPolicy: Never` on mutating webhooks), and `admissionReviewVersions` is
+    /// `["v1"]`.
+    ///
+    /// Pure: the same routes give the same objects. Fails like [`router`](Self::router) on an
+    /// invalid path, and with [`AdmissionError::InvalidWebhook`] on an invalid registration.
+    pub fn configurations(
+        &self,
+        name: &str,
+        service: &ServiceTarget,
+    ) -> Result<WebhookConfigurations, AdmissionError> {
+        self.check_routes()?;
+        Ok(registration::build(name, service, self.registered()))
+    }
+
+    fn registered(&self) -> impl Iterator<Item = Registered<'_>> {
+        self.routes.iter().filter_map(|route| {
+            route.webhook.as_ref().map(|webhook| Registered {
+                path: &route.path,
+                kind: route.kind,
+                webhook,
+            })
+        })
     }
 
     /// The plain-HTTP axum router with all routes and the decoding layer, without TLS.
     ///
     /// Useful to drive the handlers in-process (`tower::ServiceExt::oneshot`). Fails when a
     /// path does not start with `/`, contains characters other than `A-Z a-z 0-9 - . _ ~ /`,
-    /// or is registered twice.
+    /// or is registered twice, and when a webhook registration is invalid (see
+    /// [`crate::registration`]).
     ///
     /// All routes of one router share its
     /// [`max_concurrent_handlers`](AdmissionServerConfig::max_concurrent_handlers) slots.
@@ -457,6 +293,7 @@ impl AdmissionServer {
                 kind: spec.kind,
                 on_error: spec.on_error,
                 handler: spec.handler.clone(),
+                raw_objects: spec.raw_objects,
                 handler_slots: Arc::clone(&handler_slots),
                 max_handlers,
                 body_budget: Arc::clone(&body_budget),
@@ -497,7 +334,7 @@ impl AdmissionServer {
                 });
             }
         }
-        Ok(())
+        registration::check_all(self.registered())
     }
 
     /// Loads the certificate, starts the certificate reloader and serves until `shutdown` is
@@ -577,32 +414,13 @@ fn check_path(path: &str) -> Result<(), AdmissionError> {
     Ok(())
 }
 
-fn sync_handler<F, R>(handler: F) -> DynHandler
-where
-    F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
-    R: HandlerOutput,
-{
-    DynHandler::Sync(Arc::new(move |request| handler(request).into_result()))
-}
-
-fn async_handler<F, Fut, R>(handler: F) -> DynHandler
-where
-    F: Fn(AdmissionRequest<DynamicObject>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = R> + Send + 'static,
-    R: HandlerOutput,
-{
-    let handler = Arc::new(handler);
-    DynHandler::Async(Arc::new(move |request| {
-        let handler = Arc::clone(&handler);
-        Box::pin(async move { handler(request).await.into_result() })
-    }))
-}
-
 struct RouteState {
     path: String,
     kind: RouteKind,
     on_error: OnHandlerError,
     handler: DynHandler,
+    /// Whether the handler reads `object` and `oldObject` as sent (typed routes).
+    raw_objects: bool,
     /// Slots for synchronous handlers, shared by all routes of the router.
     handler_slots: Arc<Semaphore>,
     max_handlers: usize,
@@ -698,8 +516,8 @@ impl RouteState {
                 }
             };
 
-        let request = match decode_review(&bytes) {
-            Ok(request) => request,
+        let review = match decode_review_parts(&bytes, self.raw_objects) {
+            Ok(review) => review,
             Err(DecodeRejection::NotAReview(message)) => {
                 return self.refuse(StatusCode::BAD_REQUEST, format!("{message}\n"));
             }
@@ -712,18 +530,19 @@ impl RouteState {
             }
         };
 
+        let request = &review.request;
         let span = tracing::info_span!(
             "admission_review",
             route = %self.path,
             uid = %request.uid,
-            kind = %format_kind(&request),
+            kind = %format_kind(request),
             operation = ?request.operation,
             namespace = request.namespace.as_deref().unwrap_or(""),
             name = %request.name,
             dry_run = request.dry_run,
             verdict = tracing::field::Empty,
         );
-        let (verdict, response) = self.run_handler(request).instrument(span.clone()).await;
+        let (verdict, response) = self.run_handler(review).instrument(span.clone()).await;
         span.record("verdict", verdict.as_str());
         match verdict {
             Verdict::Error => span.in_scope(|| {
@@ -741,15 +560,12 @@ impl RouteState {
         (verdict, review_response(response))
     }
 
-    async fn run_handler(
-        &self,
-        request: AdmissionRequest<DynamicObject>,
-    ) -> (Verdict, AdmissionResponse) {
-        let base = AdmissionResponse::from(&request);
-        let uid = request.uid.clone();
+    async fn run_handler(&self, review: Review) -> (Verdict, AdmissionResponse) {
+        let base = AdmissionResponse::from(&review.request);
+        let uid = review.request.uid.clone();
         let outcome = match &self.handler {
-            DynHandler::Async(handler) => self.run_async(handler, request).await,
-            DynHandler::Sync(handler) => self.run_blocking(handler, request).await,
+            DynHandler::Async(handler) => self.run_async(handler, review).await,
+            DynHandler::Sync(handler) => self.run_blocking(handler, review).await,
         };
         match outcome {
             Ok(response) if self.kind == RouteKind::Validate && response.patch.is_some() => (
@@ -773,9 +589,9 @@ impl RouteState {
     async fn run_async(
         &self,
         handler: &AsyncFn,
-        request: AdmissionRequest<DynamicObject>,
+        review: Review,
     ) -> Result<AdmissionResponse, String> {
-        let mut task = tokio::spawn(handler(request).in_current_span());
+        let mut task = tokio::spawn(handler(review).in_current_span());
         match tokio::time::timeout(self.handler_timeout, &mut task).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(join_error)) => Err(join_message(&join_error)),
@@ -792,7 +608,7 @@ impl RouteState {
     async fn run_blocking(
         &self,
         handler: &SyncFn,
-        request: AdmissionRequest<DynamicObject>,
+        review: Review,
     ) -> Result<AdmissionResponse, String> {
         let deadline = tokio::time::Instant::now() + self.handler_timeout;
         let slot = match tokio::time::timeout_at(
@@ -829,7 +645,7 @@ impl RouteState {
         let task = tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let _running = running;
-            span.in_scope(|| handler(request))
+            span.in_scope(|| handler(review))
         });
         let mut waiting = AbandonGuard {
             metrics: self.metrics.as_ref(),

@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use warmcache_admission::{
     AdmissionMetrics, AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig,
-    CloseReason, DynamicObject,
+    CloseReason, DynamicObject, Route,
 };
 
 const BODY_TIMEOUT: Duration = Duration::from_millis(700);
@@ -56,9 +56,10 @@ fn start(adjust: impl FnOnce(&mut AdmissionServerConfig)) -> Fixture {
     adjust(&mut config);
     let metrics = AdmissionMetrics::new().unwrap();
     let server = AdmissionServer::new(config)
-        .validate("/ok", |req: AdmissionRequest<DynamicObject>| {
-            AdmissionResponse::from(&req)
-        })
+        .route(Route::validating(
+            "/ok",
+            |req: AdmissionRequest<DynamicObject>| AdmissionResponse::from(&req),
+        ))
         .with_metrics(metrics.clone());
     Fixture {
         _dir: dir,

@@ -14,7 +14,7 @@ use common::*;
 use tokio::sync::mpsc;
 use warmcache_admission::{
     AdmissionMetrics, AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig,
-    DynamicObject, OnHandlerError,
+    DynamicObject, OnHandlerError, Route,
 };
 
 /// Blocks synchronous handlers until opened (or for at most 20 s, so that the old,
@@ -84,14 +84,15 @@ fn start(
     config(&mut server_config);
     let (deny_gate, allow_gate) = (gate.clone(), gate.clone());
     let server = AdmissionServer::new(server_config)
-        .validate("/slow", move |req| deny_gate.block(&req))
-        .mutate_with(
-            "/allow/slow",
-            move |req| allow_gate.block(&req),
-            OnHandlerError::Allow,
+        .route(Route::validating("/slow", move |req| deny_gate.block(&req)))
+        .route(
+            Route::mutating("/allow/slow", move |req| allow_gate.block(&req))
+                .on_error(OnHandlerError::Allow),
         )
-        .validate("/fast", ok)
-        .validate_async("/fast-async", |req| async move { ok(req) })
+        .route(Route::validating("/fast", ok))
+        .route(Route::validating_async("/fast-async", |req| async move {
+            ok(req)
+        }))
         .with_metrics(metrics.clone());
     Fixture {
         _dir: dir,

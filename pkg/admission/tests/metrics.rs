@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use common::*;
 use warmcache_admission::{
     AdmissionMetrics, AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig,
-    DynamicObject,
+    DynamicObject, Route,
 };
 
 const OPERATIONS_MD: &str = include_str!("../../../docs/operations.md");
@@ -42,9 +42,10 @@ async fn documented_admission_metrics_are_exported_under_their_documented_names(
     let ca = Ca::new("test CA");
     ca.leaf(1).write_to(dir.path());
     let server = AdmissionServer::new(AdmissionServerConfig::new(files_in(dir.path())))
-        .validate("/ok", |req: AdmissionRequest<DynamicObject>| {
-            AdmissionResponse::from(&req)
-        })
+        .route(Route::validating(
+            "/ok",
+            |req: AdmissionRequest<DynamicObject>| AdmissionResponse::from(&req),
+        ))
         .with_metrics(metrics.clone());
     let running = spawn_serve(server);
     let reply = post_json(running.addr, &ca, "/ok", &pod_review("uid", "p")).await;

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use warmcache_admission::patch::{self, PatchBuilder};
 use warmcache_admission::{
     AdmissionMetrics, AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig,
-    DynamicObject, OnHandlerError, Verdict,
+    DynamicObject, OnHandlerError, Route, Verdict,
 };
 
 const VALIDATE: &str = "/validate-kvcachebackend";
@@ -48,58 +48,60 @@ fn test_server(dir: &std::path::Path, metrics: Option<AdmissionMetrics>) -> Admi
     config.body_timeout = Duration::from_millis(700);
     config.handler_timeout = Duration::from_millis(500);
     let mut server = AdmissionServer::new(config)
-        .validate(VALIDATE, validate_name)
-        .mutate(MUTATE, annotate)
-        .validate("/fails", |_req| {
+        .route(Route::validating(VALIDATE, validate_name))
+        .route(Route::mutating(MUTATE, annotate))
+        .route(Route::validating("/fails", |_req| {
             Err::<AdmissionResponse, _>("the catalog is unreachable")
-        })
-        .validate("/panics", |_req| -> AdmissionResponse {
+        }))
+        .route(Route::validating("/panics", |_req| -> AdmissionResponse {
             panic!("handler bug")
-        })
-        .validate_async("/hangs", |req| async move {
+        }))
+        .route(Route::validating_async("/hangs", |req| async move {
             tokio::time::sleep(Duration::from_secs(30)).await;
             AdmissionResponse::from(&req)
-        })
-        .mutate_async("/async-allow", |req| async move {
+        }))
+        .route(Route::mutating_async("/async-allow", |req| async move {
             tokio::task::yield_now().await;
             AdmissionResponse::from(&req)
-        })
-        .validate("/validate-with-patch", annotate)
+        }))
+        .route(Route::validating("/validate-with-patch", annotate))
         // The same failures on routes that must never block the request.
-        .mutate_with(
-            "/allow/fails",
-            |_req| Err::<AdmissionResponse, _>("the catalog is unreachable"),
-            OnHandlerError::Allow,
+        .route(
+            Route::mutating("/allow/fails", |_req| {
+                Err::<AdmissionResponse, _>("the catalog is unreachable")
+            })
+            .on_error(OnHandlerError::Allow),
         )
-        .mutate_with(
-            "/allow/panics",
-            |_req| -> AdmissionResponse { panic!("handler bug") },
-            OnHandlerError::Allow,
+        .route(
+            Route::mutating("/allow/panics", |_req| -> AdmissionResponse {
+                panic!("handler bug")
+            })
+            .on_error(OnHandlerError::Allow),
         )
-        .mutate_async_with(
-            "/allow/hangs",
-            |req| async move {
+        .route(
+            Route::mutating_async("/allow/hangs", |req| async move {
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 AdmissionResponse::from(&req)
-            },
-            OnHandlerError::Allow,
+            })
+            .on_error(OnHandlerError::Allow),
         )
-        .validate_with(
-            "/allow/validate-with-patch",
-            annotate,
-            OnHandlerError::Allow,
+        .route(
+            Route::validating("/allow/validate-with-patch", annotate)
+                .on_error(OnHandlerError::Allow),
         )
-        .validate_async_with(
-            "/deny/hangs",
-            |req| async move {
+        .route(
+            Route::validating_async("/deny/hangs", |req| async move {
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 AdmissionResponse::from(&req)
-            },
-            OnHandlerError::Deny,
+            })
+            .on_error(OnHandlerError::Deny),
         )
         // Healthy handler on an Allow route: its patch and denials pass through as usual.
-        .mutate_with("/allow/annotate", annotate, OnHandlerError::Allow)
-        .validate_with("/allow/validate-name", validate_name, OnHandlerError::Allow);
+        .route(Route::mutating("/allow/annotate", annotate).on_error(OnHandlerError::Allow))
+        .route(
+            Route::validating("/allow/validate-name", validate_name)
+                .on_error(OnHandlerError::Allow),
+        );
     if let Some(metrics) = metrics {
         server = server.with_metrics(metrics);
     }
@@ -562,17 +564,17 @@ async fn bad_routes_are_refused_before_serving() {
     let config = AdmissionServerConfig::new(files_in(dir.path()));
     let ok = |req: AdmissionRequest<DynamicObject>| AdmissionResponse::from(&req);
 
-    let server = AdmissionServer::new(config.clone()).validate("no-slash", ok);
+    let server = AdmissionServer::new(config.clone()).route(Route::validating("no-slash", ok));
     let err = server.router().unwrap_err();
     assert!(err.to_string().contains("no-slash"), "{err}");
 
-    let server = AdmissionServer::new(config.clone()).validate("/x/{id}", ok);
+    let server = AdmissionServer::new(config.clone()).route(Route::validating("/x/{id}", ok));
     assert!(server.router().is_err());
 
     let running = spawn_serve(
         AdmissionServer::new(config)
-            .validate("/same", ok)
-            .mutate("/same", ok),
+            .route(Route::validating("/same", ok))
+            .route(Route::mutating("/same", ok)),
     );
     let err = running.task.await.unwrap().unwrap_err();
     assert!(err.to_string().contains("more than once"), "{err}");
@@ -592,11 +594,11 @@ async fn buffered_bodies_share_one_budget() {
     config.body_timeout = Duration::from_millis(300);
     config.handler_timeout = Duration::from_secs(2);
     let server = AdmissionServer::new(config)
-        .validate(VALIDATE, validate_name)
-        .validate_async("/hangs", |req| async move {
+        .route(Route::validating(VALIDATE, validate_name))
+        .route(Route::validating_async("/hangs", |req| async move {
             tokio::time::sleep(Duration::from_secs(30)).await;
             AdmissionResponse::from(&req)
-        });
+        }));
     let running = spawn_serve(server);
     let addr = running.addr;
 

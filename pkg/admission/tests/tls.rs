@@ -11,13 +11,14 @@ use std::time::Duration;
 use common::*;
 use warmcache_admission::{
     AdmissionError, AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig,
-    DynamicObject, ReloadingCertResolver, TlsFiles,
+    DynamicObject, ReloadingCertResolver, Route, TlsFiles,
 };
 
 fn allow_all(config: AdmissionServerConfig) -> AdmissionServer {
-    AdmissionServer::new(config).validate("/validate", |req: AdmissionRequest<DynamicObject>| {
-        AdmissionResponse::from(&req)
-    })
+    AdmissionServer::new(config).route(Route::validating(
+        "/validate",
+        |req: AdmissionRequest<DynamicObject>| AdmissionResponse::from(&req),
+    ))
 }
 
 async fn wait_for_cert(addr: std::net::SocketAddr, cas: &[&Ca], want: &Leaf) {
