@@ -28,7 +28,6 @@ pub mod offline;
 pub mod webhook;
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -113,24 +112,15 @@ pub struct RenderArgs {
     pub image: ImageSetting,
 }
 
-/// Arguments of `webhook`.
+/// Arguments of `webhook`: the shared flags of every component (`--admin-listen`,
+/// `--log-level`, `--log-format`, `--shutdown-grace`, ...; see `docs/operations.md`) and of
+/// webhook servers (`--tls-dir`, `--listen`).
 #[derive(Debug, Args)]
 pub struct WebhookArgs {
-    /// Directory holding tls.crt and tls.key (a mounted kubernetes.io/tls Secret).
-    #[arg(long, value_name = "DIR")]
-    pub tls_dir: PathBuf,
-    /// Address of the HTTPS webhook server.
-    #[arg(long, default_value = "0.0.0.0:9443")]
-    pub listen: SocketAddr,
-    /// Address of the admin server (/metrics, /livez, /readyz).
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    pub admin_listen: SocketAddr,
-    /// Log filter (RUST_LOG syntax); overrides RUST_LOG.
-    #[arg(long)]
-    pub log_level: Option<String>,
-    /// Log format: plain or json.
-    #[arg(long, default_value = "json")]
-    pub log_format: warmcache_telemetry::LogFormat,
+    #[command(flatten)]
+    pub runtime: warmcache_runtime::RuntimeArgs,
+    #[command(flatten)]
+    pub admission: warmcache_runtime::AdmissionArgs,
     #[command(flatten)]
     pub image: ImageSetting,
 }

@@ -6,56 +6,52 @@
 //! the backend; the operator's own finalizer removal changes no spec and is always admitted.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
-use tokio::task::JoinHandle;
+use warmcache_admission::registration::{FailurePolicy, Rule, Scope, SideEffects, Webhook};
 use warmcache_admission::{
-    AdmissionError, AdmissionMetrics, AdmissionServer, AdmissionServerConfig,
-    ReloadingCertResolver, Route, TlsFiles, install_default_crypto_provider, spawn_reloader,
+    AdmissionError, AdmissionServer, AdmissionServerConfig, Route, ServiceTarget, TlsFiles,
+    WebhookConfigurations,
 };
-use warmcache_api_kvcache::v1alpha1::{GROUP, KIND};
+use warmcache_api_kvcache::SYSTEM_NAMESPACE;
+use warmcache_api_kvcache::v1alpha1::{GROUP, KIND, KVCacheBackend};
 use warmcache_kvcache::{FieldError, ValidationContext, validate_values};
-use warmcache_telemetry::{self as telemetry, Readiness, TelemetryError};
+use warmcache_runtime::{Runtime, RuntimeError};
 
 use crate::WebhookArgs;
 
+/// The component name: service name of its traces, prefix of its metrics
+/// (`warmcache_kvcache_operator_*`).
+pub const COMPONENT: &str = "kvcache-operator";
+
 /// Path the webhook is served on.
 pub const WEBHOOK_PATH: &str = "/validate-kvcachebackends";
+
+/// Name of the webhook in its `ValidatingWebhookConfiguration`.
+pub const WEBHOOK_NAME: &str = "kvcachebackends.worker.gpustack.ai";
+
+/// Name of the generated `ValidatingWebhookConfiguration`.
+pub const CONFIGURATION_NAME: &str = "warmcache-kvcache-operator";
+
+/// The Service the generated configuration sends reviews to: `kvcache-operator-webhook` in the
+/// operator's namespace, port 443 (the chart maps it to `--listen`).
+pub fn service() -> ServiceTarget {
+    ServiceTarget::new(SYSTEM_NAMESPACE, "kvcache-operator-webhook", 443)
+}
 
 /// Prefix of the binary's own Prometheus metrics. The admission server's series keep their
 /// library names (`warmcache_admission_*`), the same in every binary.
 pub const METRICS_PREFIX: &str = "warmcache_kvcache_operator";
 
-/// How long the process waits at exit for review handlers that are still running (abandoned
-/// at their timeout) before leaving them behind.
-const BLOCKING_SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
-
 /// Why the webhook server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// Tracing, metrics or the admin server failed.
+    /// The component runtime failed: telemetry, the admin server, the certificate, binding,
+    /// serving.
     #[error(transparent)]
-    Telemetry(#[from] TelemetryError),
-    /// The HTTPS server failed (certificates, binding, serving).
-    #[error(transparent)]
-    Admission(#[from] AdmissionError),
-    /// The admission metrics could not be registered.
-    #[error("cannot register the admission metrics: {0}")]
-    Metrics(#[from] warmcache_telemetry::prometheus::Error),
-    /// The runtime or the listening socket could not be set up.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// Why it failed.
-        source: std::io::Error,
-    },
-    /// A background task ended abnormally.
-    #[error("the {0} task ended abnormally")]
-    Task(&'static str),
+    Runtime(#[from] RuntimeError),
 }
 
 /// Answers one admission review of a `KVCacheBackend`.
@@ -127,62 +123,52 @@ fn deny(
     response
 }
 
+/// The webhook's registration: `CREATE` and `UPDATE` of `kvcachebackends`, `failurePolicy:
+/// Fail` (an unchecked backend is worse than a refused one), 10 s, no side effects. `DELETE` is
+/// not validated: the finalizer gates deletion.
+pub fn registration() -> Webhook {
+    Webhook::new(WEBHOOK_NAME)
+        .rule(
+            Rule::for_resource::<KVCacheBackend>(vec![Operation::Create, Operation::Update])
+                .scope(Scope::Cluster),
+        )
+        .failure_policy(FailurePolicy::Fail)
+        .timeout_seconds(10)
+        .side_effects(SideEffects::None)
+}
+
 /// The admission server with the `KVCacheBackend` route, validating with `ctx`.
 pub fn admission_server(config: AdmissionServerConfig, ctx: ValidationContext) -> AdmissionServer {
     let ctx = Arc::new(ctx);
-    AdmissionServer::new(config).route(Route::validating(
-        WEBHOOK_PATH,
-        move |request: AdmissionRequest<DynamicObject>| review(&request, &ctx),
-    ))
+    AdmissionServer::new(config).route(
+        Route::validating(
+            WEBHOOK_PATH,
+            move |request: AdmissionRequest<DynamicObject>| review(&request, &ctx),
+        )
+        .webhook(registration()),
+    )
 }
 
-/// `kvcache-operator webhook`: builds a runtime and serves until SIGTERM or SIGINT.
+/// The webhook configuration generated from the route (`cargo xtask gen` writes it to
+/// `config/webhook/`): the path, rules and policies the server was built with, by construction.
+pub fn webhook_configurations() -> Result<WebhookConfigurations, AdmissionError> {
+    admission_server(
+        AdmissionServerConfig::new(TlsFiles::in_dir("/unused")),
+        ValidationContext::default(),
+    )
+    .configurations(CONFIGURATION_NAME, &service())
+}
+
+/// `kvcache-operator webhook`: serves on the component runtime until SIGTERM or SIGINT.
 pub fn run(args: WebhookArgs) -> Result<(), ServeError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ServeError::Io {
-            what: "cannot start the async runtime".into(),
-            source,
-        })?;
-    let result = runtime.block_on(serve(args));
-    // Review handlers run on the blocking pool; one still stuck in a validation must not keep
-    // the process from exiting.
-    runtime.shutdown_timeout(BLOCKING_SHUTDOWN_WAIT);
-    result
-}
-
-/// The registry served on `/metrics`: the binary's own metrics under [`METRICS_PREFIX`], and
-/// the admission server's under their documented names.
-pub fn metrics_registry()
--> Result<(warmcache_telemetry::prometheus::Registry, AdmissionMetrics), ServeError> {
-    let metrics = telemetry::Metrics::new(METRICS_PREFIX)?;
-    let admission_metrics = AdmissionMetrics::new()?;
-    let exposed = admission_metrics.exposition_registry(metrics.registry())?;
-    Ok((exposed, admission_metrics))
+    warmcache_runtime::block_on(serve(args))
 }
 
 async fn serve(args: WebhookArgs) -> Result<(), ServeError> {
-    install_default_crypto_provider();
-    let config = telemetry::TelemetryConfig::from_env(
-        "kvcache-operator",
-        args.log_level.as_deref(),
-        args.log_format,
-    )
-    .with_version(env!("CARGO_PKG_VERSION"));
-    let _telemetry = telemetry::init(&config)?;
-    let shutdown = telemetry::shutdown_signal()?;
-
-    let (registry, admission_metrics) = metrics_registry()?;
-    let readiness = Readiness::new();
-    readiness.set_not_ready("loading the webhook certificate");
-    let admin: JoinHandle<Result<(), TelemetryError>> = tokio::spawn(telemetry::serve_admin(
-        args.admin_listen,
-        registry,
-        readiness.clone(),
-        shutdown.clone(),
-    ));
-
+    let mut runtime = Runtime::builder(COMPONENT, args.runtime)
+        .version(env!("CARGO_PKG_VERSION"))
+        .build()
+        .await?;
     let ctx = ValidationContext {
         default_image: args.image.default_image.clone(),
     };
@@ -192,69 +178,12 @@ async fn serve(args: WebhookArgs) -> Result<(), ServeError> {
             tracing::warn!("no kv-cache-backend-image setting: backends must name their own image")
         }
     }
-
-    let server_config = AdmissionServerConfig::new(TlsFiles::in_dir(&args.tls_dir));
-    let result = serve_webhook(
-        &args,
-        server_config,
-        ctx,
-        admission_metrics,
-        &readiness,
-        &shutdown,
-    )
-    .await;
-    // Whatever ended the webhook server, stop the admin server too and wait for it.
-    shutdown.cancel();
-    let admin_result = admin.await.map_err(|_| ServeError::Task("admin server"))?;
-    result?;
-    admin_result?;
-    tracing::info!("webhook stopped");
+    let config = AdmissionServerConfig::new(TlsFiles::in_dir(&args.admission.tls_dir));
+    runtime
+        .serve_admission(&args.admission, admission_server(config, ctx))
+        .await?;
+    runtime.run().await?;
     Ok(())
-}
-
-async fn serve_webhook(
-    args: &WebhookArgs,
-    config: AdmissionServerConfig,
-    ctx: ValidationContext,
-    metrics: AdmissionMetrics,
-    readiness: &Readiness,
-    shutdown: &warmcache_telemetry::tokio_util::sync::CancellationToken,
-) -> Result<(), ServeError> {
-    // Load the certificate and bind before reporting ready, so that a bad Secret or a taken
-    // port fails the process instead of serving errors.
-    let files = config.tls.clone();
-    let resolver = tokio::task::spawn_blocking(move || ReloadingCertResolver::load(&files))
-        .await
-        .map_err(|_| ServeError::Task("certificate loader"))??;
-    let listener = std::net::TcpListener::bind(args.listen).map_err(|source| ServeError::Io {
-        what: format!("cannot listen on {}", args.listen),
-        source,
-    })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| ServeError::Io {
-            what: format!("cannot set up the listener on {}", args.listen),
-            source,
-        })?;
-    let stop_reloader = shutdown.child_token();
-    let reloader = spawn_reloader(
-        Arc::clone(&resolver),
-        config.reload_interval,
-        stop_reloader.clone(),
-        Some(metrics.clone()),
-    );
-    let server = admission_server(config, ctx).with_metrics(metrics);
-    tracing::info!(listen = %args.listen, path = WEBHOOK_PATH, "webhook serving");
-    readiness.set_ready(true);
-    let result = server
-        .serve_with_resolver(listener, resolver, shutdown.clone())
-        .await;
-    readiness.set_not_ready("shutting down");
-    stop_reloader.cancel();
-    reloader
-        .await
-        .map_err(|_| ServeError::Task("certificate reloader"))?;
-    result.map_err(ServeError::from)
 }
 
 #[cfg(test)]
@@ -372,25 +301,28 @@ mod tests {
     }
 
     #[test]
-    fn admission_metrics_keep_their_documented_names() {
-        let (registry, metrics) = metrics_registry().unwrap();
-        metrics.observe_review(WEBHOOK_PATH, warmcache_admission::Verdict::Denied, 0.01);
-        let names: Vec<String> = registry
-            .gather()
-            .iter()
-            .map(|family| family.name().to_owned())
-            .collect();
-        assert!(
-            names
-                .iter()
-                .any(|n| n == "warmcache_admission_reviews_total"),
-            "{names:?}"
+    fn the_generated_configuration_is_the_route() {
+        let configs = webhook_configurations().unwrap();
+        assert!(configs.mutating.is_none());
+        let config = configs.validating.unwrap();
+        assert_eq!(config.metadata.name.as_deref(), Some(CONFIGURATION_NAME));
+        let webhooks = config.webhooks.unwrap();
+        assert_eq!(webhooks.len(), 1);
+        let webhook = &webhooks[0];
+        assert_eq!(webhook.name, WEBHOOK_NAME);
+        assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+        assert_eq!(webhook.timeout_seconds, Some(10));
+        let service = webhook.client_config.service.as_ref().unwrap();
+        assert_eq!(service.path.as_deref(), Some(WEBHOOK_PATH));
+        assert_eq!(service.namespace, SYSTEM_NAMESPACE);
+        let rules = webhook.rules.as_ref().unwrap();
+        assert_eq!(
+            rules[0].operations.as_deref(),
+            Some(&["CREATE".to_owned(), "UPDATE".to_owned()][..])
         );
-        assert!(
-            !names
-                .iter()
-                .any(|n| n.starts_with(METRICS_PREFIX) && n.contains("admission")),
-            "{names:?}"
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["kvcachebackends".to_owned()][..])
         );
     }
 

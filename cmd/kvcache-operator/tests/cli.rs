@@ -9,15 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use warmcache_kvcache::vectors::{self, managed, members, tier0, with};
-use warmcache_testkit::{
-    ControlPlane, WebhookPki, WebhookRegistration, register_validating, wait_for_webhook,
-};
+use warmcache_testkit::{ControlPlane, WebhookPki, wait_for_webhook};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvcache-operator");
 
@@ -587,31 +585,28 @@ async fn webhook_serves_the_api_server_and_stops_on_sigterm() {
     assert_eq!(http_get(&admin, "/livez").map(|r| r.0), Some(200));
 
     let label = format!("binary-{}", std::process::id());
+    // Registered from the configuration `cargo xtask gen` writes to config/webhook/, pointed at
+    // this process and restricted to this test's objects.
     let config_name = "kvcache-binary.webhook.warmcache.io";
-    register_validating(
-        &client,
-        &WebhookRegistration::new(
-            config_name,
-            &format!("https://127.0.0.1:{port}/validate-kvcachebackends"),
-            &pki.ca_pem,
-            vec![RuleWithOperations {
-                api_groups: Some(vec!["worker.gpustack.ai".into()]),
-                api_versions: Some(vec!["v1alpha1".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["kvcachebackends".into()]),
-                scope: Some("Cluster".into()),
-            }],
-        )
-        .object_selector(LabelSelector {
+    let mut config = warmcache_kvcache_operator::webhook::webhook_configurations()
+        .unwrap()
+        .with_url(&format!("https://127.0.0.1:{port}"), pki.ca_pem.as_bytes())
+        .validating
+        .unwrap();
+    config.metadata.name = Some(config_name.to_owned());
+    for webhook in config.webhooks.iter_mut().flatten() {
+        webhook.object_selector = Some(LabelSelector {
             match_labels: Some(BTreeMap::from([(
                 "warmcache.test/kvcache-binary".to_owned(),
                 label.clone(),
             )])),
             match_expressions: None,
-        }),
-    )
-    .await
-    .unwrap();
+        });
+    }
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
     let api: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &ApiResource::from_gvk_with_plural(

@@ -15,6 +15,7 @@
 
 mod catalog;
 mod crds;
+mod webhooks;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -44,13 +45,24 @@ pub const ARTIFACTS: &[Artifact] = &[
         source: catalog::SOURCE,
         render: catalog::render_all,
         dirs: &[
-            // Its header is render_config_map's own (naming the catalog file and docs/catalog.md,
-            // not this command): the manifest stays byte-identical to that function's output.
+            // Its header is render_config_map's own (naming this command, the catalog file and
+            // docs/catalog.md): the manifest stays byte-identical to that function's output.
             // Next to the hand-written catalog and its JSON Schema.
             OutputDir::shared("config/catalog"),
             // Read with `.Files.Get`; why files/ and not templates/ is in generate/catalog.rs.
             // Shared: a chart's files/ also holds hand-written files (dashboards, ...).
             OutputDir::shared("charts/warmcache/files"),
+        ],
+    },
+    Artifact {
+        name: "webhook-configurations",
+        source: webhooks::SOURCE,
+        render: webhooks::render_all,
+        dirs: &[
+            OutputDir::generated("config/webhook"),
+            // The chart's templates read them with `.Files.Get` and set the release namespace
+            // and the CA bundle; the objects themselves come from the routes.
+            OutputDir::generated("charts/warmcache/files/webhook"),
         ],
     },
 ];
