@@ -8,10 +8,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::{Running, http_get, runtime_args};
 use http::Method;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
@@ -21,10 +24,9 @@ use kube::{Client, CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use warmcache_runtime::{
-    Action, BackoffPolicy, LeaderElectionArgs, ReconcileError, Reconciler, Runtime, RuntimeArgs,
-    WatcherConfig,
+    Action, BackoffPolicy, Cache, LeaderElectionArgs, ReconcileError, Reconciler, Runtime,
+    RuntimeArgs, WatcherConfig,
 };
 use warmcache_telemetry::LogFormat;
 use warmcache_testkit::{
@@ -92,14 +94,7 @@ async fn plane() -> &'static ControlPlane {
 }
 
 fn args(plane: &ControlPlane) -> RuntimeArgs {
-    RuntimeArgs {
-        kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
-        kube_context: None,
-        log_level: None,
-        log_format: LogFormat::Plain,
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        shutdown_grace: Duration::from_secs(5),
-    }
+    runtime_args(plane, Duration::from_secs(5))
 }
 
 fn leader_args(namespace: &str, lease: &str, identity: &str) -> LeaderElectionArgs {
@@ -114,27 +109,18 @@ fn leader_args(namespace: &str, lease: &str, identity: &str) -> LeaderElectionAr
     }
 }
 
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
+/// A runtime with a client and a cache of the ConfigMaps of `namespace`.
+async fn with_configmaps(plane: &ControlPlane, namespace: &str) -> (Runtime, Cache<ConfigMap>) {
+    let mut rt = Runtime::builder("runtime-test", args(plane))
+        .without_global_telemetry()
+        .with_client()
+        .build()
         .await
         .unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).await.unwrap();
-    let status = reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = reply
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    (status, body)
+    let cache = rt
+        .watch::<ConfigMap>(Some(namespace), WatcherConfig::default())
+        .unwrap();
+    (rt, cache)
 }
 
 async fn create_cm(api: &Api<ConfigMap>, name: &str, annotations: BTreeMap<String, String>) {
@@ -283,8 +269,7 @@ async fn readiness_waits_for_every_cache_and_a_malformed_object_does_not_stall_i
     assert_eq!(status, 503);
     assert!(body.contains("startup"), "{body}");
 
-    let stop = rt.shutdown_token();
-    let running = tokio::spawn(rt.run());
+    let running = Running::start(rt);
     // The widgets list completes (the malformed one left out); the gadgets kind does not
     // exist yet, so the process stays unready, naming what it waits for.
     eventually("the widget cache to sync", WAIT, || {
@@ -356,8 +341,7 @@ async fn readiness_waits_for_every_cache_and_a_malformed_object_does_not_stall_i
     let count: f64 = malformed.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(count >= 2.0, "{malformed}");
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     ns.cleanup().await;
 }
 
@@ -515,16 +499,8 @@ async fn transient_errors_back_off_per_object_and_permanent_ones_wait_for_a_chan
     let recorder = Recorder::new("solo", &seen);
     let permanent_reports = Arc::clone(&recorder.permanent_reports);
 
-    let mut rt = Runtime::builder("runtime-test", args(plane))
-        .without_global_telemetry()
-        .with_client()
-        .build()
-        .await
-        .unwrap();
+    let (mut rt, cache) = with_configmaps(plane, &ns.name).await;
     let admin = rt.admin_addr();
-    let cache = rt
-        .watch::<ConfigMap>(Some(&ns.name), WatcherConfig::default())
-        .unwrap();
     let controller = rt
         .controller("recorder", &cache, recorder)
         .backoff(BackoffPolicy {
@@ -533,8 +509,7 @@ async fn transient_errors_back_off_per_object_and_permanent_ones_wait_for_a_chan
         })
         .concurrency(2);
     rt.start_controller(controller);
-    let stop = rt.shutdown_token();
-    let running = tokio::spawn(rt.run());
+    let running = Running::start(rt);
 
     create_cm(&cms, "flaky", BTreeMap::new()).await;
     create_cm(&cms, "broken", BTreeMap::new()).await;
@@ -617,8 +592,7 @@ async fn transient_errors_back_off_per_object_and_permanent_ones_wait_for_a_chan
         .count();
     assert_eq!(flaky_events, 1, "one Event per failure streak");
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     ns.cleanup().await;
 }
 
@@ -629,19 +603,10 @@ async fn the_reconcile_span_continues_the_trace_on_the_object() {
     let ns = TestNamespace::new("rt-trace").await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut rt = Runtime::builder("runtime-test", args(plane))
-        .without_global_telemetry()
-        .with_client()
-        .build()
-        .await
-        .unwrap();
-    let cache = rt
-        .watch::<ConfigMap>(Some(&ns.name), WatcherConfig::default())
-        .unwrap();
+    let (mut rt, cache) = with_configmaps(plane, &ns.name).await;
     let controller = rt.controller("recorder", &cache, Recorder::new("solo", &seen));
     rt.start_controller(controller);
-    let stop = rt.shutdown_token();
-    let running = tokio::spawn(rt.run());
+    let running = Running::start(rt);
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     create_cm(
@@ -670,8 +635,7 @@ async fn the_reconcile_span_continues_the_trace_on_the_object() {
     let own = untraced.trace_id.expect("a trace of its own");
     assert_ne!(own, trace_id);
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     ns.cleanup().await;
 }
 
@@ -702,8 +666,7 @@ async fn a_change_to_an_owned_object_reconciles_its_owner() {
         .controller("recorder", &parents, Recorder::new("solo", &seen))
         .owns(&children);
     rt.start_controller(controller);
-    let stop = rt.shutdown_token();
-    let running = tokio::spawn(rt.run());
+    let running = Running::start(rt);
 
     create_cm(&cms, "parent", BTreeMap::new()).await;
     create_cm(&cms, "bystander", BTreeMap::new()).await;
@@ -751,7 +714,6 @@ async fn a_change_to_an_owned_object_reconciles_its_owner() {
     assert_eq!(seen_for(&seen, "bystander").len(), 1);
     assert!(children.store().len() >= 2);
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     ns.cleanup().await;
 }

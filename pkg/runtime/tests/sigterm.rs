@@ -6,48 +6,26 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{http_get, runtime_args};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use warmcache_admission::registration::{FailurePolicy, Rule, SideEffects};
 use warmcache_admission::{
     AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig, DynamicObject,
     Operation, Route, ServiceTarget, TlsFiles, Webhook,
 };
-use warmcache_runtime::{AdmissionArgs, Runtime, RuntimeArgs};
-use warmcache_telemetry::LogFormat;
+use warmcache_runtime::{AdmissionArgs, Runtime};
 use warmcache_testkit::{ControlPlane, TestNamespace, WebhookPki, eventually};
 
 const WAIT: Duration = Duration::from_secs(30);
 const SLOW: Duration = Duration::from_secs(3);
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).await.unwrap();
-    let status = reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = reply
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    (status, body)
-}
 
 fn cm(name: &str) -> ConfigMap {
     ConfigMap {
@@ -68,14 +46,7 @@ async fn sigterm_drains_an_admission_review_in_flight() {
     std::fs::write(certs.path().join("tls.crt"), &pki.cert_pem).unwrap();
     std::fs::write(certs.path().join("tls.key"), &pki.key_pem).unwrap();
 
-    let args = RuntimeArgs {
-        kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
-        kube_context: None,
-        log_level: Some("warn,warmcache_runtime=info".into()),
-        log_format: LogFormat::Plain,
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        shutdown_grace: Duration::from_secs(15),
-    };
+    let args = runtime_args(plane, Duration::from_secs(15));
     let mut rt = Runtime::builder("runtime-sigterm", args)
         .build()
         .await
