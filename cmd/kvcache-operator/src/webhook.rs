@@ -33,7 +33,7 @@ pub const WEBHOOK_PATH: &str = "/validate-kvcachebackends";
 pub const WEBHOOK_NAME: &str = "kvcachebackends.worker.gpustack.ai";
 
 /// Name of the generated `ValidatingWebhookConfiguration`.
-pub const CONFIGURATION_NAME: &str = "warmcache-kvcache-operator";
+pub const CONFIGURATION_NAME: &str = "kvcache-operator";
 
 /// The Service the generated configuration sends reviews to: `kvcache-operator-webhook` in the
 /// operator's namespace, port 443 (the chart maps it to `--listen`).
