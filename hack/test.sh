@@ -3,7 +3,8 @@
 #
 # On a fresh machine it builds what the tests need first: the real Kubernetes control plane
 # (from pinned Go modules with the machine's Go 1.26, cached under ~/.cache/warmcache; skipped when
-# WARMCACHE_CONTROL_PLANE_BIN names a directory with the three binaries), then runs the
+# WARMCACHE_CONTROL_PLANE_BIN names a directory with the three binaries) and the real test node
+# (Debian packages, then hack/build-node.sh; skipped when WARMCACHE_NODE_BIN is set), then runs the
 # generated-file checks, formatting, lints and every test in the workspace. It needs cargo (Rust
 # 1.95 with clippy and rustfmt), python3 (tests execute a rendered preStop hook), flock, and Go
 # 1.26 unless the binaries are given. Integration tests start the control plane on loopback; they
@@ -28,6 +29,27 @@ else
 fi
 export WARMCACHE_CONTROL_PLANE_BIN
 echo "using $WARMCACHE_CONTROL_PLANE_BIN"
+
+step "real node: Debian packages and binaries (kubelet, kube-scheduler, kubectl, CSI test driver and sidecars)"
+# Installs containerd, runc, the CNI loopback plugin and busybox-static when missing (root;
+# CI runs as root), then builds or finds the cached node binaries; skipped when
+# WARMCACHE_NODE_BIN names a directory that has them.
+if [ -n "${WARMCACHE_NODE_BIN:-}" ] && [ -x "$WARMCACHE_NODE_BIN/kubelet" ] && [ -x "$WARMCACHE_NODE_BIN/csi-test-driver" ]; then
+  hack/build-node.sh --install-packages --packages-only
+  echo "using prebuilt node binaries from WARMCACHE_NODE_BIN"
+else
+  WARMCACHE_NODE_BIN=$(hack/build-node.sh --install-packages | tail -n 1)
+fi
+export WARMCACHE_NODE_BIN
+echo "using $WARMCACHE_NODE_BIN"
+
+step "test CSI driver unit tests (go test, hack/node)"
+if command -v go >/dev/null 2>&1; then
+  (cd hack/node && GOFLAGS=-mod=readonly go test ./...)
+else
+  echo "hack/test.sh: go not on PATH; the test CSI driver's Go unit tests need Go 1.26" >&2
+  exit 1
+fi
 
 step "fetch crates (cargo fetch --locked)"
 # Everything after this step may run offline: on a fresh machine the registry is empty.
