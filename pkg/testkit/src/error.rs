@@ -90,6 +90,22 @@ pub enum TestkitError {
     #[error("{0}")]
     NotFound(String),
 
+    /// An external command the kit runs (tar, ctr, ...) failed.
+    #[error("{command} failed ({status}): {output}")]
+    Command {
+        /// The command line, shortened to the program and its first arguments.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// The end of what it printed.
+        output: String,
+    },
+
+    /// This machine cannot run what was asked (the real node needs root and cgroup v1, for
+    /// example); the message says what is missing.
+    #[error("unsupported here: {0}")]
+    Unsupported(String),
+
     /// A caller passed an argument the kit cannot use.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

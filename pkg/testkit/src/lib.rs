@@ -18,11 +18,38 @@
 //!
 //! # What is simulated
 //!
-//! There is no scheduler, no kubelet and there are no Nodes. Pods are accepted and stay
-//! `Pending`; a test plays kubelet with [`Kubelet`], which writes `pods/status` (phase, container
-//! states, exit codes, termination messages, `Ready` conditions). Controllers that only watch pod
-//! status, including the real Job controller, react to that as on a cluster. Do not point
-//! `spec.nodeName` at a Node that does not exist: the pod garbage collector deletes such pods.
+//! By default there is no scheduler, no kubelet and there are no Nodes. Pods are accepted and
+//! stay `Pending`; a test plays kubelet with [`Kubelet`], which writes `pods/status` (phase,
+//! container states, exit codes, termination messages, `Ready` conditions). Controllers that only
+//! watch pod status, including the real Job controller, react to that as on a cluster. Do not
+//! point `spec.nodeName` at a Node that does not exist: the pod garbage collector deletes such
+//! pods. This is the right tool for fast API-level tests and for scale runs.
+//!
+//! # The real node
+//!
+//! A test binary that needs pods to really run opts in with [`RealNode::shared`]: it adds
+//! kube-scheduler, containerd 1.6 + runc, the kubelet (Node `127.0.0.1`) and the instances of
+//! the **test** CSI driver ([`TestCsiDriver`]: a simulation of the storage behaviours the seeds
+//! measured, on local directories) with the external-provisioner and external-attacher, to the
+//! binary's shared plane. In such a binary the scheduler binds every pod, so the simulated
+//! [`Kubelet`] belongs in other binaries.
+//!
+//! - Images: no registry is reachable. The node imports [`TOOLS_IMAGE`] (busybox) and
+//!   [`PAUSE_IMAGE`]; [`ImageBuilder`] packs directories and binaries into more, imported with
+//!   [`RealNode::import_image`]. Every container must say `imagePullPolicy: Never`: a
+//!   ValidatingAdmissionPolicy refuses any pod that would pull or names an image the node lacks.
+//! - Network: pods get an `eth0` that leads nowhere (no host interface, address, route or
+//!   iptables rule is added). A pod that must reach a server on the host uses `hostNetwork:
+//!   true`. There is no kube-proxy, no Service routing and no DNS; use exec probes.
+//! - Isolation: node processes share a private mount namespace and a cgroup namespace rooted at
+//!   a cgroup under the test process's own; the host's mounts, sysctls ([`KUBELET_SYSCTLS`]) and
+//!   iptables are left as they were. Everything is removed when the test process exits, however
+//!   it exits.
+//! - Needs: root, cgroup v1, the Debian packages `containerd runc containernetworking-plugins
+//!   busybox-static iproute2` (`hack/build-node.sh --install-packages`), and the node binaries
+//!   (`WARMCACHE_NODE_BIN`, else `hack/build-node.sh` builds them: about 15 minutes cold).
+//!
+//! Helpers for pods there: [`tools_pod`], [`wait_pod_finished`], [`termination_message`].
 //!
 //! Client-side faults (409 conflicts, 500 errors, timeouts) come from [`FaultInjector`], a layer
 //! inside the test's `kube::Client`; the API server itself is never made to fail.
@@ -71,6 +98,9 @@
 //!   `kube-controller-manager`. When unset, the kit runs `hack/build-control-plane.sh`, which
 //!   prints its cached build directory at once, or builds the pinned versions first (about
 //!   12 minutes on a cold cache; needs Go 1.26).
+//! - `WARMCACHE_NODE_BIN`: a directory holding the node binaries of `hack/build-node.sh`
+//!   (`kubelet`, `kube-scheduler`, `kubectl`, `csi-test-driver`, `pause`, `csi-provisioner`,
+//!   `csi-attacher`); when unset, [`RealNode`] runs that script.
 //! - `WARMCACHE_CACHE_DIR`: where `hack/build-control-plane.sh` caches binaries (default
 //!   `~/.cache/warmcache`); `local-up` also writes its kubeconfig under it.
 //! - `WARMCACHE_TESTKIT_CRD_DIR`: install the CRDs from this directory instead of
@@ -78,24 +108,34 @@
 //! - `TMPDIR`: parent of the plane's temporary directory.
 
 mod crd;
+mod csi;
 mod error;
 mod faults;
+mod image;
 mod kubelet;
 mod namespace;
+mod node;
 mod pki;
 mod plane;
+mod pods;
 mod webhook;
 
 use std::time::{Duration, Instant};
 
 pub use crd::{FIELD_MANAGER, apply_crd, install_crds_from_dir, parse_crds, wait_crd_established};
+pub use csi::{CsiPublish, TestCsiDriver};
 pub use error::TestkitError;
 pub use faults::{Fault, FaultInjector, FaultLayer, FaultService};
+pub use image::{ImageArchive, ImageBuilder, PAUSE_IMAGE, TOOLS_IMAGE};
 pub use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
 pub use kubelet::Kubelet;
 pub use namespace::{TESTKIT_NAMESPACE_LABEL, TestNamespace};
+pub use node::{ENV_NODE_BIN_DIR, KUBELET_SYSCTLS, RealNode};
 pub use pki::WebhookPki;
 pub use plane::{ControlPlane, ENV_BIN_DIR, ENV_CRD_DIR};
+pub use pods::{
+    termination_message, tools_container, tools_pod, wait_pod, wait_pod_finished, wait_pod_running,
+};
 pub use webhook::{
     WebhookRegistration, delete_mutating_webhook, delete_validating_webhook, register_mutating,
     register_mutating_webhook, register_validating, register_validating_webhook, wait_for_webhook,

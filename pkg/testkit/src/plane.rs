@@ -42,7 +42,7 @@ const POLL: Duration = Duration::from_millis(100);
 /// stopped writing to it. The trap runs a handler rather than ignoring the signals, so the
 /// component starts with the default dispositions; the watcher ignores them, so it still
 /// escalates to KILL if the supervisor is killed outright.
-const SUPERVISOR: &str = r#"exec 3<&0
+pub(crate) const SUPERVISOR: &str = r#"exec 3<&0
 signalled=0
 trap 'signalled=1' INT TERM HUP
 "$@" </dev/null 3<&- &
@@ -85,7 +85,7 @@ static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 /// CRDs installed and Established.
 ///
 /// There is no scheduler and no kubelet: pods stay `Pending` until a test plays kubelet with
-/// [`Kubelet`](crate::Kubelet).
+/// [`Kubelet`](crate::Kubelet), or a test binary adds a [`RealNode`](crate::RealNode).
 ///
 /// Get the process-wide instance with [`ControlPlane::shared`]; clients are per test via
 /// [`ControlPlane::client`].
@@ -97,6 +97,7 @@ pub struct ControlPlane {
     server_url: String,
     ca_pem: String,
     token: String,
+    node_credentials: NodeCredentials,
     etcd_url: String,
     crds: Vec<String>,
     startup: Duration,
@@ -245,6 +246,27 @@ impl Drop for ControlPlane {
     }
 }
 
+/// Credentials the plane creates at startup for a real node ([`RealNode`](crate::RealNode)): the
+/// API server's static token file is read only at startup, so the kubelet's and the scheduler's
+/// tokens exist on every plane, used or not.
+#[derive(Clone)]
+pub(crate) struct NodeCredentials {
+    /// User `system:node:127.0.0.1`, group `system:nodes` (authorized by the Node authorizer).
+    pub(crate) kubelet_token: String,
+    /// User `system:kube-scheduler` (bound by the bootstrap RBAC policy).
+    pub(crate) scheduler_token: String,
+}
+
+impl ControlPlane {
+    pub(crate) fn node_credentials(&self) -> &NodeCredentials {
+        &self.node_credentials
+    }
+}
+
+/// The name of the real node: the kubelet refuses a loopback `--node-ip`, but
+/// `--hostname-override=127.0.0.1` gives the Node the loopback address and this name.
+pub(crate) const NODE_NAME: &str = "127.0.0.1";
+
 /// rustls needs a process-wide crypto provider when more than one could be chosen; we use ring.
 pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -282,7 +304,7 @@ fn is_port_collision(e: &TestkitError) -> bool {
 fn locate_binaries() -> Result<PathBuf, TestkitError> {
     let dir = match std::env::var_os(ENV_BIN_DIR) {
         Some(dir) => PathBuf::from(dir),
-        None => run_build_script()?,
+        None => run_script("hack/build-control-plane.sh", ENV_BIN_DIR)?,
     };
     for name in ["etcd", "kube-apiserver", "kube-controller-manager"] {
         if !dir.join(name).is_file() {
@@ -294,8 +316,10 @@ fn locate_binaries() -> Result<PathBuf, TestkitError> {
     Ok(dir)
 }
 
-fn run_build_script() -> Result<PathBuf, TestkitError> {
-    let script = workspace_root().join("hack/build-control-plane.sh");
+/// Runs a build script of the workspace (`hack/...`) that prints a directory on its last line;
+/// `env` names the variable that would have skipped it.
+pub(crate) fn run_script(script: &str, env: &str) -> Result<PathBuf, TestkitError> {
+    let script = workspace_root().join(script);
     let mut child = Command::new("bash")
         .arg(&script)
         .stdin(Stdio::null())
@@ -332,7 +356,7 @@ fn run_build_script() -> Result<PathBuf, TestkitError> {
     if !status.success() {
         return Err(TestkitError::Binaries {
             message: format!(
-                "{} failed ({status}); set {ENV_BIN_DIR} to a directory with prebuilt \
+                "{} failed ({status}); set {env} to a directory with prebuilt \
                  binaries to skip the build\n{stderr_tail}",
                 script.display()
             ),
@@ -349,7 +373,7 @@ fn run_build_script() -> Result<PathBuf, TestkitError> {
 }
 
 /// Random free loopback ports, distinct from each other (listeners are held until all are chosen).
-fn free_ports<const N: usize>() -> Result<[u16; N], TestkitError> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], TestkitError> {
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0u16; N];
     for port in &mut ports {
@@ -364,7 +388,7 @@ fn free_ports<const N: usize>() -> Result<[u16; N], TestkitError> {
     Ok(ports)
 }
 
-fn write(path: &Path, contents: &str) -> Result<(), TestkitError> {
+pub(crate) fn write(path: &Path, contents: &str) -> Result<(), TestkitError> {
     fs::write(path, contents)
         .map_err(|e| TestkitError::io(format!("writing {}", path.display()), e))
 }
@@ -399,27 +423,33 @@ pub(crate) fn random_suffix(len: usize) -> String {
     out
 }
 
-/// The supervised processes of one plane plus the janitor that removes its directory.
-struct Processes {
+/// The supervised processes of one plane (or node) plus the janitor that removes its directory.
+pub(crate) struct Processes {
     janitor: Option<Child>,
     janitor_stdin: Option<ChildStdin>,
-    components: Vec<Component>,
+    pub(crate) components: Vec<Component>,
 }
 
-struct Component {
-    name: &'static str,
-    child: Child,
+pub(crate) struct Component {
+    pub(crate) name: &'static str,
+    pub(crate) child: Child,
     stdin: Option<ChildStdin>,
-    log: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 impl Processes {
     fn new(dir: &Path) -> Result<Self, TestkitError> {
+        Self::with_janitor(JANITOR, &[dir.display().to_string()])
+    }
+
+    /// Starts `janitor` (a bash script that first reads supervisor pids from stdin until EOF)
+    /// with `args` as `$1...`.
+    pub(crate) fn with_janitor(janitor: &str, args: &[String]) -> Result<Self, TestkitError> {
         let mut janitor = Command::new("bash")
             .arg("-c")
-            .arg(JANITOR)
+            .arg(janitor)
             .arg("warmcache-testkit-janitor")
-            .arg(dir)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -433,9 +463,22 @@ impl Processes {
         })
     }
 
-    fn spawn(
+    pub(crate) fn spawn(
         &mut self,
         name: &'static str,
+        binary: &Path,
+        args: &[String],
+        dir: &Path,
+    ) -> Result<usize, TestkitError> {
+        self.spawn_with(name, &[], binary, args, dir)
+    }
+
+    /// Like [`spawn`](Self::spawn), with `prefix` (a launcher and its arguments) before the
+    /// binary on the supervised command line.
+    pub(crate) fn spawn_with(
+        &mut self,
+        name: &'static str,
+        prefix: &[String],
         binary: &Path,
         args: &[String],
         dir: &Path,
@@ -450,6 +493,7 @@ impl Processes {
             .arg("-c")
             .arg(SUPERVISOR)
             .arg(format!("warmcache-testkit-{name}"))
+            .args(prefix)
             .arg(binary)
             .args(args)
             .current_dir(dir)
@@ -472,7 +516,7 @@ impl Processes {
         Ok(self.components.len() - 1)
     }
 
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         for c in &mut self.components {
             c.stdin.take();
         }
@@ -493,7 +537,7 @@ impl Drop for Processes {
     }
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     match fs::read_to_string(path) {
         Ok(text) => {
             let all: Vec<&str> = text.lines().collect();
@@ -504,7 +548,7 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 /// Polls `probe` until it succeeds; fails fast if the component's supervisor exits.
-async fn wait_healthy<F, Fut>(
+pub(crate) async fn wait_healthy<F, Fut>(
     component: &mut Component,
     timeout: Duration,
     mut probe: F,
@@ -539,7 +583,7 @@ where
     }
 }
 
-fn start_error(component: &Component, reason: String) -> TestkitError {
+pub(crate) fn start_error(component: &Component, reason: String) -> TestkitError {
     TestkitError::ComponentStart {
         component: component.name,
         reason,
@@ -571,7 +615,7 @@ async fn etcd_healthy(port: u16) -> Result<(), String> {
     }
 }
 
-fn kubeconfig_yaml(server: &str, ca_pem: &str, token: &str) -> String {
+pub(crate) fn kubeconfig_yaml(server: &str, ca_pem: &str, token: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Config
@@ -623,8 +667,15 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         true,
         false,
     )?;
+    // The API server's client certificate towards kubelets (they trust the plane's CA).
+    let (kubelet_client_cert, kubelet_client_key) =
+        ca.leaf("kube-apiserver-kubelet-client", &[], &[], false, true)?;
     let (sa_key, sa_pub) = ecdsa_key_pair_pem()?;
     let token = random_suffix(32);
+    let node_credentials = NodeCredentials {
+        kubelet_token: random_suffix(32),
+        scheduler_token: random_suffix(32),
+    };
     let p = |name: &str| dir.join(name);
     write(&p("ca.crt"), &ca.cert_pem)?;
     write(&p("ca.key"), &ca.key_pem)?;
@@ -632,9 +683,17 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
     write(&p("apiserver.key"), &serving_key)?;
     write(&p("sa.key"), &sa_key)?;
     write(&p("sa.pub"), &sa_pub)?;
+    write(&p("kubelet-client.crt"), &kubelet_client_cert)?;
+    write(&p("kubelet-client.key"), &kubelet_client_key)?;
     write(
         &p("tokens.csv"),
-        &format!("{token},warmcache-testkit-admin,warmcache-testkit-admin,\"system:masters\"\n"),
+        &format!(
+            "{token},warmcache-testkit-admin,warmcache-testkit-admin,\"system:masters\"\n\
+             {kubelet},system:node:{NODE_NAME},system:node:{NODE_NAME},\"system:nodes\"\n\
+             {scheduler},system:kube-scheduler,system:kube-scheduler\n",
+            kubelet = node_credentials.kubelet_token,
+            scheduler = node_credentials.scheduler_token,
+        ),
     )?;
 
     let [etcd_port, peer_port, apiserver_port] = free_ports::<3>()?;
@@ -661,7 +720,13 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         format!("--tls-private-key-file={}", s(p("apiserver.key"))),
         format!("--client-ca-file={}", s(p("ca.crt"))),
         format!("--token-auth-file={}", s(p("tokens.csv"))),
-        "--authorization-mode=RBAC".to_owned(),
+        // Node: the real node's kubelet (group system:nodes) gets what its pods need.
+        "--authorization-mode=Node,RBAC".to_owned(),
+        format!(
+            "--kubelet-client-certificate={}",
+            s(p("kubelet-client.crt"))
+        ),
+        format!("--kubelet-client-key={}", s(p("kubelet-client.key"))),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
         format!("--service-account-key-file={}", s(p("sa.pub"))),
         format!("--service-account-signing-key-file={}", s(p("sa.key"))),
@@ -768,6 +833,7 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         server_url,
         ca_pem: ca.cert_pem,
         token,
+        node_credentials,
         etcd_url,
         crds,
         startup: started.elapsed(),
