@@ -297,7 +297,8 @@ impl RealNode {
             images.insert(image.reference.clone());
             images.iter().cloned().collect::<Vec<_>>()
         };
-        apply_images_config_map(&client, &list).await
+        apply_images_config_map(&client, &list).await?;
+        wait_image_admitted(&client, &image.reference).await
     }
 
     /// What the test CSI driver `driver` received in NodePublishVolume so far (its journal).
@@ -807,6 +808,34 @@ async fn wait_policy_active(client: &Client) -> Result<(), TestkitError> {
     .await
 }
 
+/// The never-pull policy reads its image list through the API server's informer: wait until a
+/// pod naming `reference` is admitted (dry run), so a test's next create does not race it.
+async fn wait_image_admitted(client: &Client, reference: &str) -> Result<(), TestkitError> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::PostParams;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let probe: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "generateName": "warmcache-testkit-image-probe-" },
+        "spec": { "containers": [{ "name": "c", "image": reference, "imagePullPolicy": "Never" }] },
+    }))
+    .map_err(|e| TestkitError::InvalidArgument(format!("image probe pod: {e}")))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    crate::eventually(
+        &format!("the never-pull admission policy to admit {reference}"),
+        Duration::from_secs(30),
+        || {
+            let (pods, probe, dry_run) = (pods.clone(), probe.clone(), dry_run.clone());
+            async move { pods.create(&dry_run, &probe).await.ok().map(drop) }
+        },
+    )
+    .await
+}
+
 fn start_blocking(plane: &ControlPlane) -> Result<RealNode, TestkitError> {
     let started = Instant::now();
     check_machine()?;
@@ -1133,6 +1162,7 @@ fn start_blocking(plane: &ControlPlane) -> Result<RealNode, TestkitError> {
         .await
         .map_err(|e| with_driver_logs(e, &dir))?;
         wait_policy_active(&client).await?;
+        wait_image_admitted(&client, image::TOOLS_IMAGE).await?;
         Ok::<_, TestkitError>(images)
     })?;
     drop(runtime);
