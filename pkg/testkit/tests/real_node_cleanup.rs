@@ -180,20 +180,26 @@ fn the_host_is_left_as_it_was_and_a_killed_node_leaves_nothing() {
     child.kill().unwrap();
     child.wait().unwrap();
     let dir = node_dir.display().to_string();
-    wait_until("the node's processes to exit", Duration::from_secs(30), || {
-        processes_mentioning(&dir).is_empty()
-    });
-    wait_until("the node's cgroups to be removed", Duration::from_secs(30), || {
-        cgroups.iter().all(|c| !c.exists())
-    });
+    wait_until(
+        "the node's processes to exit",
+        Duration::from_secs(30),
+        || processes_mentioning(&dir).is_empty(),
+    );
+    wait_until(
+        "the node's cgroups to be removed",
+        Duration::from_secs(30),
+        || cgroups.iter().all(|c| !c.exists()),
+    );
     wait_until(
         "the node's and the plane's directories to be removed",
         Duration::from_secs(30),
         || !node_dir.exists() && !plane_dir.exists(),
     );
     let plane = plane_dir.display().to_string();
-    wait_until("the plane's processes to exit", Duration::from_secs(30), || {
-        processes_mentioning(&plane).is_empty()
-    });
+    wait_until(
+        "the plane's processes to exit",
+        Duration::from_secs(30),
+        || processes_mentioning(&plane).is_empty(),
+    );
     assert_eq!(host_state(), before, "the stopped node changed the host");
 }
