@@ -1,11 +1,17 @@
 //! The `webhook` binary: the offline `identify` command, which prints the model identity and
-//! landing that model sharing would act on for a Pod or workload manifest.
+//! landing that model sharing would act on for a Pod or workload manifest, and the offline
+//! `preview` command, which prints the pod admission would produce (or why it would leave the
+//! pod alone) from the same pure functions the webhook runs (`warmcache_modelvolume`).
 //!
 //! Input and exit codes follow the convention of every warmcache command ([`warmcache_cli`]):
 //! `-f FILE` (`-`: standard input, read once), at most
 //! [`warmcache_cli::input::MAX_INPUT_BYTES`], YAML read as kubectl reads it; exit 0 when a report
-//! was printed (whether or not a model was found), 2 when an input cannot be used or the output
-//! cannot be written.
+//! was printed (whether or not a model was found, whether the pod is rewritten or left alone), 2
+//! when an input cannot be used or the output cannot be written.
+
+mod preview;
+
+pub use preview::{GatesArg, Labels, PreviewArgs, ReaderModeArg, preview};
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -40,6 +46,13 @@ pub enum Command {
     /// skips documents without one. Exits 0 whether or not a model is found, 2 when the input
     /// cannot be read.
     Identify(IdentifyArgs),
+    /// Print what admission would do to a Pod (or the pod of a workload): the rewritten pod as
+    /// YAML, or, when the pod is left alone, the skip reason as JSON
+    /// (`{"reason", "message", "event", "uri"}`). The storage inputs are files: the catalog,
+    /// StorageClass nvcf-sc, optionally its CSIDriver and the binding the cache would return. A
+    /// stream prints one document per pod template (`---` separated; skips as
+    /// `{"object": ..., "skip": ...}`). Exits 0 in both cases, 2 when an input cannot be used.
+    Preview(Box<PreviewArgs>),
 }
 
 /// `webhook identify`.
@@ -83,6 +96,9 @@ pub enum Error {
     /// The report could not be serialized as JSON.
     #[error("serializing the report: {0}")]
     Report(#[from] serde_json::Error),
+    /// The pod could not be serialized as YAML.
+    #[error("serializing the pod as YAML: {0}")]
+    Yaml(String),
 }
 
 impl Error {
@@ -262,10 +278,11 @@ fn identify_stream(
     Ok(())
 }
 
-/// Run a parsed command line, writing the answer to `out`.
-pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
+/// Run a parsed command line, writing the answer to `out` and notes to `err`.
+pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Error> {
     match cli.command {
         Command::Identify(args) => identify(&args, out),
+        Command::Preview(args) => preview(&args, out, err),
     }
 }
 

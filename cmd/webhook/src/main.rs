@@ -10,11 +10,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    match run(cli, &mut out) {
+    let stderr = std::io::stderr();
+    let mut err = stderr.lock();
+    match run(cli, &mut out, &mut err) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = out.flush();
-            eprintln!("webhook: {e}");
+            let _ = writeln!(err, "webhook: {e}");
             ExitCode::from(e.exit_code())
         }
     }

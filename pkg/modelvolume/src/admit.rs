@@ -1,0 +1,241 @@
+//! The admission: plan, binding, storage decision, rewrite.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition};
+use warmcache_catalog::{CatalogInput, DecisionInputs, Gates, NonDurable, Outcome};
+use warmcache_cli::text::shown;
+
+use crate::binding::{accept_winner, check_joinable, desired_binding};
+use crate::keys::BINDING_UID_ANNOTATION;
+use crate::options::ReaderMode;
+use crate::plan::{Plan, Request, plan};
+use crate::rewrite::render;
+use crate::skip::{Skip, SkipReason};
+
+/// The storage a new binding is decided on (everything `warmcache_catalog::decide` reads but the
+/// workflow, which comes from the namespace).
+#[derive(Debug, Clone, Copy)]
+pub struct StorageInputs<'a> {
+    /// StorageClass `nvcf-sc`; `None` when it does not exist.
+    pub storage_class: Option<&'a StorageClass>,
+    /// The CSIDriver named after its provisioner; `None` when none is registered.
+    pub csi_driver: Option<&'a CSIDriver>,
+    /// The catalog ConfigMap (or its absence).
+    pub catalog: CatalogInput<'a>,
+    /// Feature gates.
+    pub gates: Gates,
+}
+
+/// What the caller does about the binding.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BindingAction {
+    /// The binding exists and is joined; the pod already carries its UID.
+    Join {
+        /// Its name.
+        name: String,
+        /// Its UID.
+        uid: String,
+    },
+    /// Create this binding (`create_or_get`), then call [`Rewrite::complete`] with the object
+    /// stored (the one created, or the winner read back on AlreadyExists).
+    Create(Box<ModelCacheBinding>),
+}
+
+/// A rewritten pod and what the caller must do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rewrite {
+    /// The pod to admit. With [`BindingAction::Create`] it lacks the binding UID until
+    /// [`Rewrite::complete`].
+    pub pod: Pod,
+    /// The binding to join or create.
+    pub binding: BindingAction,
+    /// The flow readers use.
+    pub transition: Transition,
+    /// How readers reach the copy.
+    pub reader_mode: ReaderMode,
+    /// The plan the rewrite follows (model, handle, landing, download step).
+    pub plan: Plan,
+}
+
+impl Rewrite {
+    /// The pod to admit once the binding is stored: for [`BindingAction::Create`], `stored` is the
+    /// object the API server holds (created by this admission, or the AlreadyExists winner) and
+    /// must be what this admission would have created ([`accept_winner`]); its UID is recorded.
+    ///
+    /// # Errors
+    ///
+    /// The skip when the stored binding is not this admission's (`binding-conflict`,
+    /// `binding-retiring`, `binding-deleting`).
+    pub fn complete(self, stored: &ModelCacheBinding) -> Result<Pod, Skip> {
+        let wanted = match self.binding {
+            BindingAction::Join { .. } => return Ok(self.pod),
+            BindingAction::Create(wanted) => wanted,
+        };
+        accept_winner(&wanted, stored).map_err(|s| s.with_uri(self.plan.uri.clone()))?;
+        let uid = match stored.metadata.uid.as_deref() {
+            Some(uid) if !uid.is_empty() => uid.to_owned(),
+            _ => {
+                return Err(Skip::new(
+                    SkipReason::BindingConflict,
+                    format!(
+                        "ModelCacheBinding {}: the stored object has no metadata.uid",
+                        shown(&self.plan.binding_name)
+                    ),
+                )
+                .with_uri(self.plan.uri.clone()));
+            }
+        };
+        let mut pod = self.pod;
+        pod.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(BINDING_UID_ANNOTATION.to_owned(), uid);
+        Ok(pod)
+    }
+}
+
+/// A pod that already carries this namespace's rewrite: nothing to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unchanged {
+    /// The binding it reads.
+    pub binding: String,
+}
+
+/// The answer of one admission.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Rewrite the pod.
+    Rewrite(Box<Rewrite>),
+    /// The pod already reads the cache (a re-admission): admit it as it is.
+    Unchanged(Unchanged),
+    /// Leave the pod alone ([`Skip::annotate`] records why, for in-scope pods).
+    Skip(Skip),
+}
+
+impl Verdict {
+    /// The pod to admit in place of `original`: the rewritten pod, the pod with the skip
+    /// recorded, or `original` itself.
+    pub fn admitted(&self, original: &Pod) -> Pod {
+        match self {
+            Verdict::Rewrite(r) => r.pod.clone(),
+            Verdict::Unchanged(_) => original.clone(),
+            Verdict::Skip(s) => s.annotate(original).unwrap_or_else(|| original.clone()),
+        }
+    }
+
+    /// The skip, if this is one.
+    pub fn skip(&self) -> Option<&Skip> {
+        match self {
+            Verdict::Skip(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+fn has_view(binding: &ModelCacheBinding, namespace: &str) -> bool {
+    binding
+        .status
+        .as_ref()
+        .and_then(|s| s.realized.as_ref())
+        .is_some_and(|r| r.views.iter().any(|v| v.namespace == namespace))
+}
+
+fn reader_mode(transition: Transition, configured: ReaderMode) -> ReaderMode {
+    match transition {
+        Transition::RoxReadOnly => configured,
+        Transition::RwxReadOnly => ReaderMode::Pvc,
+    }
+}
+
+/// The rewrite of `req` planned as `plan`, given the binding found under the plan's name
+/// (`None` when there is none) and the storage a new binding would be decided on.
+pub fn decide(
+    req: &Request<'_>,
+    plan: Plan,
+    binding: Option<&ModelCacheBinding>,
+    storage: &StorageInputs<'_>,
+) -> Verdict {
+    let uri = plan.uri.clone();
+    let skip = |s: Skip| Verdict::Skip(s.with_uri(uri.clone()));
+    match binding {
+        Some(b) => {
+            let uid = match check_joinable(&plan, b) {
+                Ok(uid) => uid,
+                Err(s) => return skip(s),
+            };
+            let transition = b.spec.decision.transition;
+            let mode = reader_mode(transition, req.options.reader_mode);
+            let pending = !has_view(b, &plan.namespace);
+            let pod = render(req.pod, &plan, req.options, mode, Some(&uid), pending);
+            Verdict::Rewrite(Box::new(Rewrite {
+                pod,
+                binding: BindingAction::Join {
+                    name: plan.binding_name.clone(),
+                    uid,
+                },
+                transition,
+                reader_mode: mode,
+                plan,
+            }))
+        }
+        None => {
+            let inputs = DecisionInputs {
+                storage_class: storage.storage_class,
+                csi_driver: storage.csi_driver,
+                catalog: storage.catalog,
+                workflow: plan.sharing.workflow,
+                gates: storage.gates,
+            };
+            let decision = match warmcache_catalog::decide(&inputs) {
+                Ok(Outcome::Durable(d)) => d,
+                Ok(Outcome::NonDurable(
+                    n @ (NonDurable::CachingDisabled | NonDurable::HelmCachingDisabled),
+                )) => {
+                    return skip(Skip::new(
+                        SkipReason::CachingDisabled,
+                        format!("{}: {n}", n.reason()),
+                    ));
+                }
+                Ok(Outcome::NonDurable(n)) => {
+                    return skip(Skip::new(
+                        SkipReason::NoDurableStorage,
+                        format!("{}: {n}; the pod downloads on its own", n.reason()),
+                    ));
+                }
+                Err(e) => {
+                    return skip(Skip::new(
+                        SkipReason::StorageDecisionFailed,
+                        format!("no storage decision: {e}"),
+                    ));
+                }
+            };
+            let wanted = desired_binding(&plan, &decision);
+            let transition = decision.decision.transition;
+            let mode = reader_mode(transition, req.options.reader_mode);
+            let pod = render(req.pod, &plan, req.options, mode, None, true);
+            Verdict::Rewrite(Box::new(Rewrite {
+                pod,
+                binding: BindingAction::Create(Box::new(wanted)),
+                transition,
+                reader_mode: mode,
+                plan,
+            }))
+        }
+    }
+}
+
+/// One admission, start to end: [`plan`], look the binding up with `lookup(namespace, name)`
+/// (a cache read), then [`decide`].
+pub fn admit<'b>(
+    req: &Request<'_>,
+    lookup: impl FnOnce(&str, &str) -> Option<&'b ModelCacheBinding>,
+    storage: &StorageInputs<'_>,
+) -> Verdict {
+    let plan = match plan(req) {
+        Ok(p) => p,
+        Err(v) => return v,
+    };
+    let found = lookup(plan.binding_namespace(), plan.binding_name());
+    decide(req, plan, found, storage)
+}

@@ -1,0 +1,177 @@
+//! The cache handle: what one shared copy holds, as one canonical string. Its digest is the
+//! binding's `spec.identity.cacheHandleDigest`, so two pods share a copy exactly when their
+//! handles are equal.
+//!
+//! `<identity URI>?layout=<layout>[&endpoint=<url>]...`
+//!
+//! - The **identity URI** names the artifact (`warmcache_modelid::Identity`).
+//! - The **layout** is how the bytes are arranged at the landing: a reader expecting the Hugging
+//!   Face hub layout finds nothing in a flat `--local-dir` copy, so the two are never mixed.
+//! - Each **endpoint** a download reads from (a Hugging Face mirror, an S3-compatible store) is
+//!   part of the handle: the same name on another store may hold other bytes. Endpoints are
+//!   sorted and deduplicated, so the order of the variables that set them does not matter.
+
+use std::fmt;
+
+use warmcache_modelid::Identity;
+
+/// How the downloaded bytes are arranged at the landing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Layout {
+    /// A Hugging Face home (`HF_HOME`): the hub cache is `<landing>/hub/models--org--name/...`.
+    Hub,
+    /// A Hugging Face hub cache itself (`HF_HUB_CACHE`, `HUGGINGFACE_HUB_CACHE`, `--cache-dir`,
+    /// vLLM's `--download-dir`): `<landing>/models--org--name/...`.
+    HubCache,
+    /// The artifact's files at the landing (`hf download --local-dir`, the KServe
+    /// storage-initializer, `aws s3 sync`, `gsutil`).
+    Flat,
+    /// What `ngc registry model download-version` writes (`<landing>/<model>_v<version>/...`).
+    Ngc,
+    /// A NIM cache (`NIM_CACHE_PATH`), as `download-to-cache` fills it.
+    Nim,
+}
+
+impl Layout {
+    /// The name used in the handle.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Layout::Hub => "hub",
+            Layout::HubCache => "hubCache",
+            Layout::Flat => "flat",
+            Layout::Ngc => "ngc",
+            Layout::Nim => "nim",
+        }
+    }
+
+    /// Whether readers find the model through the Hugging Face cache variables.
+    pub const fn is_hub(self) -> bool {
+        matches!(self, Layout::Hub | Layout::HubCache)
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one shared copy holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheHandle {
+    identity: Identity,
+    layout: Layout,
+    endpoints: Vec<String>,
+}
+
+/// An endpoint as recorded: surrounding blanks and trailing slashes removed.
+pub(crate) fn normalize_endpoint(e: &str) -> String {
+    e.trim().trim_end_matches('/').to_owned()
+}
+
+/// Percent-encode everything but letters, digits and `-._~:/@`, so an endpoint can never forge
+/// another `&key=` part.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'/' | b'@')
+        {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl CacheHandle {
+    /// The handle of `identity` in `layout`, downloaded from `endpoints` (any order, duplicates
+    /// allowed; empty for the public stores).
+    pub fn new(identity: Identity, layout: Layout, endpoints: &[String]) -> CacheHandle {
+        let mut endpoints: Vec<String> = endpoints
+            .iter()
+            .map(|e| normalize_endpoint(e))
+            .filter(|e| !e.is_empty())
+            .collect();
+        endpoints.sort();
+        endpoints.dedup();
+        CacheHandle {
+            identity,
+            layout,
+            endpoints,
+        }
+    }
+
+    /// The artifact.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The endpoints, sorted.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+}
+
+impl fmt::Display for CacheHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}?layout={}", self.identity, self.layout)?;
+        for e in &self.endpoints {
+            write!(f, "&endpoint={}", encode(e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf() -> Identity {
+        Identity::hf("Qwen/Qwen3-0.6B", Some("v1")).unwrap()
+    }
+
+    #[test]
+    fn renders_canonically() {
+        assert_eq!(
+            CacheHandle::new(hf(), Layout::Hub, &[]).to_string(),
+            "hf://Qwen/Qwen3-0.6B@v1?layout=hub"
+        );
+        let h = CacheHandle::new(
+            hf(),
+            Layout::Flat,
+            &[
+                "https://b.example/ ".into(),
+                "https://a.example".into(),
+                "https://b.example".into(),
+            ],
+        );
+        assert_eq!(
+            h.to_string(),
+            "hf://Qwen/Qwen3-0.6B@v1?layout=flat&endpoint=https://a.example&endpoint=https://b.example"
+        );
+    }
+
+    #[test]
+    fn layouts_and_endpoints_separate_handles() {
+        let a = CacheHandle::new(hf(), Layout::Hub, &[]);
+        let b = CacheHandle::new(hf(), Layout::Flat, &[]);
+        let c = CacheHandle::new(hf(), Layout::Hub, &["https://mirror".into()]);
+        assert_ne!(a.to_string(), b.to_string());
+        assert_ne!(a.to_string(), c.to_string());
+    }
+
+    #[test]
+    fn an_endpoint_cannot_forge_another_part() {
+        let h = CacheHandle::new(hf(), Layout::Hub, &["http://x&layout=flat".into()]);
+        assert_eq!(
+            h.to_string(),
+            "hf://Qwen/Qwen3-0.6B@v1?layout=hub&endpoint=http://x%26layout%3Dflat"
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! Every label, annotation, name and path the rewrite writes, in one place.
+//!
+//! Keys keep the names of the systems they come from (see `docs/model-volume.md`, "Names"):
+//! `nvsnap.io/...` for what the nvsnap model volume defined (the model key label, the role and
+//! pending labels, the URI, landing and download-step annotations, the volume and container
+//! names, the marker file, the re-landing path), `nvca.nvcf.nvidia.io/model-cache-...` for the
+//! NVCA model cache (the binding, the opt-out, the skip record) and `warmcache.nvidia.io/...` for
+//! the trace context every warmcache component reads.
+
+/// Pod label: the cache the pod reads, as the binding's 48-hex identity hash (the suffix of the
+/// binding name `model-cache-<hash>`). Selects every pod of one cache.
+pub const MODEL_LABEL: &str = "nvsnap.io/model";
+
+/// Pod label: `reader` on every rewritten workload pod.
+pub const ROLE_LABEL: &str = "nvsnap.io/model-role";
+
+/// Value of [`ROLE_LABEL`] on rewritten pods.
+pub const ROLE_READER: &str = "reader";
+
+/// Pod label: `"true"` while the pod waits for something only a controller can provide: the
+/// read-only view claim of its namespace (not yet recorded on the binding), or, for hostPath
+/// readers, the node agent's read-only bind mount.
+pub const PENDING_LABEL: &str = "nvsnap.io/model-pending";
+
+/// Pod annotation: the model identity URI (`hf://org/repo@rev`).
+pub const URI_ANNOTATION: &str = "nvsnap.io/model-uri";
+
+/// Pod annotation: the landing, the directory the main container reads the model from.
+pub const LANDING_ANNOTATION: &str = "nvsnap.io/model-landing";
+
+/// Pod annotation: the download step the writer Job runs, as compact JSON
+/// ([`crate::DownloadStep`]); secrets appear only as references.
+pub const DOWNLOAD_STEP_ANNOTATION: &str = "nvsnap.io/model-download-init";
+
+/// Pod annotation: the name of the ModelCacheBinding the pod reads.
+pub const BINDING_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
+
+/// Pod annotation: the UID of that binding (set once the binding exists).
+pub const BINDING_UID_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-binding-uid";
+
+/// Pod annotation: the full cache handle (identity URI, layout and endpoints) whose digest the
+/// binding records.
+pub const HANDLE_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-handle";
+
+/// Pod annotation: why the pod was left alone (a stable code, [`crate::SkipReason::code`]).
+pub const SKIP_REASON_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-skip-reason";
+
+/// Pod annotation: the skip reason in words, with the field it comes from.
+pub const SKIP_MESSAGE_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-skip-message";
+
+/// Namespace label, pod label and pod annotation that keep pods out of model sharing with the
+/// value `"true"` (the same key as [`warmcache_modelid::OPT_OUT_ANNOTATION`]; the label form can
+/// also be used in the webhook's `namespaceSelector` and `objectSelector`).
+pub const OPT_OUT: &str = warmcache_modelid::OPT_OUT_ANNOTATION;
+
+/// Pod label naming the tool that manages a pod; pods carrying [`MANAGED_BY_VALUE`] are
+/// warmcache's own (download Jobs, mount holders) and never rewritten.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
+/// Value of [`MANAGED_BY_LABEL`] on objects warmcache creates.
+pub const MANAGED_BY_VALUE: &str = "warmcache";
+
+/// Annotation with the W3C `traceparent` of the admission's span, on the pod and on a binding
+/// it creates, so the controllers continue the trace. Equal to
+/// `warmcache_telemetry::TRACE_PARENT_ANNOTATION` (a pure crate cannot depend on the telemetry
+/// crate; the webhook's tests check the two agree).
+pub const TRACE_PARENT_ANNOTATION: &str = "warmcache.nvidia.io/traceparent";
+
+/// The pod volume holding the shared copy (the read-only view claim, or the hostPath).
+pub const MODEL_VOLUME: &str = "nvsnap-model";
+
+/// The pod volume (an `emptyDir`) for caches the engine must write next to a read-only
+/// `HF_HOME` (`HF_MODULES_CACHE`).
+pub const SCRATCH_VOLUME: &str = "nvsnap-cache";
+
+/// Where [`SCRATCH_VOLUME`] is mounted in the main container.
+pub const SCRATCH_PATH: &str = "/opt/nvsnap/cache";
+
+/// The init container that waits for the completion marker.
+pub const WAIT_CONTAINER: &str = "nvsnap-model-wait";
+
+/// Where the wait container (and the writer Job of an engine download) mounts the cache.
+pub const WAIT_MOUNT_PATH: &str = "/nvsnap-model";
+
+/// The completion marker at the root of a finished cache (the writer writes the byte count into
+/// it).
+pub const COMPLETE_MARKER: &str = ".nvsnap-complete";
+
+/// The failure marker at the root of a cache whose download failed (its content is the reason).
+pub const FAILURE_MARKER: &str = ".nvsnap-failed";
+
+/// Default root of hostPath reader directories on the nodes (`<root>/<identity hash>`).
+pub const DEFAULT_HOST_ROOT: &str = "/var/lib/containerd/nvsnap-models";
+
+/// Namespaces that are never rewritten, whatever the options say.
+pub const ALWAYS_EXCLUDED_NAMESPACES: [&str; 1] = ["kube-system"];
+
+/// Contract version of [`DOWNLOAD_STEP_ANNOTATION`].
+pub const DOWNLOAD_STEP_VERSION: &str = "v1alpha1";

@@ -1,0 +1,1109 @@
+//! From a pod to a plan: scope, identity, sharing domain, layout, the safety checks, where the
+//! copy goes in every container, the environment the engine needs and the download step. No
+//! storage input is read here, so the caller can look the binding up by the plan's name.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, VolumeMount};
+use warmcache_api_modelcache::v2beta1::BindingIdentity;
+use warmcache_api_modelcache::{binding_name, identity_hash};
+use warmcache_cli::text::shown;
+use warmcache_modelid::paths::{clean, is_within, join, strip_dir};
+use warmcache_modelid::{
+    DEFAULT_HF_HOME, Downloader, LandingKind, LeaderWorkerSet, RELANDED_HF_HOME, Resolution,
+    Scheme, Source, landing_in, resolve_container,
+};
+
+use crate::handle::{CacheHandle, Layout};
+use crate::identify::identify;
+use crate::keys::{
+    BINDING_ANNOTATION, HANDLE_ANNOTATION, MODEL_VOLUME, SCRATCH_PATH, SCRATCH_VOLUME,
+    WAIT_CONTAINER, WAIT_MOUNT_PATH,
+};
+use crate::options::Options;
+use crate::safety::{extra_repositories, landing_shared};
+use crate::scope::{SharingDomain, in_scope, sharing_domain};
+use crate::skip::{Skip, SkipReason};
+use crate::step::{self, DownloadStep, StepOrigin};
+use crate::words::{
+    EnvValue, container_words, env_value, flag_values, has_flag, references, script_assignments,
+};
+
+/// One admission: the pod and everything about its namespace the rewrite depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The pod as admitted.
+    pub pod: &'a Pod,
+    /// The namespace of the request (the pod's `metadata.namespace` may be unset on create).
+    pub namespace: &'a str,
+    /// The labels of that namespace.
+    pub namespace_labels: &'a BTreeMap<String, String>,
+    /// The LeaderWorkerSet named by the pod's `leaderworkerset.sigs.k8s.io/name` label, when the
+    /// pod is a worker ([`crate::leader_worker_set_name`]); `None` otherwise or when not found.
+    pub leader_worker_set: Option<&'a LeaderWorkerSet>,
+    /// The W3C `traceparent` of the admission's span; recorded when well formed.
+    pub traceparent: Option<&'a str>,
+    /// The options.
+    pub options: &'a Options,
+}
+
+/// Which container of the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// `spec.containers[i]`.
+    Container(usize),
+    /// `spec.initContainers[i]`.
+    Init(usize),
+}
+
+/// One place the shared copy is mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub(crate) slot: Slot,
+    /// The mount path.
+    pub(crate) path: String,
+    /// The index of the mount it replaces (same path), or `None` to add one.
+    pub(crate) replace: Option<usize>,
+    /// The part of the copy mounted (when the container mounts a part of the landing).
+    pub(crate) sub_path: Option<String>,
+}
+
+/// An in-place download for hostPath readers.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Fallback {
+    pub(crate) argv: Vec<String>,
+    pub(crate) env: Vec<EnvVar>,
+    pub(crate) env_from: Option<Vec<EnvFromSource>>,
+    pub(crate) mounts: Vec<VolumeMount>,
+    pub(crate) dest: String,
+    pub(crate) working_dir: Option<String>,
+}
+
+/// What the wait container stands in for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WaitSource {
+    pub(crate) image: String,
+    pub(crate) image_pull_policy: Option<String>,
+    pub(crate) user: i64,
+    pub(crate) group: Option<i64>,
+    pub(crate) fallback: Option<Fallback>,
+}
+
+/// Everything the rewrite of one pod needs, decided from the pod and its namespace alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub(crate) namespace: String,
+    pub(crate) control_namespace: String,
+    pub(crate) sharing: SharingDomain,
+    pub(crate) identity: BindingIdentity,
+    pub(crate) binding_name: String,
+    pub(crate) hash: String,
+    pub(crate) handle: CacheHandle,
+    pub(crate) uri: String,
+    pub(crate) source: String,
+    pub(crate) downloader: Downloader,
+    pub(crate) main: usize,
+    pub(crate) landing: String,
+    pub(crate) targets: Vec<Target>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) scratch: bool,
+    pub(crate) offline: bool,
+    pub(crate) relanded: bool,
+    pub(crate) replace_init: Option<usize>,
+    pub(crate) wait: WaitSource,
+    pub(crate) step: DownloadStep,
+    pub(crate) step_json: String,
+    pub(crate) traceparent: Option<String>,
+}
+
+impl Plan {
+    /// The name of the binding the pod reads (`model-cache-<hash>`).
+    pub fn binding_name(&self) -> &str {
+        &self.binding_name
+    }
+
+    /// The namespace bindings live in (the control namespace).
+    pub fn binding_namespace(&self) -> &str {
+        &self.control_namespace
+    }
+
+    /// The binding's identity (workflow and digests of sharing domain and cache handle).
+    pub fn identity(&self) -> &BindingIdentity {
+        &self.identity
+    }
+
+    /// The workflow and raw sharing domain.
+    pub fn sharing_domain(&self) -> &SharingDomain {
+        &self.sharing
+    }
+
+    /// The cache handle.
+    pub fn handle(&self) -> &CacheHandle {
+        &self.handle
+    }
+
+    /// The model identity URI.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The index of the main container (`spec.containers[i]`).
+    pub fn main_container(&self) -> usize {
+        self.main
+    }
+
+    /// Where the main container reads the copy.
+    pub fn landing(&self) -> &str {
+        &self.landing
+    }
+
+    /// Who downloaded before the rewrite.
+    pub fn downloader(&self) -> Downloader {
+        self.downloader
+    }
+
+    /// Whether the engine is started offline.
+    pub fn offline(&self) -> bool {
+        self.offline
+    }
+
+    /// Whether the landing was moved (a shared `HF_HOME` re-landed at `/opt/nvsnap/hf`, or the
+    /// engine's default cache re-landed by `warmcache_modelid`).
+    pub fn relanded(&self) -> bool {
+        self.relanded
+    }
+
+    /// The download step the writer Job runs.
+    pub fn download_step(&self) -> &DownloadStep {
+        &self.step
+    }
+}
+
+/// A W3C `traceparent`: `version-traceid-parentid-flags` with 2, 32, 16 and 2 lower-case hex
+/// digits, neither id all zeros, version not `ff`.
+pub(crate) fn well_formed_traceparent(v: &str) -> bool {
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let parts: Vec<&str> = v.split('-').collect();
+    let [version, trace, parent, flags] = parts.as_slice() else {
+        return false;
+    };
+    hex(version, 2)
+        && *version != "ff"
+        && hex(trace, 32)
+        && trace.bytes().any(|b| b != b'0')
+        && hex(parent, 16)
+        && parent.bytes().any(|b| b != b'0')
+        && hex(flags, 2)
+}
+
+fn annotation<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// The verdict on a pod that already carries a rewrite: unchanged when it was made for this
+/// namespace's sharing domain, else `rewritten-elsewhere`.
+fn already_rewritten(pod: &Pod, sharing: &SharingDomain, recorded: &str) -> crate::Verdict {
+    if let Some(handle) = annotation(pod, HANDLE_ANNOTATION) {
+        let identity = BindingIdentity::new(sharing.workflow, &sharing.domain, handle);
+        if binding_name(&identity) == recorded {
+            return crate::Verdict::Unchanged(crate::Unchanged {
+                binding: recorded.to_owned(),
+            });
+        }
+    }
+    crate::Verdict::Skip(Skip::new(
+        SkipReason::RewrittenElsewhere,
+        format!(
+            "metadata.annotations[{BINDING_ANNOTATION}]: the pod already reads binding {} and was not rewritten for sharing domain {} ({}); it was probably copied from a pod of another namespace: recreate it from its original template",
+            shown(recorded),
+            shown(&sharing.domain),
+            sharing.workflow.as_str()
+        ),
+    ))
+}
+
+/// A variable as a container's process sees it: the last script assignment, else its env.
+fn defined(c: &Container, name: &str) -> Option<EnvValue> {
+    if let Some((_, v)) = script_assignments(c, &[name]).pop() {
+        return Some(if v.contains('$') {
+            EnvValue::Unknown
+        } else {
+            EnvValue::Literal(v)
+        });
+    }
+    match env_value(c, name) {
+        Some(EnvValue::Literal(v)) if v.is_empty() => None,
+        other => other,
+    }
+}
+
+/// The layout an engine's own Hugging Face download writes, and the path that defines it
+/// (`None`: the engine default).
+fn engine_layout(c: &Container) -> (Layout, Option<EnvValue>) {
+    let words = container_words(c);
+    if let Some(v) = flag_values(&words, &["--download-dir", "--download_dir"]).pop() {
+        return (
+            Layout::HubCache,
+            Some(v.map_or(EnvValue::Unknown, EnvValue::Literal)),
+        );
+    }
+    if let Some(v) = defined(c, "HF_HOME") {
+        return (Layout::Hub, Some(v));
+    }
+    for name in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"] {
+        if let Some(v) = defined(c, name) {
+            return (Layout::HubCache, Some(v));
+        }
+    }
+    (Layout::Hub, None)
+}
+
+/// The layout a recognised download writes.
+fn layout_of(source: Source, download: &Container, identity_scheme: Scheme) -> Layout {
+    match source {
+        Source::InitHfDownload => {
+            let words = container_words(download);
+            if has_flag(&words, &["--local-dir"]) {
+                Layout::Flat
+            } else if has_flag(&words, &["--cache-dir"]) {
+                Layout::HubCache
+            } else if defined(download, "HF_HOME").is_some() {
+                Layout::Hub
+            } else if defined(download, "HF_HUB_CACHE").is_some() {
+                Layout::HubCache
+            } else {
+                Layout::Hub
+            }
+        }
+        Source::KServeStorageInitializer | Source::InitS3 | Source::InitGs => Layout::Flat,
+        Source::InitNgcCli | Source::InitNgcEnv | Source::EnvNgcModelName => Layout::Ngc,
+        Source::EnvNimModelName | Source::NimImage => Layout::Nim,
+        Source::ModelFlag
+        | Source::VllmServe
+        | Source::EnvHfModelId
+        | Source::EnvModelId
+        | Source::EnvModelPath => {
+            if identity_scheme == Scheme::Hf {
+                engine_layout(download).0
+            } else {
+                Layout::Flat
+            }
+        }
+    }
+}
+
+/// `/`-rooted path of `path` (in container `c`'s view) inside volume `volume`: through the
+/// longest mount of `volume` at or above it.
+fn in_volume(c: &Container, volume: &str, path: &str) -> Option<String> {
+    let (m, mount_path) = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.name == volume && m.sub_path_expr.as_deref().is_none_or(str::is_empty))
+        .map(|m| (m, clean(&m.mount_path)))
+        .filter(|(_, p)| is_within(path, p))
+        .max_by_key(|(_, p)| p.len())?;
+    let rel = strip_dir(path, &mount_path)?;
+    Some(join(&sub_root(m), rel))
+}
+
+/// A mount's `subPath` as a `/`-rooted path (`/` for none).
+fn sub_root(m: &VolumeMount) -> String {
+    clean(&format!("/{}", m.sub_path.as_deref().unwrap_or_default()))
+}
+
+/// Where init container `init` wrote the landing (`landing_path` in `main`'s view, in pod
+/// volume `volume`): its own path, and the volume when it mounts it there.
+fn init_dest(
+    main: &Container,
+    init: &Container,
+    landing_path: &str,
+    volume: Option<&str>,
+) -> (String, Option<String>) {
+    let Some(v) = volume else {
+        return (landing_path.to_owned(), None);
+    };
+    let Some(s) = in_volume(main, v, landing_path) else {
+        return (landing_path.to_owned(), None);
+    };
+    init.volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.name == v && m.sub_path_expr.as_deref().is_none_or(str::is_empty))
+        .filter_map(|m| {
+            let root = sub_root(m);
+            let rel = strip_dir(&s, &root)?;
+            Some((root.len(), join(&m.mount_path, rel)))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map_or((landing_path.to_owned(), None), |(_, p)| {
+            (p, Some(v.to_owned()))
+        })
+}
+
+fn slot_container(pod: &Pod, slot: Slot) -> Option<&Container> {
+    let spec = pod.spec.as_ref()?;
+    match slot {
+        Slot::Container(i) => spec.containers.get(i),
+        Slot::Init(i) => spec.init_containers.as_ref()?.get(i),
+    }
+}
+
+fn slot_path(slot: Slot) -> String {
+    match slot {
+        Slot::Container(i) => format!("spec.containers[{i}]"),
+        Slot::Init(i) => format!("spec.initContainers[{i}]"),
+    }
+}
+
+/// Every place the copy is mounted: the main container at the landing, and every other
+/// container that sees the landing's volume there (read-only mounts only: a container that
+/// mounts it writable would write where the copy is read-only).
+fn targets(
+    pod: &Pod,
+    main: usize,
+    landing: &str,
+    volume: Option<&str>,
+    skip_init: Option<usize>,
+) -> Result<Vec<Target>, Skip> {
+    let spec = pod.spec.as_ref();
+    let Some(v) = volume else {
+        let replace = spec.and_then(|s| s.containers.get(main)).and_then(|c| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .position(|m| clean(&m.mount_path) == landing)
+        });
+        return Ok(vec![Target {
+            slot: Slot::Container(main),
+            path: landing.to_owned(),
+            replace,
+            sub_path: None,
+        }]);
+    };
+    let main_c = spec.and_then(|s| s.containers.get(main)).ok_or_else(|| {
+        Skip::new(
+            SkipReason::NoContainers,
+            "spec.containers: no main container",
+        )
+    })?;
+    let s = in_volume(main_c, v, landing).ok_or_else(|| {
+        Skip::new(
+            SkipReason::LandingUnknown,
+            format!(
+                "spec.containers[{main}].volumeMounts: the main container does not mount volume {} at {}",
+                shown(v),
+                shown(landing)
+            ),
+        )
+    })?;
+    let mut slots: Vec<Slot> = (0..spec.map_or(0, |s| s.containers.len()))
+        .map(Slot::Container)
+        .collect();
+    slots.extend(
+        (0..spec
+            .and_then(|s| s.init_containers.as_ref())
+            .map_or(0, Vec::len))
+            .filter(|i| Some(*i) != skip_init)
+            .map(Slot::Init),
+    );
+    let mut out = Vec::new();
+    for slot in slots {
+        let Some(c) = slot_container(pod, slot) else {
+            continue;
+        };
+        for (mi, m) in c.volume_mounts.iter().flatten().enumerate() {
+            if m.name != v {
+                continue;
+            }
+            let root = sub_root(m);
+            let (path, replace, sub_path) = if let Some(rel) = strip_dir(&s, &root) {
+                let path = join(&m.mount_path, rel);
+                let replace = if rel.is_empty() {
+                    Some(mi)
+                } else {
+                    c.volume_mounts
+                        .iter()
+                        .flatten()
+                        .position(|x| clean(&x.mount_path) == path)
+                };
+                (path, replace, None)
+            } else if let Some(part) = strip_dir(&root, &s) {
+                (clean(&m.mount_path), Some(mi), Some(part.to_owned()))
+            } else {
+                continue;
+            };
+            if m.sub_path_expr.as_deref().is_some_and(|e| !e.is_empty()) {
+                return Err(Skip::new(
+                    SkipReason::LandingShared,
+                    format!(
+                        "{}.volumeMounts[{mi}].subPathExpr: container {} mounts the landing's volume {} through a path only the kubelet knows",
+                        slot_path(slot),
+                        shown(&c.name),
+                        shown(v)
+                    ),
+                ));
+            }
+            if slot != Slot::Container(main) && m.read_only != Some(true) {
+                return Err(Skip::new(
+                    SkipReason::LandingShared,
+                    format!(
+                        "{}.volumeMounts[{mi}]: container {} mounts the landing's volume {} writable at {}; the shared copy is read-only",
+                        slot_path(slot),
+                        shown(&c.name),
+                        shown(v),
+                        shown(&m.mount_path)
+                    ),
+                ));
+            }
+            out.push(Target {
+                slot,
+                path,
+                replace,
+                sub_path,
+            });
+        }
+    }
+    if !out.iter().any(|t| t.slot == Slot::Container(main)) {
+        return Err(Skip::new(
+            SkipReason::LandingUnknown,
+            format!(
+                "spec.containers[{main}].volumeMounts: the landing {} is not placed in the main container",
+                shown(landing)
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// The cache variables (and offline switches) an engine reading a hub-layout copy at
+/// `landing` gets: every variable Hugging Face libraries honour, so none the image sets
+/// (older TGI images set `HUGGINGFACE_HUB_CACHE`) points elsewhere.
+pub(crate) fn hub_env(layout: Layout, landing: &str) -> Vec<(String, String)> {
+    let hub = if layout == Layout::Hub {
+        join(landing, "hub")
+    } else {
+        landing.to_owned()
+    };
+    let mut env = Vec::new();
+    if layout == Layout::Hub {
+        env.push(("HF_HOME".to_owned(), landing.to_owned()));
+    }
+    for name in [
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "TRANSFORMERS_CACHE",
+    ] {
+        env.push((name.to_owned(), hub.clone()));
+    }
+    for name in OFFLINE_ENV {
+        env.push((name.to_owned(), "1".to_owned()));
+    }
+    env
+}
+
+/// The switches that start Hugging Face libraries (vLLM, SGLang, TGI, KServe, transformers)
+/// offline.
+pub const OFFLINE_ENV: [&str; 2] = ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"];
+
+/// Cache variables whose values the rewrite may set; a script that assigns one differently
+/// would undo it.
+const CACHE_VARIABLES: [&str; 7] = [
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "TRANSFORMERS_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "NIM_CACHE_PATH",
+];
+
+fn same_value(name: &str, a: &str, b: &str) -> bool {
+    if name.ends_with("OFFLINE") {
+        let t = |v: &str| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        };
+        return t(a) == t(b);
+    }
+    clean(a.trim()) == clean(b.trim())
+}
+
+/// Whether `main` reads the Hugging Face cache at or below `landing`.
+fn reads_hub_at(main: &Container, landing: &str) -> bool {
+    ["HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"]
+        .iter()
+        .any(|n| matches!(defined(main, n), Some(EnvValue::Literal(v)) if v.starts_with('/') && is_within(&clean(&v), landing)))
+}
+
+/// Where `main`'s Hugging Face libraries would put another repository.
+fn hub_dir(main: &Container) -> Option<String> {
+    for n in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"] {
+        match defined(main, n) {
+            Some(EnvValue::Literal(v)) => return Some(clean(&v)),
+            Some(EnvValue::Unknown) => return None,
+            None => {}
+        }
+    }
+    match defined(main, "HF_HOME") {
+        Some(EnvValue::Literal(v)) => Some(join(&v, "hub")),
+        Some(EnvValue::Unknown) => None,
+        None => Some(join(DEFAULT_HF_HOME, "hub")),
+    }
+}
+
+fn effective_user(pod: &Pod, c: &Container, options: &Options) -> (i64, Option<i64>) {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = c.security_context.as_ref();
+    let user = sc
+        .and_then(|s| s.run_as_user)
+        .or_else(|| pod_sc.and_then(|s| s.run_as_user));
+    let group = sc
+        .and_then(|s| s.run_as_group)
+        .or_else(|| pod_sc.and_then(|s| s.run_as_group));
+    match user {
+        Some(u) if u > 0 => (u, group),
+        _ => (options.fallback_user, group.or(Some(options.fallback_user))),
+    }
+}
+
+/// The mounts of `init` other than those of `volume` at, above or below `dest`.
+fn other_mounts(init: &Container, volume: Option<&str>, dest: &str) -> Vec<VolumeMount> {
+    init.volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| {
+            let p = clean(&m.mount_path);
+            !(Some(m.name.as_str()) == volume && (is_within(dest, &p) || is_within(&p, dest)))
+                && p != dest
+        })
+        .cloned()
+        .collect()
+}
+
+/// Decide everything about `req` that does not depend on storage.
+///
+/// # Errors
+///
+/// The final verdict when there is nothing to plan: a [`crate::Verdict::Skip`], or
+/// [`crate::Verdict::Unchanged`] for a pod that already carries this namespace's rewrite.
+pub fn plan(req: &Request<'_>) -> Result<Plan, crate::Verdict> {
+    let skip = crate::Verdict::Skip;
+    let pod = req.pod;
+    let options = req.options;
+    let main = in_scope(pod, req.namespace, req.namespace_labels, options).map_err(skip)?;
+    let sharing = sharing_domain(req.namespace, req.namespace_labels);
+    if let Some(recorded) = annotation(pod, BINDING_ANNOTATION) {
+        return Err(already_rewritten(pod, &sharing, recorded));
+    }
+    let identified = identify(pod, main, req.leader_worker_set).map_err(skip)?;
+    let res: Resolution = identified.resolution;
+    let uri = res.identity.uri();
+    let fail = |s: Skip| crate::Verdict::Skip(s.with_uri(uri.clone()));
+    inner_plan(req, sharing, res, identified.endpoints).map_err(fail)
+}
+
+fn inner_plan(
+    req: &Request<'_>,
+    sharing: SharingDomain,
+    res: Resolution,
+    endpoints: Vec<String>,
+) -> Result<Plan, Skip> {
+    let pod = req.pod;
+    let options = req.options;
+    let uri = res.identity.uri();
+    if res.identity.scheme() == Scheme::Path {
+        return Err(Skip::new(
+            SkipReason::LocalPath,
+            format!(
+                "the model {} is a path already in the pod; nothing is downloaded",
+                shown(&uri)
+            ),
+        ));
+    }
+    if !res.landing.substitutable {
+        let why = res.landing.nested.clone().unwrap_or_else(|| {
+            format!(
+                "the model lands in {} ({}), storage the pod brings itself; it is already shared or node-local",
+                res.landing
+                    .volume
+                    .as_deref()
+                    .map_or_else(|| "the container".to_owned(), |v| format!("volume {}", shown(v))),
+                res.landing.kind.as_str()
+            )
+        });
+        return Err(Skip::new(SkipReason::LandingNotSubstitutable, why));
+    }
+    if res.source == Source::NimImage && res.identity.profile().is_none() {
+        return Err(Skip::new(
+            SkipReason::NimProfileUnpinned,
+            format!(
+                "spec.containers[{}].env: the NIM {} has no NIM_MODEL_PROFILE; the profile it downloads depends on the GPU model and count of the node it lands on, so one cache cannot stand for every pod of it: set NIM_MODEL_PROFILE (list-model-profiles shows them)",
+                res.main_index,
+                shown(res.identity.reference())
+            ),
+        ));
+    }
+    let spec = pod
+        .spec
+        .as_ref()
+        .ok_or_else(|| Skip::new(SkipReason::NoContainers, "spec: the pod has no spec"))?;
+    let main = res.main_index;
+    let main_path = format!("spec.containers[{main}]");
+    let main_c = spec.containers.get(main).ok_or_else(|| {
+        Skip::new(
+            SkipReason::NoContainers,
+            "spec.containers: no main container",
+        )
+    })?;
+    let leader_pod = match (res.via_leader, req.leader_worker_set) {
+        (true, Some(lws)) => Some(lws.leader_pod()),
+        (true, None) => {
+            return Err(Skip::new(
+                SkipReason::LeaderWorkerSetMissing,
+                "the pod names its leader's model and the LeaderWorkerSet is missing",
+            ));
+        }
+        (false, _) => None,
+    };
+    // The container that downloads (or the engine whose settings decide the layout).
+    let (download_pod, download_c): (&Pod, &Container) =
+        match (&leader_pod, res.downloader, res.init_index) {
+            (Some(lp), Downloader::Init, Some(i)) => (
+                lp,
+                lp.spec
+                    .as_ref()
+                    .and_then(|s| s.init_containers.as_ref())
+                    .and_then(|ic| ic.get(i))
+                    .ok_or_else(|| {
+                        Skip::new(
+                            SkipReason::LeaderUnresolved,
+                            "the leader template's download init container is missing",
+                        )
+                    })?,
+            ),
+            (Some(lp), _, _) => (
+                lp,
+                lp.spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .ok_or_else(|| {
+                        Skip::new(
+                            SkipReason::LeaderUnresolved,
+                            "the leader template has no container",
+                        )
+                    })?,
+            ),
+            (None, Downloader::Init, Some(i)) => (
+                pod,
+                spec.init_containers
+                    .as_ref()
+                    .and_then(|ic| ic.get(i))
+                    .ok_or_else(|| {
+                        Skip::new(
+                            SkipReason::NoDownloader,
+                            "the download init container is missing",
+                        )
+                    })?,
+            ),
+            (None, _, _) => (pod, main_c),
+        };
+    let engine = res.downloader == Downloader::Engine;
+    let modelid_relanded = res.landing.relanded_from.is_some();
+    let mut layout = layout_of(res.source, download_c, res.identity.scheme());
+    // The engine's cache location must be the landing the resolver placed: otherwise what the
+    // rewrite sets and what the engine reads could differ.
+    if engine && layout.is_hub() {
+        let expected = match engine_layout(download_c).1 {
+            None => Some(DEFAULT_HF_HOME.to_owned()),
+            Some(EnvValue::Literal(v)) if v.starts_with('/') => Some(clean(&v)),
+            Some(_) => None,
+        };
+        let placed = match &leader_pod {
+            Some(lp) => match resolve_container(lp, 0) {
+                warmcache_modelid::Outcome::Resolved(l) => {
+                    Some(l.landing.relanded_from.unwrap_or(l.landing.path))
+                }
+                warmcache_modelid::Outcome::Unresolved(_) => None,
+            },
+            None => Some(
+                res.landing
+                    .relanded_from
+                    .clone()
+                    .unwrap_or_else(|| res.landing.path.clone()),
+            ),
+        };
+        if expected.is_none() || expected != placed.map(|p| clean(&p)) {
+            return Err(Skip::new(
+                SkipReason::LandingUnknown,
+                format!(
+                    "{}: where the engine keeps its Hugging Face cache could not be confirmed against the landing {} (the variable or option that sets it is relative or not literal)",
+                    if leader_pod.is_some() {
+                        "the leader template".to_owned()
+                    } else {
+                        main_path.clone()
+                    },
+                    shown(&res.landing.path)
+                ),
+            ));
+        }
+    }
+    if modelid_relanded {
+        if !layout.is_hub() {
+            return Err(Skip::new(
+                SkipReason::LandingUnknown,
+                format!(
+                    "the landing {} was re-landed at {} but the download is not a Hugging Face cache",
+                    shown(res.landing.relanded_from.as_deref().unwrap_or_default()),
+                    RELANDED_HF_HOME
+                ),
+            ));
+        }
+        layout = Layout::Hub;
+    }
+    let mut landing = clean(&res.landing.path);
+    let landing_volume = res.landing.volume.clone();
+    let mut relanded = modelid_relanded;
+    let replace_init = match (&leader_pod, res.downloader) {
+        (None, Downloader::Init) => res.init_index,
+        _ => None,
+    };
+    // A landing something else writes (a scratch or home directory, another variable, another
+    // container mounting its volume writable): move a Hugging Face cache the engine finds by
+    // variables, or leave the pod alone.
+    let placed = match landing_shared(main_c, &main_path, &landing) {
+        Some(why) => Err(why),
+        None => match targets(pod, main, &landing, landing_volume.as_deref(), replace_init) {
+            Ok(t) => Ok(t),
+            Err(s) if s.reason == SkipReason::LandingShared => Err(s.message),
+            Err(s) => return Err(s),
+        },
+    };
+    let targets = match placed {
+        Ok(t) => t,
+        Err(why) => {
+            let movable = engine
+                && layout.is_hub()
+                && !has_flag(
+                    &container_words(main_c),
+                    &["--download-dir", "--download_dir"],
+                )
+                && landing != RELANDED_HF_HOME
+                && CACHE_VARIABLES.iter().all(|n| !references(main_c, n))
+                && script_assignments(main_c, &CACHE_VARIABLES).is_empty();
+            let new = landing_in(pod, main_c, &main_path, RELANDED_HF_HOME);
+            if movable
+                && new.substitutable
+                && new.kind == LandingKind::Rootfs
+                && landing_shared(main_c, &main_path, RELANDED_HF_HOME).is_none()
+            {
+                landing = RELANDED_HF_HOME.to_owned();
+                layout = Layout::Hub;
+                relanded = true;
+                targets(pod, main, &landing, None, replace_init)?
+            } else {
+                return Err(Skip::new(
+                    SkipReason::LandingShared,
+                    format!(
+                        "{why}; a read-only copy cannot be mounted over it, and the landing cannot be moved"
+                    ),
+                ));
+            }
+        }
+    };
+    // The environment the engine needs to read the copy.
+    let sets_hub_env = layout.is_hub() && (engine || relanded || reads_hub_at(main_c, &landing));
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut scratch = false;
+    if sets_hub_env {
+        env = hub_env(layout, &landing);
+        if layout == Layout::Hub && defined(main_c, "HF_MODULES_CACHE").is_none() {
+            env.push((
+                "HF_MODULES_CACHE".to_owned(),
+                join(SCRATCH_PATH, "hf_modules"),
+            ));
+            scratch = true;
+        }
+    } else if layout == Layout::Nim && engine {
+        env.push(("NIM_CACHE_PATH".to_owned(), landing.clone()));
+    }
+    // Another repository the engine fetches at start would land in the read-only copy.
+    let extras = extra_repositories(main_c, &main_path, &res.identity);
+    if !extras.is_empty() {
+        let into_copy =
+            engine || sets_hub_env || hub_dir(main_c).is_none_or(|d| is_within(&d, &landing));
+        if into_copy {
+            return Err(Skip::new(
+                SkipReason::MultipleRepositories,
+                format!(
+                    "the engine fetches more than {} at start ({}); the shared copy holds one artifact and is read-only where the engine would put the others",
+                    shown(&uri),
+                    extras.join("; ")
+                ),
+            ));
+        }
+    }
+    // The engine's own configuration must not undo or depend on what the rewrite sets.
+    for (name, value) in &env {
+        for (_, assigned) in script_assignments(main_c, &[name]) {
+            if !same_value(name, &assigned, value) {
+                return Err(Skip::new(
+                    SkipReason::EngineEnvConflict,
+                    format!(
+                        "{main_path}.command: the container's script sets {name}={}, and reading the shared copy needs {name}={}",
+                        shown(&assigned),
+                        shown(value)
+                    ),
+                ));
+            }
+        }
+        let old = match env_value(main_c, name) {
+            Some(EnvValue::Literal(v)) => Some(v),
+            Some(EnvValue::Unknown) => None,
+            None => None,
+        };
+        let changes = old.as_deref().is_none_or(|o| !same_value(name, o, value));
+        if changes && references(main_c, name) {
+            return Err(Skip::new(
+                SkipReason::EngineEnvConflict,
+                format!(
+                    "{main_path}: the container refers to ${name}, whose value reading the shared copy changes to {}",
+                    shown(value)
+                ),
+            ));
+        }
+    }
+    // Names the rewrite adds.
+    if let Some(v) = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == MODEL_VOLUME || v.name == SCRATCH_VOLUME)
+    {
+        return Err(Skip::new(
+            SkipReason::NameConflict,
+            format!(
+                "spec.volumes: the pod already has a volume named {}",
+                shown(&v.name)
+            ),
+        ));
+    }
+    if let Some(c) = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == WAIT_CONTAINER)
+    {
+        return Err(Skip::new(
+            SkipReason::NameConflict,
+            format!("the pod already has a container named {}", shown(&c.name)),
+        ));
+    }
+    // The download step the writer Job runs, and what the wait container stands in for.
+    let (step, fallback) = match (res.downloader, &leader_pod) {
+        (Downloader::Init, lp) => {
+            let (dl_main, origin, path) = match lp {
+                Some(lp) => (
+                    lp.spec
+                        .as_ref()
+                        .and_then(|s| s.containers.first())
+                        .unwrap_or(main_c),
+                    StepOrigin::LeaderInit,
+                    format!(
+                        "leader template spec.initContainers[{}]",
+                        res.init_index.unwrap_or_default()
+                    ),
+                ),
+                None => (
+                    main_c,
+                    StepOrigin::Init,
+                    format!(
+                        "spec.initContainers[{}]",
+                        res.init_index.unwrap_or_default()
+                    ),
+                ),
+            };
+            let leader_landing = match lp {
+                Some(lp) => match resolve_container(lp, 0) {
+                    warmcache_modelid::Outcome::Resolved(l) => l.landing,
+                    warmcache_modelid::Outcome::Unresolved(u) => {
+                        return Err(Skip::new(SkipReason::LeaderUnresolved, u.to_string()));
+                    }
+                },
+                None => res.landing.clone(),
+            };
+            let original = leader_landing
+                .relanded_from
+                .clone()
+                .unwrap_or_else(|| leader_landing.path.clone());
+            let (dest, volume) = init_dest(
+                dl_main,
+                download_c,
+                &original,
+                leader_landing.volume.as_deref(),
+            );
+            let step = step::from_init(
+                download_pod,
+                download_c,
+                &path,
+                origin,
+                dest.clone(),
+                volume.clone(),
+            )?;
+            let fallback = match (lp, download_c.command.as_ref().filter(|c| !c.is_empty())) {
+                (None, Some(command)) => Some(Fallback {
+                    argv: command
+                        .iter()
+                        .chain(download_c.args.iter().flatten())
+                        .cloned()
+                        .collect(),
+                    env: download_c.env.clone().unwrap_or_default(),
+                    env_from: download_c.env_from.clone(),
+                    mounts: other_mounts(download_c, volume.as_deref(), &dest),
+                    dest,
+                    working_dir: download_c.working_dir.clone(),
+                }),
+                _ => None,
+            };
+            (step, fallback)
+        }
+        (Downloader::Engine, lp) => {
+            let origin = if lp.is_some() {
+                StepOrigin::LeaderEngine
+            } else {
+                StepOrigin::Engine
+            };
+            let step = step::derived(pod, main_c, origin, &res.identity, layout)?;
+            let fallback = Fallback {
+                argv: step
+                    .container
+                    .command
+                    .iter()
+                    .flatten()
+                    .chain(step.container.args.iter().flatten())
+                    .cloned()
+                    .collect(),
+                env: step.container.env.clone().unwrap_or_default(),
+                env_from: step.container.env_from.clone(),
+                mounts: Vec::new(),
+                dest: WAIT_MOUNT_PATH.to_owned(),
+                working_dir: None,
+            };
+            (step, Some(fallback))
+        }
+    };
+    let step_json = step.to_annotation()?;
+    let wait_for: &Container = match replace_init {
+        Some(i) => spec
+            .init_containers
+            .as_ref()
+            .and_then(|ic| ic.get(i))
+            .unwrap_or(main_c),
+        None => main_c,
+    };
+    let (user, group) = effective_user(pod, wait_for, options);
+    let image = options
+        .wait_image
+        .clone()
+        .or_else(|| wait_for.image.clone())
+        .unwrap_or_default();
+    if image.is_empty() {
+        return Err(Skip::new(
+            SkipReason::DownloadNotReproducible,
+            format!(
+                "container {} names no image to wait on, and no wait image is configured",
+                shown(&wait_for.name)
+            ),
+        ));
+    }
+    let handle = CacheHandle::new(res.identity.clone(), layout, &endpoints);
+    let identity = BindingIdentity::new(sharing.workflow, &sharing.domain, &handle.to_string());
+    let traceparent = req
+        .traceparent
+        .map(str::trim)
+        .filter(|t| well_formed_traceparent(t))
+        .map(str::to_owned);
+    Ok(Plan {
+        namespace: req.namespace.to_owned(),
+        control_namespace: options.control_namespace.clone(),
+        binding_name: binding_name(&identity),
+        hash: identity_hash(&identity),
+        identity,
+        sharing,
+        handle,
+        uri,
+        source: res.source_label(),
+        downloader: res.downloader,
+        main,
+        landing,
+        targets,
+        offline: sets_hub_env,
+        env,
+        scratch,
+        relanded,
+        replace_init,
+        wait: WaitSource {
+            image,
+            image_pull_policy: wait_for.image_pull_policy.clone(),
+            user,
+            group,
+            fallback,
+        },
+        step,
+        step_json,
+        traceparent,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparents() {
+        assert!(well_formed_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!well_formed_traceparent(
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+        ));
+        assert!(!well_formed_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"
+        ));
+        assert!(!well_formed_traceparent(
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!well_formed_traceparent(
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"
+        ));
+        assert!(!well_formed_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+        ));
+        assert!(!well_formed_traceparent(""));
+    }
+
+    #[test]
+    fn hub_env_sets_every_cache_variable() {
+        let env: BTreeMap<String, String> = hub_env(Layout::Hub, "/models").into_iter().collect();
+        assert_eq!(env["HF_HOME"], "/models");
+        assert_eq!(env["HF_HUB_CACHE"], "/models/hub");
+        assert_eq!(env["HUGGINGFACE_HUB_CACHE"], "/models/hub");
+        assert_eq!(env["TRANSFORMERS_CACHE"], "/models/hub");
+        assert_eq!(env["HF_HUB_OFFLINE"], "1");
+        assert_eq!(env["TRANSFORMERS_OFFLINE"], "1");
+        let env: BTreeMap<String, String> =
+            hub_env(Layout::HubCache, "/data").into_iter().collect();
+        assert!(!env.contains_key("HF_HOME"));
+        assert_eq!(env["HUGGINGFACE_HUB_CACHE"], "/data");
+    }
+}
