@@ -15,8 +15,9 @@
 # Cache:  ${WARMCACHE_CACHE_DIR:-$HOME/.cache/warmcache}/node/<stamp>/bin, where <stamp> hashes
 #         every module file and Go source this script builds from, the script and the Go version.
 #
-# Costs on 2 cores (docs/development.md, "The real node"): warm (after the control-plane build)
-# about 3 minutes; cold about 15 minutes.
+# Costs on 2 cores (docs/development.md, "The real node"): about 2 minutes for the Kubernetes
+# commands once the control plane was built (shared Go build cache), about 15 more for the two
+# sidecars cold; returns at once when cached.
 #
 # The node also needs, at run time, Debian's containerd, runc, containernetworking-plugins
 # (loopback), busybox-static and iproute2: `hack/build-node.sh --install-packages` installs the

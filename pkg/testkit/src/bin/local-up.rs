@@ -58,7 +58,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "StorageClasses of the TEST CSI driver: {}",
             classes.join(", ")
         );
-        println!("images: {}", node.images().join(", "));
+        println!(
+            "images: {} (pods must say imagePullPolicy: Never; no network beyond the pod)",
+            node.images().join(", ")
+        );
         println!("node dir: {}", node.dir().display());
         for cgroup in node.cgroups() {
             println!("node cgroup: {}", cgroup.display());
