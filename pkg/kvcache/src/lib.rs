@@ -16,6 +16,13 @@
 //!   deterministically.
 //! - [`parse_backend`]: a YAML or JSON document read into a backend, with the path of every shape
 //!   problem (what the API server's schema would refuse).
+//! - [`survey::tier_was_empty`]: the write-once `TierWasEmpty` verdict from the members'
+//!   `local-disk-survey` readings (reference section 5.1).
+//! - [`status::backend_status`]: phase, conditions, endpoints, capacity and members from the
+//!   leader's admin endpoints ([`store`] parses them as the real store serves them) and the
+//!   member Pods (reference sections 2 and 5).
+//! - [`teardown::teardown_step`] and [`teardown::cleanup_pass`]: the ordered teardown and the
+//!   per-node emptying of the tier on deletion (reference section 6).
 //!
 //! ```
 //! use warmcache_kvcache::{RenderContext, ValidationContext, parse_backend, render, validate};
@@ -42,12 +49,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod condition;
 pub mod error;
 pub mod image;
 pub mod names;
 pub mod parse;
 pub mod quantity;
 pub mod render;
+pub mod status;
+pub mod store;
+pub mod survey;
+pub mod teardown;
 pub mod validate;
 #[cfg(feature = "vectors")]
 pub mod vectors;
