@@ -386,3 +386,35 @@ async fn an_image_packed_from_a_directory_and_a_binary_runs() {
     );
     ns.cleanup().await;
 }
+
+/// A pod with hostNetwork reaches a server of the test process on 127.0.0.1; a pod without it
+/// cannot (its loopback is its own and its eth0 leads nowhere).
+#[tokio::test]
+async fn only_a_host_network_pod_reaches_a_server_on_the_host() {
+    let (_, ns) = setup("hostnet").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            stream.write_all(b"hello-from-host").await.unwrap();
+        }
+    });
+    let script = format!(
+        "if out=$(nc -w 5 127.0.0.1 {port} </dev/null 2>&1); then echo \"reached: $out\"; \
+         else echo \"unreachable: $out\"; fi > /dev/termination-log"
+    );
+    let mut host = tools_pod("on-host-network", &script);
+    host.spec.as_mut().unwrap().host_network = Some(true);
+    let done = run_to_success(&ns, host).await;
+    assert_eq!(
+        termination_message(&done, "main").as_deref(),
+        Some("reached: hello-from-host\n")
+    );
+    let done = run_to_success(&ns, tools_pod("isolated", &script)).await;
+    let message = termination_message(&done, "main").unwrap();
+    assert!(message.starts_with("unreachable"), "{message}");
+    server.abort();
+    ns.cleanup().await;
+}
