@@ -356,7 +356,7 @@ pub struct CleanupInput<'a> {
 }
 
 /// Why a cleanup Pod is deleted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DeleteReason {
     /// It carries another incarnation's UID (an earlier backend of the same name).
     StaleIncarnation,
