@@ -158,7 +158,7 @@ fn neutralize(pod: &mut Pod, field: &str, endpoint: &str) -> bool {
 fn skip_of(u: &Unresolved) -> Skip {
     let reason = match u {
         Unresolved::OptedOut { .. } => SkipReason::PodOptedOut,
-        Unresolved::NoContainers => SkipReason::NoContainers,
+        Unresolved::NoContainers => SkipReason::NoDownloader,
         Unresolved::NoDownloader => SkipReason::NoDownloader,
         Unresolved::PvcStorageUri { .. } => SkipReason::PvcStorageUri,
         Unresolved::UnsupportedSource { .. } => SkipReason::UnsupportedSource,

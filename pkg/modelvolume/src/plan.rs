@@ -391,7 +391,7 @@ fn targets(
     };
     let main_c = spec.and_then(|s| s.containers.get(main)).ok_or_else(|| {
         Skip::new(
-            SkipReason::NoContainers,
+            SkipReason::NoDownloader,
             "spec.containers: no main container",
         )
     })?;
@@ -657,12 +657,12 @@ fn inner_plan(
     let spec = pod
         .spec
         .as_ref()
-        .ok_or_else(|| Skip::new(SkipReason::NoContainers, "spec: the pod has no spec"))?;
+        .ok_or_else(|| Skip::new(SkipReason::NoDownloader, "spec: the pod has no spec"))?;
     let main = res.main_index;
     let main_path = format!("spec.containers[{main}]");
     let main_c = spec.containers.get(main).ok_or_else(|| {
         Skip::new(
-            SkipReason::NoContainers,
+            SkipReason::NoDownloader,
             "spec.containers: no main container",
         )
     })?;

@@ -28,8 +28,6 @@ pub enum SkipReason {
     /// A pod warmcache itself runs (download Job, mount holder).
     OwnPod,
     // --- what the pod downloads ---
-    /// The pod has no main container.
-    NoContainers,
     /// Nothing recognised downloads a model.
     NoDownloader,
     /// KServe `pvc://`: the customer's claim already holds the model.
@@ -100,13 +98,12 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, in documentation order.
-    pub const ALL: [SkipReason; 35] = [
+    pub const ALL: [SkipReason; 34] = [
         SkipReason::NotGpuPod,
         SkipReason::NamespaceExcluded,
         SkipReason::NamespaceOptedOut,
         SkipReason::PodOptedOut,
         SkipReason::OwnPod,
-        SkipReason::NoContainers,
         SkipReason::NoDownloader,
         SkipReason::PvcStorageUri,
         SkipReason::LocalPath,
@@ -146,7 +143,6 @@ impl SkipReason {
             SkipReason::NamespaceOptedOut => "namespace-opted-out",
             SkipReason::PodOptedOut => "pod-opted-out",
             SkipReason::OwnPod => "own-pod",
-            SkipReason::NoContainers => "no-containers",
             SkipReason::NoDownloader => "no-downloader",
             SkipReason::PvcStorageUri => "pvc-storage-uri",
             SkipReason::LocalPath => "local-path",
@@ -224,7 +220,6 @@ impl SkipReason {
                 | SkipReason::NamespaceOptedOut
                 | SkipReason::PodOptedOut
                 | SkipReason::OwnPod
-                | SkipReason::NoContainers
                 | SkipReason::NoDownloader
                 | SkipReason::PvcStorageUri
                 | SkipReason::LocalPath
