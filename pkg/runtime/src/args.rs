@@ -60,6 +60,16 @@ pub struct RuntimeArgs {
         value_name = "DURATION"
     )]
     pub shutdown_grace: Duration,
+    /// Webhook servers only: after SIGTERM, how long `/readyz` fails while the server still
+    /// accepts, so the API server stops sending reviews to this replica before its port closes
+    /// (endpoint removal takes a few seconds to propagate). `0s` closes at once.
+    #[arg(
+        long,
+        default_value = "5s",
+        value_parser = parse_duration_or_zero,
+        value_name = "DURATION"
+    )]
+    pub shutdown_delay: Duration,
 }
 
 /// Flags of components that lead through a Lease (controllers, the reaper). Webhooks and the
@@ -160,6 +170,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(millis))
 }
 
+/// Like [`parse_duration`], also taking `0s` (and `0`, `0ms`) for "none".
+pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
+    if matches!(text.trim(), "0" | "0s" | "0ms") {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +220,9 @@ mod tests {
         let cli = Cli::parse_from(["x", "--tls-dir", "/certs"]);
         assert_eq!(cli.runtime.admin_listen, "0.0.0.0:8080".parse().unwrap());
         assert_eq!(cli.runtime.shutdown_grace, Duration::from_secs(20));
+        assert_eq!(cli.runtime.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(parse_duration_or_zero("0s"), Ok(Duration::ZERO));
+        assert!(parse_duration_or_zero("-0s").is_err());
         assert_eq!(cli.admission.listen, "0.0.0.0:9443".parse().unwrap());
         assert!(cli.leader.leader_elect);
         assert_eq!(

@@ -119,37 +119,54 @@ impl Default for BackoffPolicy {
 #[derive(Debug)]
 pub struct Backoffs<Key> {
     policy: BackoffPolicy,
-    streaks: HashMap<Key, (u32, ExponentialBackoff)>,
+    streaks: HashMap<Key, Streak>,
+}
+
+/// One object's run of failures of one kind.
+#[derive(Debug)]
+struct Streak {
+    /// What failed (category and permanence): another kind of failure starts a new streak.
+    signature: (&'static str, bool),
+    count: u32,
+    delays: ExponentialBackoff,
 }
 
 impl<Key: std::hash::Hash + Eq> Backoffs<Key> {
-    /// No object failing yet.
+    /// No object failing yet. A `min` above `max` is taken as `max`.
     pub fn new(policy: BackoffPolicy) -> Self {
         Self {
-            policy,
+            policy: BackoffPolicy {
+                min: policy.min.min(policy.max),
+                max: policy.max,
+            },
             streaks: HashMap::new(),
         }
     }
 
-    /// Records a failure of `key`: the delay before its next attempt and how many failures in a
-    /// row it has had (1 for the first).
-    pub fn failed(&mut self, key: Key) -> (Duration, u32) {
+    /// Records a failure of `key` with `category` (`permanent` or not): the delay before its
+    /// next attempt and how many failures of that kind in a row it has had (1 for the first; a
+    /// failure of another category or permanence starts a new streak).
+    pub fn failed(&mut self, key: Key, category: &'static str, permanent: bool) -> (Duration, u32) {
         let policy = self.policy;
-        let (count, delays) = self.streaks.entry(key).or_insert_with(|| {
-            (
-                0,
-                ExponentialBuilder::default()
-                    .with_min_delay(policy.min)
-                    .with_max_delay(policy.max)
-                    .with_factor(2.0)
-                    .with_jitter()
-                    .without_max_times()
-                    .build(),
-            )
-        });
-        *count = count.saturating_add(1);
-        let delay = delays.next().unwrap_or(policy.max).min(policy.max);
-        (delay, *count)
+        let signature = (category, permanent);
+        let fresh = || Streak {
+            signature,
+            count: 0,
+            delays: ExponentialBuilder::default()
+                .with_min_delay(policy.min)
+                .with_max_delay(policy.max)
+                .with_factor(2.0)
+                .with_jitter()
+                .without_max_times()
+                .build(),
+        };
+        let streak = self.streaks.entry(key).or_insert_with(fresh);
+        if streak.signature != signature {
+            *streak = fresh();
+        }
+        streak.count = streak.count.saturating_add(1);
+        let delay = streak.delays.next().unwrap_or(policy.max).min(policy.max);
+        (delay, streak.count)
     }
 
     /// Forgets `key`'s streak (it succeeded, or is gone).
@@ -386,6 +403,7 @@ where
     pub(crate) recorder: Option<EventRecorder>,
     pub(crate) backoffs: Mutex<Backoffs<ObjectRef<K>>>,
     pub(crate) store: Store<K>,
+    pub(crate) leadership: Leadership,
 }
 
 /// Failure of one reconcile, as reported.
@@ -416,6 +434,7 @@ pub(crate) async fn run_while_leader<K, R>(
         recorder,
         backoffs: Mutex::new(Backoffs::new(controller.backoff)),
         store: controller.cache.store().clone(),
+        leadership: leadership.clone(),
     });
     loop {
         tokio::select! {
@@ -434,6 +453,10 @@ pub(crate) async fn run_while_leader<K, R>(
                     return;
                 }
             }
+        }
+        // The Lease may have gone while the caches synced.
+        if !leadership.is_leader() {
+            continue;
         }
         tracing::info!(controller = name, "leading: reconciling");
         let mut leading = leadership.subscribe();
@@ -463,15 +486,17 @@ pub(crate) async fn run_while_leader<K, R>(
             }
         });
         tokio::select! {
+            // Leadership first: once it is lost, nothing more may be polled into starting.
+            biased;
+            _ = leading.wait_for(|leading| !*leading) => {
+                tracing::warn!(controller = name, "lost the Lease: stopped reconciling");
+            }
             () = applier => {
                 if stop.is_cancelled() {
                     tracing::info!(controller = name, "stopped reconciling: shutting down");
                     return;
                 }
                 tracing::warn!(controller = name, "reconcile queue ended; restarting it");
-            }
-            _ = leading.wait_for(|leading| !*leading) => {
-                tracing::warn!(controller = name, "lost the Lease: stopped reconciling");
             }
         }
     }
@@ -522,6 +547,11 @@ where
         tracing::debug!(error = %err, "reconcile span keeps its own trace");
     }
     let key = ObjectRef::from_obj(object.as_ref());
+    // Checked against the clock: the flag that stops the queue may lag behind the deadline.
+    if !shared.leadership.is_leader() {
+        tracing::debug!(parent: &span, "not leading: reconcile skipped");
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let timer = shared.metrics.start(shared.name);
     let reconciler = Arc::clone(&shared.reconciler);
     let input = Arc::clone(&object);
@@ -559,7 +589,10 @@ where
             category: PANIC_CATEGORY,
             permanent: false,
             message: if join.is_panic() {
-                "the reconcile panicked".to_owned()
+                format!(
+                    "the reconcile panicked: {}",
+                    crate::runtime::panic_message(join.into_panic())
+                )
             } else {
                 "the reconcile was cancelled".to_owned()
             },
@@ -592,7 +625,7 @@ where
         if backoffs.len() > shared.store.len().saturating_mul(2) + 64 {
             backoffs.retain(|key| shared.store.get(key).is_some());
         }
-        backoffs.failed(key)
+        backoffs.failed(key, failure.category, failure.permanent)
     };
     let action = error_policy(failure.permanent, delay);
     if failure.permanent {
@@ -655,7 +688,7 @@ mod tests {
             min: Duration::from_millis(100),
             max: Duration::from_secs(2),
         });
-        let (first, streak) = backoffs.failed("a");
+        let (first, streak) = backoffs.failed("a", "x", false);
         assert_eq!(streak, 1);
         assert!(
             first >= Duration::from_millis(100) && first <= Duration::from_millis(200),
@@ -663,7 +696,7 @@ mod tests {
         );
         let mut last = first;
         for expected_streak in 2..=8 {
-            let (delay, streak) = backoffs.failed("a");
+            let (delay, streak) = backoffs.failed("a", "x", false);
             assert_eq!(streak, expected_streak);
             assert!(delay <= Duration::from_secs(2), "{delay:?}");
             last = delay;
@@ -673,13 +706,26 @@ mod tests {
             "capped near the max: {last:?}"
         );
         // Another object starts from the minimum.
-        let (other, streak) = backoffs.failed("b");
+        let (other, streak) = backoffs.failed("b", "x", false);
         assert_eq!(streak, 1);
         assert!(other <= Duration::from_millis(200), "{other:?}");
         backoffs.succeeded(&"a");
-        let (again, streak) = backoffs.failed("a");
+        let (again, streak) = backoffs.failed("a", "x", false);
         assert_eq!(streak, 1);
         assert!(again <= Duration::from_millis(200), "{again:?}");
+        // Another kind of failure starts a new streak.
+        let (_, streak) = backoffs.failed("a", "x", false);
+        assert_eq!(streak, 2);
+        let (_, streak) = backoffs.failed("a", "x", true);
+        assert_eq!(streak, 1);
+        let (_, streak) = backoffs.failed("a", "y", true);
+        assert_eq!(streak, 1);
+        // min above max is max.
+        let mut inverted = Backoffs::new(BackoffPolicy {
+            min: Duration::from_secs(10),
+            max: Duration::from_secs(1),
+        });
+        assert!(inverted.failed("z", "x", false).0 <= Duration::from_secs(1));
         backoffs.retain(|key| *key == "b");
         assert_eq!(backoffs.len(), 1);
     }

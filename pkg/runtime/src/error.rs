@@ -50,6 +50,14 @@ pub enum RuntimeError {
     /// The async runtime could not be started.
     #[error("cannot start the async runtime: {0}")]
     AsyncRuntime(#[source] std::io::Error),
+    /// A watch was asked for something it cannot do.
+    #[error("watch of {kind}: {problem}")]
+    Watch {
+        /// The watched kind.
+        kind: &'static str,
+        /// Why.
+        problem: String,
+    },
     /// A watch ended before its cache synced (the runtime is shutting down).
     #[error("the {kind} watch ended before its cache synced")]
     WatchEnded {
@@ -65,8 +73,13 @@ pub enum RuntimeError {
         message: String,
     },
     /// A task of the component panicked.
-    #[error("the {0} task panicked")]
-    Panicked(String),
+    #[error("the {task} task panicked: {message}")]
+    Panicked {
+        /// The task's name.
+        task: String,
+        /// The panic's message.
+        message: String,
+    },
 }
 
 impl RuntimeError {

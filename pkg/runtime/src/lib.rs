@@ -84,3 +84,5 @@ pub use watch::{Cache, Change, WatchMetrics};
 pub use kube::runtime::controller::Action;
 pub use kube::runtime::reflector::{ObjectRef, Store};
 pub use kube::runtime::watcher::Config as WatcherConfig;
+/// Re-exported for building [`RuntimeArgs`] in code.
+pub use warmcache_telemetry::LogFormat;

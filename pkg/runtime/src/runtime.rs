@@ -9,7 +9,7 @@ use k8s_openapi::NamespaceResourceScope;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::PartialObjectMeta;
-use kube::runtime::watcher;
+use kube::runtime::{reflector, watcher};
 use kube::{Client, Config, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
@@ -33,7 +33,8 @@ use crate::watch::{self, Cache, WatchMetrics};
 /// still running past its timeout) before leaving it behind.
 pub const BLOCKING_SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
-/// How long releasing the Lease may take at shutdown.
+/// How long releasing the Lease may take at shutdown without election flags (never used then;
+/// with them, the renew deadline plus a second).
 const LEASE_RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// Runs `main` on a new multi-threaded Tokio runtime, then leaves blocking work behind after
@@ -188,6 +189,9 @@ impl Builder {
         });
 
         let lease_stop = CancellationToken::new();
+        let lease_release_wait = self.leader.as_ref().map_or(LEASE_RELEASE_WAIT, |args| {
+            args.leader_election_renew_deadline + Duration::from_secs(1)
+        });
         let (leadership, elector) = match (&self.leader, &client) {
             (Some(args), Some(client)) if args.leader_elect => {
                 let handle = elect(self.component, args, client.clone(), lease_stop.clone())?;
@@ -218,7 +222,10 @@ impl Builder {
             lease_stop,
             signal,
             work: CancellationToken::new(),
-            tasks: JoinSet::new(),
+            tasks: Tasks::default(),
+            serves_admission: false,
+            shutdown_delay: self.args.shutdown_delay,
+            lease_release_wait,
             admin,
             admin_stop,
             admin_addr,
@@ -311,7 +318,77 @@ fn elect(
     Ok(elector.spawn(stop))
 }
 
-type TaskResult = (String, Result<(), String>);
+/// The component's tasks, each with its name for logs and errors.
+#[derive(Default)]
+struct Tasks {
+    set: JoinSet<Result<(), String>>,
+    names: std::collections::HashMap<tokio::task::Id, String>,
+}
+
+/// How a task ended.
+enum Ended {
+    Ok,
+    Failed { task: String, message: String },
+    Panicked { task: String, message: String },
+}
+
+impl Tasks {
+    fn spawn<F>(&mut self, name: String, task: F)
+    where
+        F: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        let handle = self.set.spawn(task);
+        self.names.insert(handle.id(), name);
+    }
+
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    fn name(&mut self, id: tokio::task::Id) -> String {
+        self.names
+            .remove(&id)
+            .unwrap_or_else(|| format!("task {id}"))
+    }
+
+    async fn next(&mut self) -> Option<Ended> {
+        let joined = self.set.join_next_with_id().await?;
+        Some(match joined {
+            Ok((id, Ok(()))) => {
+                self.names.remove(&id);
+                Ended::Ok
+            }
+            Ok((id, Err(message))) => Ended::Failed {
+                task: self.name(id),
+                message,
+            },
+            Err(join) => {
+                let task = self.name(join.id());
+                let message = if join.is_panic() {
+                    panic_message(join.into_panic())
+                } else {
+                    "cancelled".to_owned()
+                };
+                Ended::Panicked { task, message }
+            }
+        })
+    }
+}
+
+/// The text of a panic payload (`panic!("...")` carries a `&str` or a `String`).
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(text) => *text,
+        Err(payload) => match payload.downcast::<&'static str>() {
+            Ok(text) => (*text).to_owned(),
+            Err(_) => "a panic without a message".to_owned(),
+        },
+    }
+}
 
 /// A running component: its client, caches, controllers and servers, until [`Runtime::run`]
 /// returns.
@@ -333,7 +410,12 @@ pub struct Runtime {
     signal: CancellationToken,
     /// Cancelled when the drain begins: every task stops taking new work.
     work: CancellationToken,
-    tasks: JoinSet<TaskResult>,
+    tasks: Tasks,
+    /// Whether an admission server runs: the drain then waits `shutdown_delay` first.
+    serves_admission: bool,
+    shutdown_delay: Duration,
+    /// How long releasing the Lease may take at shutdown (the elector's renew deadline).
+    lease_release_wait: Duration,
     admin: tokio::task::JoinHandle<Result<(), telemetry::TelemetryError>>,
     admin_stop: CancellationToken,
     admin_addr: SocketAddr,
@@ -418,10 +500,8 @@ impl Runtime {
         F: Future<Output = Result<(), E>> + Send + 'static,
         E: std::fmt::Display + Send + 'static,
     {
-        let name = name.to_owned();
-        self.tasks.spawn(async move {
-            let result = task.await.map_err(|err| err.to_string());
-            (name, result)
+        self.tasks.spawn(name.to_owned(), async move {
+            task.await.map_err(|err| format!("{err:#}"))
         });
     }
 
@@ -442,9 +522,22 @@ impl Runtime {
             + 'static,
     {
         let kind = kind_label::<K>();
+        if namespace.is_some() && !is_namespaced::<K>() {
+            return Err(RuntimeError::Watch {
+                kind,
+                problem: "a cluster-scoped kind is not watched in a namespace".to_owned(),
+            });
+        }
         let api = watch::dynamic_api::<K>(self.client()?, namespace);
-        let events = watch::guarded::<K>(api, config, kind, self.watch_metrics.clone());
-        Ok(self.cache(kind, events))
+        let writer = reflector::store::Writer::<K>::new(());
+        let events = watch::guarded::<K>(
+            api,
+            config,
+            kind,
+            self.watch_metrics.clone(),
+            writer.as_reader(),
+        );
+        Ok(self.cache(kind, writer, events))
     }
 
     /// Watches only the metadata of `K` (labels, annotations, owners) into a shared [`Cache`];
@@ -470,26 +563,60 @@ impl Runtime {
             None => Api::all(client),
         };
         let events = watch::metadata(api, config);
-        Ok(self.cache(kind, events))
+        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
     }
 
-    fn cache<K, S>(&mut self, kind: &'static str, events: S) -> Cache<K>
+    /// Watches only the metadata of the cluster-scoped kind `K` (Nodes, ...) into a shared
+    /// [`Cache`]; `/readyz` waits for its first list.
+    pub fn watch_cluster_metadata<K>(
+        &mut self,
+        config: watcher::Config,
+    ) -> Result<Cache<PartialObjectMeta<K>>, RuntimeError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let kind = kind_label::<K>();
+        let api: Api<PartialObjectMeta<K>> = Api::all(self.client()?);
+        let events = watch::metadata(api, config);
+        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
+    }
+
+    fn cache<K, S>(
+        &mut self,
+        kind: &'static str,
+        writer: reflector::store::Writer<K>,
+        events: S,
+    ) -> Cache<K>
     where
         K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
         S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     {
         let gate = self.gates.gate(&format!("{kind} cache"));
+        // Export the kind's series with 0 from the start.
+        for counter in [
+            &self.watch_metrics.malformed,
+            &self.watch_metrics.errors,
+            &self.watch_metrics.resyncs,
+        ] {
+            counter.with_label_values(&[kind]);
+        }
         let (cache, task) = watch::spawn_cache(
             kind,
+            writer,
             events,
             self.watch_metrics.clone(),
             gate,
             self.work.clone(),
         );
-        let name = format!("{kind} watch");
-        self.tasks.spawn(async move {
-            let result = task.await.map_err(|_| "the watch task panicked".to_owned());
-            (name, result)
+        self.tasks.spawn(format!("{kind} watch"), async move {
+            task.await
+                .map_err(|join| format!("the watch task ended abnormally: {join}"))
         });
         cache
     }
@@ -518,6 +645,13 @@ impl Runtime {
         R: Reconciler<K>,
     {
         let name = format!("{} controller", controller.name);
+        // Export the controller's series with 0 from the start.
+        self.reconcile_metrics
+            .runs
+            .with_label_values(&[controller.name]);
+        self.reconcile_metrics
+            .duration
+            .with_label_values(&[controller.name]);
         let run = controller::run_while_leader(
             controller,
             self.leadership.clone(),
@@ -525,28 +659,39 @@ impl Runtime {
             self.recorder.clone(),
             self.work.clone(),
         );
-        self.tasks.spawn(async move {
+        self.tasks.spawn(name, async move {
             run.await;
-            (name, Ok(()))
+            Ok(())
         });
     }
 
-    /// Serves `server` over HTTPS on every replica (leader or not): loads the certificate and
-    /// binds `--listen` before returning, so a bad Secret or a taken port fails startup, and
-    /// releases its readiness gate once bound. On the drain it stops accepting and lets reviews
-    /// in flight finish (the server's `shutdown_grace`, bounded by `--shutdown-grace`).
+    /// Serves `server` over HTTPS on every replica (leader or not): checks its routes, loads the
+    /// certificate and binds `--listen` before returning, so bad routes, a bad Secret or a taken
+    /// port fail startup, and releases its readiness gate once bound. On SIGTERM `/readyz`
+    /// fails first and the server keeps accepting for `--shutdown-delay` (so the API server
+    /// stops sending reviews to this replica before its port closes); then it stops accepting
+    /// and lets reviews in flight finish (the server's `shutdown_grace`, bounded by
+    /// `--shutdown-grace`).
     pub async fn serve_admission(
         &mut self,
         args: &AdmissionArgs,
         server: AdmissionServer,
     ) -> Result<SocketAddr, RuntimeError> {
-        let gate = self.gates.gate("webhook server");
         let server = server.with_metrics(self.admission_metrics.clone());
         let files = server.config().tls.clone();
         let reload_interval = server.config().reload_interval;
+        // Everything serving would refuse, refused now: routes, registrations, certificate.
+        let _checked = server.router()?;
         let resolver = tokio::task::spawn_blocking(move || ReloadingCertResolver::load(&files))
             .await
-            .map_err(|_| RuntimeError::Panicked("certificate loader".to_owned()))??;
+            .map_err(|join| RuntimeError::Panicked {
+                task: "certificate loader".to_owned(),
+                message: join.to_string(),
+            })??;
+        warmcache_admission::tls_server_config(Arc::clone(&resolver))?;
+        // Registered once the server is known to be able to serve; a failed bind leaves it
+        // held (the caller stops with the error anyway).
+        let gate = self.gates.gate("webhook server");
         let listener =
             std::net::TcpListener::bind(args.listen).map_err(|source| RuntimeError::Bind {
                 addr: args.listen,
@@ -560,21 +705,22 @@ impl Runtime {
             })?;
         let addr = listener.local_addr().unwrap_or(args.listen);
         let stop = self.work.clone();
+        let stop_reloader = stop.child_token();
         let reloader = spawn_reloader(
             Arc::clone(&resolver),
             reload_interval,
-            stop.clone(),
+            stop_reloader.clone(),
             Some(self.admission_metrics.clone()),
         );
         tracing::info!(listen = %addr, "webhook serving");
         gate.release();
-        self.tasks.spawn(async move {
+        self.serves_admission = true;
+        self.tasks.spawn("webhook server".to_owned(), async move {
             let result = server.serve_with_resolver(listener, resolver, stop).await;
+            // However serving ended, the reloader ends with it.
+            stop_reloader.cancel();
             let _ = reloader.await;
-            (
-                "webhook server".to_owned(),
-                result.map_err(|err| err.to_string()),
-            )
+            result.map_err(|err| format!("{err:#}"))
         });
         Ok(addr)
     }
@@ -593,23 +739,22 @@ impl Runtime {
         loop {
             tokio::select! {
                 () = self.signal.cancelled() => break,
-                joined = self.tasks.join_next(), if !self.tasks.is_empty() => {
-                    match joined {
-                        Some(Ok((_, Ok(())))) => {
+                ended = self.tasks.next(), if !self.tasks.is_empty() => {
+                    match ended {
+                        Some(Ended::Ok) | None => {
                             if self.signal.is_cancelled() { break; }
                             continue;
                         }
-                        Some(Ok((task, Err(message)))) => {
+                        Some(Ended::Failed { task, message }) => {
                             tracing::error!(task, error = %message, "a task failed; shutting down");
                             failure = Some(RuntimeError::Task { task, message });
                             break;
                         }
-                        Some(Err(join)) => {
-                            tracing::error!(error = %join, "a task panicked; shutting down");
-                            failure = Some(RuntimeError::Panicked(join.to_string()));
+                        Some(Ended::Panicked { task, message }) => {
+                            tracing::error!(task, panic = %message, "a task panicked; shutting down");
+                            failure = Some(RuntimeError::Panicked { task, message });
                             break;
                         }
-                        None => continue,
                     }
                 }
             }
@@ -619,18 +764,29 @@ impl Runtime {
             "draining"
         );
         self.gates.shutting_down();
+        if self.serves_admission && failure.is_none() && !self.shutdown_delay.is_zero() {
+            // /readyz fails now; keep serving until the endpoint is gone from the API server's
+            // view, so no review is sent to a closed port.
+            tracing::info!(
+                delay_ms = u64::try_from(self.shutdown_delay.as_millis()).unwrap_or(u64::MAX),
+                "still serving while the endpoint is withdrawn"
+            );
+            tokio::time::sleep(self.shutdown_delay).await;
+        }
         self.work.cancel();
         let drained = tokio::time::timeout(self.shutdown_grace, async {
-            while let Some(joined) = self.tasks.join_next().await {
-                match joined {
-                    Ok((task, Err(message))) => {
+            while let Some(ended) = self.tasks.next().await {
+                match ended {
+                    Ended::Ok => {}
+                    Ended::Failed { task, message } => {
                         tracing::warn!(task, error = %message, "task ended with an error while draining");
                         if failure.is_none() {
                             failure = Some(RuntimeError::Task { task, message });
                         }
                     }
-                    Ok((_, Ok(()))) => {}
-                    Err(join) => tracing::warn!(error = %join, "task panicked while draining"),
+                    Ended::Panicked { task, message } => {
+                        tracing::warn!(task, panic = %message, "task panicked while draining");
+                    }
                 }
             }
         })
@@ -640,12 +796,15 @@ impl Runtime {
                 still_running = self.tasks.len(),
                 "work still running after the shutdown grace; abandoning it"
             );
-            self.tasks.abort_all();
+            self.tasks.set.abort_all();
+            // Wait for the aborts to land (each task stops at its next await), so nothing of
+            // the component runs once the Lease is released.
+            while self.tasks.next().await.is_some() {}
         }
         // Controllers stopped first, so no reconcile writes after the Lease is released.
         self.lease_stop.cancel();
         if let Some(elector) = self.elector.take()
-            && tokio::time::timeout(LEASE_RELEASE_WAIT, elector.stopped())
+            && tokio::time::timeout(self.lease_release_wait, elector.stopped())
                 .await
                 .is_err()
         {
@@ -669,6 +828,14 @@ impl Runtime {
         }
         failure.map_or(Ok(()), Err)
     }
+}
+
+/// Whether `K` is a namespaced kind.
+fn is_namespaced<K: Resource>() -> bool
+where
+    K::Scope: 'static,
+{
+    std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<NamespaceResourceScope>()
 }
 
 /// The kind of `K` as a `'static` metric label (kinds are few and fixed per binary).

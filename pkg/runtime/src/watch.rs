@@ -7,6 +7,9 @@
 //! [`guarded`] watches the kind as untyped objects and decodes each one on its own: an object
 //! that does not decode is left out of the cache with a warning naming it and the first field
 //! that failed, and counted in `watch_objects_malformed_total{kind}`; every other object goes on.
+//! An object whose *new* version does not decode is removed from the cache (readers see it
+//! deleted, not its old spec), and so is one deleted while malformed; it comes back with its
+//! next version that decodes.
 //!
 //! A [`Cache`] is a reflector store plus a broadcast of its changes, so controllers (while they
 //! lead) and any other reader share one watch per kind. Its readiness gate is released when
@@ -19,7 +22,7 @@ use futures::{Stream, StreamExt};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -148,26 +151,29 @@ where
 }
 
 /// Watches `K` as untyped objects and decodes each on its own (see the module documentation).
-/// A Delete of an object that does not decode is dropped; the next relist removes it from the
-/// store.
+/// `store` is the store these events feed: an object whose new version (or whose deletion)
+/// does not decode is turned into a Delete of the version the store holds, so the store never
+/// keeps a version the API server no longer has.
 pub fn guarded<K>(
     api: Api<DynamicObject>,
     config: watcher::Config,
     kind: &'static str,
     metrics: WatchMetrics,
+    store: Store<K>,
 ) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
 where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + 'static,
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + Sync + 'static,
 {
     watcher::watcher(api, config).filter_map(move |event| {
         let metrics = metrics.clone();
+        let store = store.clone();
         async move {
             let event = match event {
                 Ok(event) => event,
                 Err(err) => return Some(Err(err)),
             };
-            let decode = |object: DynamicObject| -> Option<K> {
-                match decode::<K>(&object) {
+            let decode = |object: &DynamicObject| -> Option<K> {
+                match decode::<K>(object) {
                     Ok(typed) => Some(typed),
                     Err(problem) => {
                         metrics.malformed.with_label_values(&[kind]).inc();
@@ -182,10 +188,28 @@ where
                     }
                 }
             };
+            // The version the store holds of `object`, as a Delete, when `object` cannot be
+            // decoded: readers must not go on seeing a spec the object no longer has.
+            let forget = |object: &DynamicObject| -> Option<Event<K>> {
+                let mut key = ObjectRef::<K>::new(&object.name_any());
+                if let Some(namespace) = object.namespace() {
+                    key = key.within(&namespace);
+                }
+                store
+                    .get(&key)
+                    .map(|stored| Event::Delete(stored.as_ref().clone()))
+            };
             let typed = match event {
-                Event::Apply(object) => Event::Apply(decode(object)?),
-                Event::InitApply(object) => Event::InitApply(decode(object)?),
-                Event::Delete(object) => Event::Delete(decode(object)?),
+                Event::Apply(object) => match decode(&object) {
+                    Some(typed) => Event::Apply(typed),
+                    None => forget(&object)?,
+                },
+                // A relist replaces the whole store at InitDone: leaving it out is enough.
+                Event::InitApply(object) => Event::InitApply(decode(&object)?),
+                Event::Delete(object) => match decode(&object) {
+                    Some(typed) => Event::Delete(typed),
+                    None => forget(&object)?,
+                },
                 Event::Init => Event::Init,
                 Event::InitDone => Event::InitDone,
             };
@@ -220,10 +244,11 @@ where
     }
 }
 
-/// Feeds `events` into a new store, broadcasting each change after it is applied, until
+/// Feeds `events` into `writer`'s store, broadcasting each change after it is applied, until
 /// `stop` is cancelled. `gate` is released when the first list completes.
 pub(crate) fn spawn_cache<K, S>(
     kind: &'static str,
+    writer: reflector::store::Writer<K>,
     events: S,
     metrics: WatchMetrics,
     gate: Gate,
@@ -234,7 +259,6 @@ where
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 {
     let (changes, _) = broadcast::channel(CHANGE_BUFFER);
-    let writer = reflector::store::Writer::<K>::new(());
     let store = writer.as_reader();
     let cache = Cache {
         store,

@@ -168,7 +168,12 @@ struct Recorder {
     replica: &'static str,
     seen: Arc<Mutex<Vec<Seen>>>,
     permanent_reports: Arc<Mutex<Vec<String>>>,
+    /// `slow*` reconciles that ran to their end: (replica, name).
+    finished: Arc<Mutex<Vec<(&'static str, String)>>>,
 }
+
+/// How long a `slow*` reconcile takes.
+const SLOW_RECONCILE: Duration = Duration::from_secs(6);
 
 impl Recorder {
     fn new(replica: &'static str, seen: &Arc<Mutex<Vec<Seen>>>) -> Self {
@@ -176,6 +181,7 @@ impl Recorder {
             replica,
             seen: Arc::clone(seen),
             permanent_reports: Arc::default(),
+            finished: Arc::default(),
         }
     }
 }
@@ -191,6 +197,14 @@ impl Reconciler<ConfigMap> for Recorder {
             at: Instant::now(),
             trace_id: warmcache_telemetry::current_trace_id().map(|id| id.to_string()),
         });
+        if name.starts_with("slow") {
+            tokio::time::sleep(SLOW_RECONCILE).await;
+            self.finished
+                .lock()
+                .unwrap()
+                .push((self.replica, name.clone()));
+            return Ok(Action::await_change());
+        }
         if name.starts_with("flaky") {
             return Err(TestError {
                 category: "test_transient",
@@ -319,6 +333,65 @@ async fn readiness_waits_for_every_cache_and_a_malformed_object_does_not_stall_i
     .await
     .unwrap();
 
+    // A good object whose new version does not decode leaves the cache (readers must not go on
+    // seeing its old spec); fixed, it comes back; deleted while malformed, it stays out.
+    let patch = |size: serde_json::Value| Patch::Merge(json!({"spec": {"size": size}}));
+    widgets
+        .patch("good-1", &PatchParams::default(), &patch(json!("huge")))
+        .await
+        .unwrap();
+    let in_cache = |name: &'static str| {
+        let store = cache.store().clone();
+        move || {
+            let found = store.state().iter().any(|w| w.name_any() == name);
+            async move { found }
+        }
+    };
+    eventually(
+        "good-1 to leave the cache when it stops decoding",
+        WAIT,
+        || {
+            let probe = in_cache("good-1");
+            async move { (!probe().await).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    widgets
+        .patch("good-1", &PatchParams::default(), &patch(json!(7)))
+        .await
+        .unwrap();
+    let back = eventually("good-1 to come back once it decodes again", WAIT, || {
+        let store = cache.store().clone();
+        async move {
+            store
+                .state()
+                .into_iter()
+                .find(|w| w.name_any() == "good-1" && w.spec.size == 7)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(back.spec.size, 7);
+    widgets
+        .patch("good-2", &PatchParams::default(), &patch(json!({"no": 1})))
+        .await
+        .unwrap();
+    widgets.delete("good-2", &Default::default()).await.unwrap();
+    eventually("good-2 to leave the cache", WAIT, || {
+        let probe = in_cache("good-2");
+        async move { (!probe().await).then_some(()) }
+    })
+    .await
+    .unwrap();
+    assert!(
+        cache
+            .store()
+            .state()
+            .iter()
+            .all(|w| w.name_any() != "good-2")
+    );
+
     // Once the kind exists, its cache syncs and the process is ready.
     apply_crd(&client, &Gadget::crd()).await.unwrap();
     wait_crd_established(&client, Gadget::crd_name(), WAIT)
@@ -381,9 +454,11 @@ async fn reconciles_follow_the_lease() {
     let cms: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
     let seen = Arc::new(Mutex::new(Vec::new()));
 
+    let finished = Arc::new(Mutex::new(Vec::new()));
     let a_faults = FaultInjector::new();
     let start = |identity: &'static str, client: Client| {
         let seen = Arc::clone(&seen);
+        let finished = Arc::clone(&finished);
         let ns = ns.name.clone();
         async move {
             let mut rt = Runtime::builder("runtime-test", args(plane))
@@ -396,7 +471,9 @@ async fn reconciles_follow_the_lease() {
             let cache = rt
                 .watch::<ConfigMap>(Some(&ns), WatcherConfig::default())
                 .unwrap();
-            let controller = rt.controller("recorder", &cache, Recorder::new(identity, &seen));
+            let mut recorder = Recorder::new(identity, &seen);
+            recorder.finished = finished;
+            let controller = rt.controller("recorder", &cache, recorder);
             rt.start_controller(controller);
             let leadership = rt.leadership();
             let stop = rt.shutdown_token();
@@ -431,6 +508,16 @@ async fn reconciles_follow_the_lease() {
         "the standby reconciled: {:?}",
         seen.lock().unwrap()
     );
+
+    // A reconcile in flight when the Lease goes must be cancelled, not finished.
+    create_cm(&cms, "slow-1", BTreeMap::new()).await;
+    eventually("a to start the slow reconcile", WAIT, || {
+        let found = seen_for(&seen, "slow-1").iter().any(|s| s.replica == "a");
+        async move { found.then_some(()) }
+    })
+    .await
+    .unwrap();
+    let slow_started = Instant::now();
 
     // a's renewals fail: it must stop leading within one lease duration (3 s), and b takes over.
     a_faults.inject(Method::PUT, "/leases/", Fault::ServerError, 10_000);
@@ -483,6 +570,18 @@ async fn reconciles_follow_the_lease() {
     })
     .await
     .unwrap();
+
+    let wait = (slow_started + SLOW_RECONCILE + Duration::from_secs(1))
+        .saturating_duration_since(Instant::now());
+    tokio::time::sleep(wait).await;
+    assert!(
+        !finished
+            .lock()
+            .unwrap()
+            .contains(&("a", "slow-1".to_owned())),
+        "a finished a reconcile after it lost the Lease: {:?}",
+        finished.lock().unwrap()
+    );
 
     a_stop.cancel();
     a_run.await.unwrap().unwrap();
@@ -716,4 +815,53 @@ async fn a_change_to_an_owned_object_reconciles_its_owner() {
 
     running.stop().await;
     ns.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_server_that_cannot_serve_fails_startup_instead_of_reporting_ready() {
+    use warmcache_admission::{
+        AdmissionRequest, AdmissionResponse, AdmissionServer, AdmissionServerConfig, DynamicObject,
+        Route, TlsFiles,
+    };
+    use warmcache_runtime::AdmissionArgs;
+
+    init_telemetry();
+    let plane = plane().await;
+    let pki = warmcache_testkit::WebhookPki::generate().unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::write(certs.path().join("tls.crt"), &pki.cert_pem).unwrap();
+    std::fs::write(certs.path().join("tls.key"), &pki.key_pem).unwrap();
+    let listen = AdmissionArgs {
+        tls_dir: certs.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+    };
+    let server = |path: &str| {
+        AdmissionServer::new(AdmissionServerConfig::new(TlsFiles::in_dir(certs.path()))).route(
+            Route::validating(path, |request: AdmissionRequest<DynamicObject>| {
+                AdmissionResponse::from(&request)
+            }),
+        )
+    };
+    let mut rt = Runtime::builder("runtime-test", args(plane))
+        .without_global_telemetry()
+        .build()
+        .await
+        .unwrap();
+    let admin = rt.admin_addr();
+    let err = rt
+        .serve_admission(&listen, server("no-leading-slash"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no-leading-slash"), "{err}");
+    // A server that can serve is taken, and the process is ready with it.
+    rt.serve_admission(&listen, server("/validate"))
+        .await
+        .unwrap();
+    let running = Running::start(rt);
+    eventually("/readyz to pass", WAIT, || async move {
+        (http_get(admin, "/readyz").await.0 == 200).then_some(())
+    })
+    .await
+    .unwrap();
+    running.stop().await;
 }

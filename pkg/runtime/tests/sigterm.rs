@@ -1,6 +1,7 @@
 //! SIGTERM drains in-flight admission reviews: a review the real API server is waiting for when
 //! the process receives SIGTERM is still answered (the write it guards succeeds), `/readyz`
-//! turns 503 at once, and the webhook port is closed once the drain is over.
+//! turns 503 at once while the port keeps accepting for `--shutdown-delay`, and the port is
+//! closed once the drain is over.
 //!
 //! Its own test binary: a signal reaches every runtime of a process.
 
@@ -46,7 +47,8 @@ async fn sigterm_drains_an_admission_review_in_flight() {
     std::fs::write(certs.path().join("tls.crt"), &pki.cert_pem).unwrap();
     std::fs::write(certs.path().join("tls.key"), &pki.key_pem).unwrap();
 
-    let args = runtime_args(plane, Duration::from_secs(15));
+    let mut args = runtime_args(plane, Duration::from_secs(15));
+    args.shutdown_delay = Duration::from_secs(2);
     let mut rt = Runtime::builder("runtime-sigterm", args)
         .build()
         .await
@@ -161,6 +163,11 @@ async fn sigterm_drains_an_admission_review_in_flight() {
         answered.load(Ordering::SeqCst),
         answered_before,
         "/readyz failed only after the review was answered: the test proves nothing"
+    );
+    // During --shutdown-delay the port still accepts new connections.
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_ok(),
+        "the webhook port closed before the shutdown delay was over"
     );
 
     let created = creating.await.unwrap();

@@ -21,6 +21,7 @@ pub fn runtime_args(plane: &ControlPlane, shutdown_grace: Duration) -> RuntimeAr
         log_format: LogFormat::Plain,
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         shutdown_grace,
+        shutdown_delay: Duration::ZERO,
     }
 }
 
