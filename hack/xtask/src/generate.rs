@@ -60,8 +60,10 @@ pub const ARTIFACTS: &[Artifact] = &[
         render: webhooks::render_all,
         dirs: &[
             OutputDir::generated("config/webhook"),
-            // The chart's templates read them with `.Files.Get` and set the release namespace
-            // and the CA bundle; the objects themselves come from the routes.
+            // For the chart's templates to read with `.Files.Get`, setting the release namespace
+            // and the CA bundle (or cert-manager's inject-ca-from annotation); the objects
+            // themselves come from the routes. As generated they name the default namespace and
+            // carry no caBundle: applied as they are, the API server cannot verify the webhook.
             OutputDir::generated("charts/warmcache/files/webhook"),
         ],
     },

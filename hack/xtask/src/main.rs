@@ -18,8 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Write every generated file (CRDs, the catalog ConfigMap manifest, their chart copies) and
-    /// remove stale ones from wholly generated directories.
+    /// Write every generated file (CRDs, the catalog ConfigMap manifest, the webhook
+    /// configurations, their chart copies) and remove stale ones from wholly generated
+    /// directories.
     Gen {
         /// Do not write: fail, one line per file, when a committed file differs from what its
         /// source renders, is missing or is stale.
