@@ -91,6 +91,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 command -v python3 >/dev/null 2>&1 || { echo "mooncake: python3 is required (not on PATH)" >&2; exit 1; }
+python3 -c 'import ensurepip, venv' 2>/dev/null \
+  || { echo "mooncake: $(command -v python3) cannot create a virtual environment (no ensurepip/venv; on Debian's python3: apt-get install python3-venv)" >&2; exit 1; }
 mkdir -p "$cache_root"
 # One installer at a time: test binaries running in parallel may all call this script.
 exec 9>"$cache_root/.lock"
