@@ -141,10 +141,24 @@ fn has_view(binding: &ModelCacheBinding, namespace: &str) -> bool {
         .is_some_and(|r| r.views.iter().any(|v| v.namespace == namespace))
 }
 
-fn reader_mode(transition: Transition, configured: ReaderMode) -> ReaderMode {
+/// The namespace label of Pod Security admission that rejects pods breaking a level.
+pub const POD_SECURITY_ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
+
+/// How readers reach a cache of `transition`: hostPath readers only for block storage
+/// (`roxReadOnly`), and never in a namespace whose Pod Security level (`baseline` or
+/// `restricted`) forbids hostPath volumes: the pod would be refused, so it reads the view
+/// claim instead.
+fn reader_mode(
+    transition: Transition,
+    configured: ReaderMode,
+    namespace_labels: &std::collections::BTreeMap<String, String>,
+) -> ReaderMode {
+    let forbids_host_path = namespace_labels
+        .get(POD_SECURITY_ENFORCE_LABEL)
+        .is_some_and(|l| matches!(l.trim(), "baseline" | "restricted"));
     match transition {
-        Transition::RoxReadOnly => configured,
-        Transition::RwxReadOnly => ReaderMode::Pvc,
+        Transition::RoxReadOnly if !forbids_host_path => configured,
+        _ => ReaderMode::Pvc,
     }
 }
 
@@ -165,7 +179,7 @@ pub fn decide(
                 Err(s) => return skip(s),
             };
             let transition = b.spec.decision.transition;
-            let mode = reader_mode(transition, req.options.reader_mode);
+            let mode = reader_mode(transition, req.options.reader_mode, req.namespace_labels);
             let pending = !has_view(b, &plan.namespace);
             let pod = render(req.pod, &plan, req.options, mode, Some(&uid), pending);
             Verdict::Rewrite(Box::new(Rewrite {
@@ -212,7 +226,7 @@ pub fn decide(
             };
             let wanted = desired_binding(&plan, &decision);
             let transition = decision.decision.transition;
-            let mode = reader_mode(transition, req.options.reader_mode);
+            let mode = reader_mode(transition, req.options.reader_mode, req.namespace_labels);
             let pod = render(req.pod, &plan, req.options, mode, None, true);
             Verdict::Rewrite(Box::new(Rewrite {
                 pod,

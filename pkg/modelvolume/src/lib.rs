@@ -36,7 +36,10 @@ mod skip;
 mod step;
 mod words;
 
-pub use admit::{BindingAction, Rewrite, StorageInputs, Unchanged, Verdict, admit, decide};
+pub use admit::{
+    BindingAction, POD_SECURITY_ENFORCE_LABEL, Rewrite, StorageInputs, Unchanged, Verdict, admit,
+    decide,
+};
 pub use binding::{accept_winner, check_joinable, desired_binding};
 pub use handle::{CacheHandle, Layout};
 pub use identify::leader_worker_set_name;

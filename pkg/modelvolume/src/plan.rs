@@ -898,6 +898,21 @@ fn inner_plan(
             ),
         ));
     }
+    if scratch
+        && let Some(m) = main_c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| clean(&m.mount_path) == SCRATCH_PATH)
+    {
+        return Err(Skip::new(
+            SkipReason::NameConflict,
+            format!(
+                "{main_path}.volumeMounts: volume {} is already mounted at {SCRATCH_PATH}",
+                shown(&m.name)
+            ),
+        ));
+    }
     if let Some(c) = spec
         .containers
         .iter()

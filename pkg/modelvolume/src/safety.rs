@@ -39,7 +39,7 @@ const SHARED_DIRS: [&str; 22] = [
 ];
 
 /// Variables that say where the model is read from: a landing they point at is the model's.
-pub(crate) const MODEL_VARIABLES: [&str; 17] = [
+pub(crate) const MODEL_VARIABLES: [&str; 19] = [
     "HF_HOME",
     "HF_HUB_CACHE",
     "HUGGINGFACE_HUB_CACHE",
@@ -50,6 +50,8 @@ pub(crate) const MODEL_VARIABLES: [&str; 17] = [
     "MODEL_ID",
     "MODEL_PATH",
     "MODEL_DIR",
+    "MODEL_NAME",
+    "MODEL",
     "NGC_MODEL_MOUNT",
     "NGC_STABLE_MODEL_PATH",
     "NGC_MODEL_NAME",

@@ -77,7 +77,8 @@ fn is_true(v: Option<&String>) -> bool {
 
 /// Whether `pod` in `namespace` (labels `namespace_labels`) is ours to consider; `Ok(main)` with
 /// the main container's index, else the scope reason. Checked in order: excluded namespace,
-/// namespace opt-out, warmcache's own pods, pod opt-out (label or annotation), GPU request.
+/// namespace opt-out, warmcache's own pods, pod opt-out (label or annotation), Windows pods, GPU
+/// request.
 pub(crate) fn in_scope(
     pod: &Pod,
     namespace: &str,
@@ -133,6 +134,17 @@ pub(crate) fn in_scope(
         return Err(Skip::new(
             SkipReason::PodOptedOut,
             format!("metadata.annotations[{OPT_OUT}]: the pod opted out of model sharing"),
+        ));
+    }
+    let os = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.os.as_ref())
+        .map(|o| o.name.as_str());
+    if os == Some("windows") {
+        return Err(Skip::new(
+            SkipReason::WindowsPod,
+            "spec.os.name: a Windows pod; the containers model sharing adds are Linux containers",
         ));
     }
     gpu_container(pod, &options.gpu_resources).ok_or_else(|| {

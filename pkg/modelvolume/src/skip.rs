@@ -27,6 +27,8 @@ pub enum SkipReason {
     PodOptedOut,
     /// A pod warmcache itself runs (download Job, mount holder).
     OwnPod,
+    /// A Windows pod (`spec.os.name: windows`): the added containers are Linux containers.
+    WindowsPod,
     // --- what the pod downloads ---
     /// Nothing recognised downloads a model.
     NoDownloader,
@@ -98,12 +100,13 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, in documentation order.
-    pub const ALL: [SkipReason; 34] = [
+    pub const ALL: [SkipReason; 35] = [
         SkipReason::NotGpuPod,
         SkipReason::NamespaceExcluded,
         SkipReason::NamespaceOptedOut,
         SkipReason::PodOptedOut,
         SkipReason::OwnPod,
+        SkipReason::WindowsPod,
         SkipReason::NoDownloader,
         SkipReason::PvcStorageUri,
         SkipReason::LocalPath,
@@ -143,6 +146,7 @@ impl SkipReason {
             SkipReason::NamespaceOptedOut => "namespace-opted-out",
             SkipReason::PodOptedOut => "pod-opted-out",
             SkipReason::OwnPod => "own-pod",
+            SkipReason::WindowsPod => "windows-pod",
             SkipReason::NoDownloader => "no-downloader",
             SkipReason::PvcStorageUri => "pvc-storage-uri",
             SkipReason::LocalPath => "local-path",
@@ -204,6 +208,7 @@ impl SkipReason {
                 | SkipReason::NamespaceOptedOut
                 | SkipReason::PodOptedOut
                 | SkipReason::OwnPod
+                | SkipReason::WindowsPod
         )
     }
 
@@ -220,6 +225,7 @@ impl SkipReason {
                 | SkipReason::NamespaceOptedOut
                 | SkipReason::PodOptedOut
                 | SkipReason::OwnPod
+                | SkipReason::WindowsPod
                 | SkipReason::NoDownloader
                 | SkipReason::PvcStorageUri
                 | SkipReason::LocalPath

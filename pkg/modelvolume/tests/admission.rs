@@ -317,6 +317,37 @@ fn host_path_mode_applies_to_block_storage_only() {
 }
 
 #[test]
+fn pod_security_that_forbids_host_paths_gets_view_claims() {
+    for level in ["baseline", "restricted"] {
+        let ctx = Ctx {
+            storage: "nvmesh".into(),
+            options: common::options(Some("hostPath")),
+            labels: BTreeMap::from([(
+                warmcache_modelvolume::POD_SECURITY_ENFORCE_LABEL.to_owned(),
+                level.to_owned(),
+            )]),
+            ..Ctx::default()
+        };
+        let r = ctx.rewrite(&init_pod(), None);
+        assert_eq!(r.reader_mode, ReaderMode::Pvc, "{level}");
+        assert!(model_volume(&r.pod)["persistentVolumeClaim"].is_object());
+    }
+    let privileged = Ctx {
+        storage: "nvmesh".into(),
+        options: common::options(Some("hostPath")),
+        labels: BTreeMap::from([(
+            warmcache_modelvolume::POD_SECURITY_ENFORCE_LABEL.to_owned(),
+            "privileged".to_owned(),
+        )]),
+        ..Ctx::default()
+    };
+    assert_eq!(
+        privileged.rewrite(&init_pod(), None).reader_mode,
+        ReaderMode::HostPath
+    );
+}
+
+#[test]
 fn helm_domains_on_both_shapes_and_none_on_non_nvmesh_rox() {
     let weka = Ctx::helm("research");
     assert_eq!(
@@ -938,6 +969,11 @@ fn every_skip_reason_is_produced() {
         None,
         SkipReason::OwnPod,
     );
+    let mut windows = engine_pod();
+    windows.spec.as_mut().unwrap().os = Some(k8s_openapi::api::core::v1::PodOS {
+        name: "windows".into(),
+    });
+    check(&default, windows, None, SkipReason::WindowsPod);
     let mut cpu = engine_pod();
     cpu.spec.as_mut().unwrap().containers[0].resources = None;
     check(&default, cpu, None, SkipReason::NotGpuPod);
@@ -1179,6 +1215,21 @@ spec:
         value_from: None,
     }]);
     check(&default, literal, None, SkipReason::SecretInDownloadStep);
+    let mut scratch_taken = engine_pod();
+    scratch_taken.spec.as_mut().unwrap().containers[0]
+        .volume_mounts
+        .as_mut()
+        .unwrap()
+        .push(
+            serde_json::from_value(
+                serde_json::json!({"name": "m", "mountPath": "/opt/nvsnap/cache"}),
+            )
+            .unwrap(),
+        );
+    assert_eq!(
+        default.skip(&scratch_taken, None).reason,
+        SkipReason::NameConflict
+    );
     let mut taken = engine_pod();
     taken.spec.as_mut().unwrap().volumes.as_mut().unwrap().push(
         serde_json::from_value(serde_json::json!({"name": MODEL_VOLUME, "emptyDir": {}})).unwrap(),

@@ -78,6 +78,11 @@ fn fixtures_admit_as_expected() {
                 serde_json::to_string_pretty(&got).unwrap()
             )),
         }
+        if let Verdict::Rewrite(r) = &verdict
+            && let Err(e) = common::valid(&r.pod)
+        {
+            failures.push(format!("{name}: the rewritten pod is not valid: {e}"));
+        }
         // Idempotence: admitting what was admitted changes nothing.
         let admitted = verdict.admitted(&pod);
         let binding = match &verdict {

@@ -426,6 +426,7 @@ proptest! {
                     }
                 }
             }
+            prop_assert_eq!(common::valid(&r.pod), Ok(()));
             // The pod's own containers are kept.
             let before = pod.spec.as_ref().unwrap();
             prop_assert_eq!(before.containers.len(), spec.containers.len());

@@ -249,3 +249,44 @@ pub fn options(reader_mode: Option<&str>) -> Options {
         ..Options::default()
     }
 }
+
+/// What the API server's pod validation checks that a rewrite could break: unique container and
+/// volume names, mounts of existing volumes, one mount per path and container, relative
+/// sub-paths without `..`.
+pub fn valid(p: &Pod) -> Result<(), String> {
+    let spec = p.spec.as_ref().ok_or("no spec")?;
+    let mut names = std::collections::BTreeSet::new();
+    let all = || {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+    };
+    for c in all() {
+        if !names.insert(c.name.clone()) {
+            return Err(format!("container {} twice", c.name));
+        }
+    }
+    let mut volumes = std::collections::BTreeSet::new();
+    for v in spec.volumes.iter().flatten() {
+        if !volumes.insert(v.name.clone()) {
+            return Err(format!("volume {} twice", v.name));
+        }
+    }
+    for c in all() {
+        let mut paths = std::collections::BTreeSet::new();
+        for m in c.volume_mounts.iter().flatten() {
+            if !volumes.contains(&m.name) {
+                return Err(format!("{} mounts missing volume {}", c.name, m.name));
+            }
+            if !paths.insert(m.mount_path.clone()) {
+                return Err(format!("{} mounts {} twice", c.name, m.mount_path));
+            }
+            if let Some(sp) = &m.sub_path
+                && (sp.starts_with('/') || sp.split('/').any(|x| x == ".."))
+            {
+                return Err(format!("subPath {sp}"));
+            }
+        }
+    }
+    Ok(())
+}
