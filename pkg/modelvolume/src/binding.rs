@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use warmcache_api_modelcache::v2beta1::{
-    BindingResources, ModelCacheBinding, ModelCacheBindingSpec, PopulationState, Workflow,
+    BindingIdentity, BindingResources, ModelCacheBinding, ModelCacheBindingSpec, PopulationState,
+    Workflow,
 };
 use warmcache_api_modelcache::{
     FINALIZER, identity_hash, init_lease_name, reader_pvc_name, writer_job_name, writer_pvc_name,
@@ -74,6 +75,15 @@ pub fn desired_binding(plan: &Plan, decision: &Decision) -> ModelCacheBinding {
     binding
 }
 
+/// Whether two identities name the same cache: workflow and both digests. The contract version
+/// is left out, as it is left out of the name: a binding recorded under a later contract version
+/// is still this cache.
+fn same_identity(a: &BindingIdentity, b: &BindingIdentity) -> bool {
+    a.workflow == b.workflow
+        && a.sharing_domain_digest == b.sharing_domain_digest
+        && a.cache_handle_digest == b.cache_handle_digest
+}
+
 fn conflict(name: &str, why: impl std::fmt::Display) -> Skip {
     Skip::new(
         SkipReason::BindingConflict,
@@ -111,7 +121,7 @@ pub fn check_joinable(plan: &Plan, binding: &ModelCacheBinding) -> Result<String
             ),
         ));
     }
-    if binding.spec.identity != plan.identity {
+    if !same_identity(&binding.spec.identity, &plan.identity) {
         return Err(conflict(
             name,
             format!(
@@ -197,7 +207,7 @@ pub fn accept_winner(wanted: &ModelCacheBinding, winner: &ModelCacheBinding) -> 
         return Err(conflict(name, "the object read back has another name"));
     }
     let (w, s) = (&wanted.spec, &winner.spec);
-    if w.identity != s.identity {
+    if !same_identity(&w.identity, &s.identity) {
         return Err(conflict(
             name,
             "the existing binding records another identity",

@@ -1068,8 +1068,12 @@ fn inner_plan(
         relanded,
         replace_init,
         wait: WaitSource {
+            image_pull_policy: if options.wait_image.is_some() {
+                None
+            } else {
+                wait_for.image_pull_policy.clone()
+            },
             image,
-            image_pull_policy: wait_for.image_pull_policy.clone(),
             user,
             group,
             fallback,

@@ -652,6 +652,14 @@ fn bindings_that_may_not_be_joined() {
         SkipReason::BindingConflict
     );
 
+    // A later contract version of the same cache is still this cache (the name ignores it too).
+    let mut later = base.clone();
+    later.spec.identity.version = "v1alpha2".into();
+    assert!(matches!(
+        ctx.rewrite(&engine_pod(), Some(&later)).binding,
+        BindingAction::Join { .. }
+    ));
+
     let mut elsewhere = base;
     elsewhere.metadata.namespace = Some("default".into());
     assert_eq!(
