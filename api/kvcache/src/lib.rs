@@ -29,6 +29,10 @@ mod schema;
 /// group) names no image of its own.
 pub const IMAGE_SETTING_NAME: &str = "kv-cache-backend-image";
 
+/// The operator's finalizer on every backend: held until the backend's workloads are gone and,
+/// when asked, its disk tier emptied on every node.
+pub const FINALIZER: &str = "worker.gpustack.ai/kvcache";
+
 /// Namespace that holds every workload rendered for a backend (the operator's own system
 /// namespace). Backends are cluster-scoped; their leader and members are not.
 pub const SYSTEM_NAMESPACE: &str = "gpustack-system";

@@ -24,7 +24,9 @@
 //! The `kv-cache-backend-image` setting (the image of backends that name none) is given with
 //! `--default-image` or the `KV_CACHE_BACKEND_IMAGE` environment variable.
 
+pub mod controller;
 pub mod offline;
+pub mod scrape;
 pub mod webhook;
 
 use std::io::Write;
@@ -63,6 +65,8 @@ pub enum Command {
     Render(RenderArgs),
     /// Serve the validating webhook for KVCacheBackend over HTTPS.
     Webhook(WebhookArgs),
+    /// Reconcile KVCacheBackends into workloads (leader-elected), until SIGTERM or SIGINT.
+    Controller(ControllerArgs),
 }
 
 /// The image setting, shared by every subcommand.
@@ -125,6 +129,29 @@ pub struct WebhookArgs {
     pub image: ImageSetting,
 }
 
+/// Arguments of `controller`: the shared flags of every component, leader election, and the
+/// namespace of the workloads.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub runtime: warmcache_runtime::RuntimeArgs,
+    #[command(flatten)]
+    pub leader: warmcache_runtime::LeaderElectionArgs,
+    /// Namespace of the rendered workloads (the operator's system namespace).
+    #[arg(long, short = 'n', default_value = SYSTEM_NAMESPACE)]
+    pub namespace: String,
+    /// How many backends are reconciled at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u16,
+    /// Where a managed backend's leader admin port (status and capacity) is read: `{name}` and
+    /// `{namespace}` are replaced. The default is the leader Service; change it only to run the
+    /// operator outside the cluster.
+    #[arg(long, default_value = scrape::DEFAULT_ADMIN_ADDRESS, value_name = "HOST:PORT")]
+    pub leader_admin_address: String,
+    #[command(flatten)]
+    pub image: ImageSetting,
+}
+
 /// How a command ended, when it did not fail: the shared verdict (`Ok`: admitted, rendered, or
 /// served until shutdown; `Refused`: the refusals were printed).
 pub use warmcache_cli::exit::Verdict as Outcome;
@@ -175,6 +202,9 @@ pub enum RunError {
     /// The webhook server failed.
     #[error(transparent)]
     Webhook(#[from] webhook::ServeError),
+    /// The controller failed.
+    #[error(transparent)]
+    Controller(#[from] warmcache_runtime::RuntimeError),
 }
 
 impl RunError {
@@ -191,11 +221,16 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<Outcome
         Command::Validate(args) => &args.image,
         Command::Render(args) => &args.image,
         Command::Webhook(args) => &args.image,
+        Command::Controller(args) => &args.image,
     };
     image.check()?;
     match cli.command {
         Command::Validate(args) => offline::validate(&args, out),
         Command::Render(args) => offline::render(&args, out, err),
+        Command::Controller(args) => {
+            controller::run(args)?;
+            Ok(Outcome::Ok)
+        }
         Command::Webhook(args) => {
             webhook::run(args)?;
             Ok(Outcome::Ok)

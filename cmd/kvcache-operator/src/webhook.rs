@@ -41,10 +41,6 @@ pub fn service() -> ServiceTarget {
     ServiceTarget::new(SYSTEM_NAMESPACE, "kvcache-operator-webhook", 443)
 }
 
-/// Prefix of the binary's own Prometheus metrics. The admission server's series keep their
-/// library names (`warmcache_admission_*`), the same in every binary.
-pub const METRICS_PREFIX: &str = "warmcache_kvcache_operator";
-
 /// Why the webhook server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -283,7 +283,7 @@ pub enum Error {
 
 impl Error {
     /// Wraps a [`kube::Error`] from `verb` on `resource/name`, turning 404 into [`Error::NotFound`].
-    pub(crate) fn from_kube(
+    pub fn from_kube(
         verb: &'static str,
         resource: &str,
         name: &str,
