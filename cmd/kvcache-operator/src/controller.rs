@@ -336,18 +336,26 @@ async fn delete_exact<K>(api: &Api<K>, object: &K) -> Result<(), Failure>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let name = object.name_any();
+    delete_named(api, &object.name_any(), object.uid()).await
+}
+
+/// Deletes `name`, only while it is the object with `uid` (when known). Gone already, or
+/// replaced meanwhile, is success.
+async fn delete_named<K>(api: &Api<K>, name: &str, uid: Option<String>) -> Result<(), Failure>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
     let params = DeleteParams::background().preconditions(Preconditions {
-        uid: object.uid(),
+        uid,
         resource_version: None,
     });
-    match api.delete(&name, &params).await {
+    match api.delete(name, &params).await {
         Ok(_) => Ok(()),
         Err(err) if warmcache_kube::is_not_found(&err) || warmcache_kube::is_conflict(&err) => {
             Ok(())
         }
         Err(err) => {
-            Err(warmcache_kube::Error::from_kube("delete", api.resource_url(), &name, err).into())
+            Err(warmcache_kube::Error::from_kube("delete", api.resource_url(), name, err).into())
         }
     }
 }
@@ -674,25 +682,7 @@ impl Backends {
                 }
                 CleanupAction::DeletePod { name, uid, why } => {
                     tracing::info!(pod = name, ?why, "deleting a cleanup Pod");
-                    let params = DeleteParams::background().preconditions(Preconditions {
-                        uid: uid.clone(),
-                        resource_version: None,
-                    });
-                    match pods_api.delete(name, &params).await {
-                        Ok(_) => {}
-                        Err(err)
-                            if warmcache_kube::is_not_found(&err)
-                                || warmcache_kube::is_conflict(&err) => {}
-                        Err(err) => {
-                            return Err(warmcache_kube::Error::from_kube(
-                                "delete",
-                                pods_api.resource_url(),
-                                name,
-                                err,
-                            )
-                            .into());
-                        }
-                    }
+                    delete_named(&pods_api, name, uid.clone()).await?;
                 }
                 CleanupAction::NodeEvent {
                     node,
@@ -765,38 +755,19 @@ struct Deleter {
 
 impl Deleter {
     async fn delete(&self, backends: &Backends) -> Result<(), Failure> {
-        async fn exact<K>(api: Api<K>, name: &str, uid: Option<String>) -> Result<(), Failure>
-        where
-            K: Resource + Clone + DeserializeOwned + Debug,
-        {
-            let params = DeleteParams::background().preconditions(Preconditions {
-                uid,
-                resource_version: None,
-            });
-            match api.delete(name, &params).await {
-                Ok(_) => Ok(()),
-                Err(err)
-                    if warmcache_kube::is_not_found(&err) || warmcache_kube::is_conflict(&err) =>
-                {
-                    Ok(())
-                }
-                Err(err) => {
-                    Err(
-                        warmcache_kube::Error::from_kube("delete", api.resource_url(), name, err)
-                            .into(),
-                    )
-                }
-            }
-        }
         let uid = self.uid.clone();
         match self.kind.as_str() {
-            "Deployment" => exact(backends.namespaced::<Deployment>(), &self.name, uid).await,
-            "Service" => exact(backends.namespaced::<Service>(), &self.name, uid).await,
-            "DaemonSet" => exact(backends.namespaced::<DaemonSet>(), &self.name, uid).await,
-            "RoleBinding" => exact(backends.namespaced::<RoleBinding>(), &self.name, uid).await,
-            "Role" => exact(backends.namespaced::<Role>(), &self.name, uid).await,
+            "Deployment" => {
+                delete_named(&backends.namespaced::<Deployment>(), &self.name, uid).await
+            }
+            "Service" => delete_named(&backends.namespaced::<Service>(), &self.name, uid).await,
+            "DaemonSet" => delete_named(&backends.namespaced::<DaemonSet>(), &self.name, uid).await,
+            "RoleBinding" => {
+                delete_named(&backends.namespaced::<RoleBinding>(), &self.name, uid).await
+            }
+            "Role" => delete_named(&backends.namespaced::<Role>(), &self.name, uid).await,
             "ServiceAccount" => {
-                exact(backends.namespaced::<ServiceAccount>(), &self.name, uid).await
+                delete_named(&backends.namespaced::<ServiceAccount>(), &self.name, uid).await
             }
             other => Err(Failure::Teardown(format!("no deleter for kind {other}"))),
         }
