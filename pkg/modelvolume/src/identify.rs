@@ -14,6 +14,8 @@
 //!   endpoint that is not set literally (from a Secret, say) cannot be part of a handle and
 //!   stays a `custom-endpoint` skip.
 
+use std::borrow::Cow;
+
 use k8s_openapi::api::core::v1::{Container, Pod};
 use warmcache_modelid::{
     GroupError, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, LeaderWorkerSet, Outcome, Resolution,
@@ -86,8 +88,19 @@ fn respell_container(c: &mut Container) {
     }
 }
 
-/// `pod` with the spellings of [`SPELLINGS`] changed in every container.
-fn respelled(pod: &Pod) -> Pod {
+/// `pod` with the spellings of [`SPELLINGS`] changed in every container; `pod` itself (no copy)
+/// when no container uses them, which is almost every pod.
+fn respelled(pod: &Pod) -> Cow<'_, Pod> {
+    let uses = pod.spec.iter().any(|spec| {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .flat_map(|c| c.command.iter().flatten().chain(c.args.iter().flatten()))
+            .any(|s| SPELLINGS.iter().any(|(from, _)| s.contains(from)))
+    });
+    if !uses {
+        return Cow::Borrowed(pod);
+    }
     let mut p = pod.clone();
     if let Some(spec) = p.spec.as_mut() {
         spec.containers.iter_mut().for_each(respell_container);
@@ -96,7 +109,7 @@ fn respelled(pod: &Pod) -> Pod {
             .flatten()
             .for_each(respell_container);
     }
-    p
+    Cow::Owned(p)
 }
 
 /// `spec.containers[3].env[X]` -> (init?, 3, "env[X]").
@@ -212,7 +225,7 @@ pub(crate) fn identify(
             }) if seen.len() < MAX_ENDPOINTS
                 && !seen.iter().any(|(f, e)| *f == field && *e == endpoint) =>
             {
-                if !neutralize(&mut copy, &field, &endpoint) {
+                if !neutralize(copy.to_mut(), &field, &endpoint) {
                     return Err(skip_of(&Unresolved::CustomEndpoint {
                         field,
                         endpoint: Some(endpoint),
