@@ -283,12 +283,7 @@ pub enum Error {
 
 impl Error {
     /// Wraps a [`kube::Error`] from `verb` on `resource/name`, turning 404 into [`Error::NotFound`].
-    pub fn from_kube(
-        verb: &'static str,
-        resource: &str,
-        name: &str,
-        source: kube::Error,
-    ) -> Self {
+    pub fn from_kube(verb: &'static str, resource: &str, name: &str, source: kube::Error) -> Self {
         match category(&source) {
             ErrorCategory::NotFound => Self::NotFound {
                 resource: resource.to_owned(),
