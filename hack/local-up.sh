@@ -10,7 +10,7 @@
 #
 # Binaries come from $WARMCACHE_CONTROL_PLANE_BIN / $WARMCACHE_NODE_BIN when set, else from
 # hack/build-control-plane.sh and hack/build-node.sh (cached; the first builds take about 12
-# and 17 minutes). As root, missing Debian packages of the node (containerd, runc, CNI
+# and 15 minutes). As root, missing Debian packages of the node (containerd, runc, CNI
 # loopback, busybox-static, iproute2) are installed first. The kubeconfig is written to
 # ${WARMCACHE_CACHE_DIR:-$HOME/.cache/warmcache}/local/kubeconfig.
 #

@@ -47,7 +47,7 @@
 //!   it exits.
 //! - Needs: root, cgroup v1, the Debian packages `containerd runc containernetworking-plugins
 //!   busybox-static iproute2` (`hack/build-node.sh --install-packages`), and the node binaries
-//!   (`WARMCACHE_NODE_BIN`, else `hack/build-node.sh` builds them: about 17 minutes cold).
+//!   (`WARMCACHE_NODE_BIN`, else `hack/build-node.sh` builds them: about 15 minutes cold).
 //!
 //! Helpers for pods there: [`tools_pod`], [`wait_pod_finished`], [`termination_message`].
 //!
