@@ -79,6 +79,16 @@ pub enum AdmissionError {
         reason: String,
     },
 
+    /// The name or the Service of the generated webhook configurations would not be accepted
+    /// by the API server.
+    #[error("invalid webhook configurations {name:?}: {reason}")]
+    InvalidConfiguration {
+        /// The configurations' name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// The listening socket could not be set up, or the server stopped with an I/O error.
     #[error("the admission server failed: {0}")]
     Serve(#[source] std::io::Error),

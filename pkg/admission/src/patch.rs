@@ -34,6 +34,8 @@
 //! # Ok::<(), warmcache_admission::patch::PatchBuildError>(())
 //! ```
 
+use std::collections::{HashMap, HashSet};
+
 use kube::core::Resource;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, SerializePatchError};
 use serde::Serialize;
@@ -309,6 +311,17 @@ pub enum RawPatchError {
         /// JSON pointer of the first difference.
         path: String,
     },
+    /// The raw object with the patch applied reads back as the typed object, but does not keep
+    /// a field the typed object does not model on the element or object it belonged to (it is
+    /// lost, or moved to another element), or holds one where there was none.
+    #[error(
+        "the patched raw object does not keep the fields the typed object does not model where \
+         they were, at {path}"
+    )]
+    FieldsNotKept {
+        /// JSON pointer (in the patched object) of the first place concerned.
+        path: String,
+    },
 }
 
 fn at(path: &str) -> String {
@@ -339,20 +352,45 @@ pub(crate) fn decode_at_path<K: DeserializeOwned>(value: &Value) -> Result<K, (S
 /// - lists whose elements all carry a unique `name` (or `uid`, `mountPath`, `devicePath`,
 ///   `containerPort`, `resourceName`, `ip`, `conditionType`, `type`), in the raw object as in
 ///   the typed views, are matched by that key: removed elements are removed, kept ones are
-///   `move`d into their new position with their unknown fields and patched in place, new ones
-///   are added. Other lists are matched by their unchanged head and tail; an element added or
-///   removed there is added or removed alone, the others are patched in place;
+///   `move`d into their new position with their unknown fields (the fewest moves) and patched
+///   in place, new ones are added;
+/// - other lists are matched by their unchanged head and tail; elements added or removed
+///   between them are added or removed alone, the others patched in place position by
+///   position, unless raw elements there carry fields `K` does not model (see below);
+/// - a list change needing more than 64 removals, moves or insertions (each of which shifts
+///   the list where it is applied) is one `replace` of the list, built from the raw elements
+///   with their own changes applied, so their unknown fields are still kept;
 /// - where the typed view holds a value the raw object lacks (a required field defaulted on
 ///   decoding, such as an empty `containers` list or an empty `name`), the new value is added
 ///   whole instead of edited.
 ///
 /// In a keyed list the key is the element's identity, as in Kubernetes list maps: an element
 /// whose key changed is a removed element and an added one, and a removed element takes its
-/// unknown fields with it. Refused with [`RawPatchError::WouldLoseFields`], rather than
-/// guessed: a list without such a key where elements were both changed and added or removed,
-/// while the raw elements involved carry fields `K` does not model (which element they belong
-/// to cannot be told). Then the patch is checked: it must apply to `raw`, and the result must
-/// read back as `mutated`.
+/// unknown fields with it.
+///
+/// A list without such a key has no identity, so where raw elements in its changed part carry
+/// fields `K` does not model, its elements are followed instead: an old element to the new one
+/// equal to it, or else to the new one holding the scalar members (strings, numbers, booleans)
+/// its raw value holds, with the same values (it may add scalar members, such as a required
+/// name the raw element lacked, and differ inside its nested objects and lists), when no other
+/// new element holds them and that one matches no other old element. The change is made if no
+/// followed element carrying unmodelled fields moved past another, and, when such an element
+/// is not followed (it is removed), no new element is left unfollowed (it could be that
+/// element, changed): those followed elements are patched in place, the others between them
+/// (carrying nothing unmodelled) edited position by position, and the rest added or removed. Otherwise it is refused with [`RawPatchError::WouldLoseFields`]
+/// rather than guessed: such an element moved or swapped, one of its scalar members changed,
+/// replaced by another element, or removed while another is added; or typed-identical
+/// elements carrying different unknown fields whose number changed.
+///
+/// Then the patch is checked: it must apply to `raw`, the result must read back as `mutated`
+/// ([`RawPatchError::Mismatch`]), and every field of `raw` that `K` does not model must still
+/// be on the same object or list element in the result (following keyed elements by key and
+/// others by their typed value or identifying scalar members), unless the handler removed
+/// what held it; and the result must hold no such field anywhere else
+/// ([`RawPatchError::FieldsNotKept`]).
+///
+/// Time is linear in the size of the objects (times the nesting depth of their lists), but
+/// for `O(n log n)` in the length of a reordered keyed list.
 pub fn raw_patch<K>(raw: &Value, mutated: &K) -> Result<Patch, RawPatchError>
 where
     K: Serialize + DeserializeOwned,
@@ -386,6 +424,14 @@ where
             .unwrap_or_default();
         return Err(RawPatchError::Mismatch { path });
     }
+    keeps_residue(
+        Some(raw),
+        &old,
+        Some(&patched),
+        &new,
+        &mut PointerBuf::new(),
+    )
+    .map_err(|path| RawPatchError::FieldsNotKept { path })?;
     Ok(patch)
 }
 
@@ -459,6 +505,13 @@ const IDENTITY_KEYS: [&str; 9] = [
     "type",
 ];
 
+/// Most structural operations (removals, moves, insertions) one list change is made of. Each
+/// shifts the rest of the list where the API server (and the read-back check here) applies it,
+/// so thousands of them on a long list would cost time quadratic in its length; a change
+/// needing more replaces the list as a whole instead, built from the raw elements (so their
+/// unmodelled fields are kept) with each kept element's own change applied.
+const MAX_LIST_OPS: usize = 64;
+
 fn rebase_array(
     raw: &[Value],
     old: &[Value],
@@ -478,23 +531,27 @@ fn rebase_array(
         ops.push(replace(path.clone(), Value::Array(new.to_vec())));
         return Ok(());
     }
-    // A key identifies elements only if the raw elements carry it too (not a default filled
-    // in on decoding).
-    let keyed = IDENTITY_KEYS.iter().find_map(|key| {
-        let old_ids = identities(old, key)?;
-        (identities(raw, key)? == old_ids).then_some(())?;
-        Some((old_ids, identities(new, key)?))
-    });
-    match keyed {
+    match list_key(raw, old, new) {
         Some((old_ids, new_ids)) => rebase_keyed(raw, old, new, &old_ids, &new_ids, path, ops),
         None => rebase_positional(raw, old, new, path, ops),
     }
 }
 
+/// The identities of the elements of `old` and `new` by the first of [`IDENTITY_KEYS`] that
+/// identifies them: every element of both carries it, no two elements of one list share it, and
+/// the raw elements carry it too (not a default filled in on decoding).
+fn list_key(raw: &[Value], old: &[Value], new: &[Value]) -> Option<(Vec<String>, Vec<String>)> {
+    IDENTITY_KEYS.iter().find_map(|key| {
+        let old_ids = identities(old, key)?;
+        (identities(raw, key)? == old_ids).then_some(())?;
+        Some((old_ids, identities(new, key)?))
+    })
+}
+
 /// The identity of each element (the string or number at `key`), if every element has one and
 /// no two share it.
 fn identities(list: &[Value], key: &str) -> Option<Vec<String>> {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::with_capacity(list.len());
     let mut ids = Vec::with_capacity(list.len());
     for element in list {
         let id = match element.get(key)? {
@@ -510,6 +567,10 @@ fn identities(list: &[Value], key: &str) -> Option<Vec<String>> {
     Some(ids)
 }
 
+/// A keyed list: removed elements are removed, kept ones moved into place (the fewest moves:
+/// those outside a longest run already in order) and patched in place, new ones added. Linear
+/// but for the `O(n log n)` run; at most [`MAX_LIST_OPS`] structural operations, else the list
+/// is replaced whole.
 fn rebase_keyed(
     raw: &[Value],
     old: &[Value],
@@ -519,53 +580,152 @@ fn rebase_keyed(
     path: &mut PointerBuf,
     ops: &mut Vec<PatchOperation>,
 ) -> Result<(), RawPatchError> {
-    let gone = |i: &usize| !new_ids.contains(&old_ids[*i]);
-    // `working[p]` is what sits at index `p` after the operations so far: `Some(i)` for the
-    // raw element `i`, `None` for an added one.
-    let mut working: Vec<Option<usize>> = (0..old.len()).map(Some).collect();
+    let old_index: HashMap<&str, usize> = old_ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i))
+        .collect();
+    // `source[j]`: the old element `new[j]` is, `None` for an added one.
+    let source: Vec<Option<usize>> = new_ids
+        .iter()
+        .map(|id| old_index.get(id.as_str()).copied())
+        .collect();
+    let mut kept = vec![false; old.len()];
+    for &i in source.iter().flatten() {
+        kept[i] = true;
+    }
+    // The kept elements in their new order, by old index; those in the longest increasing run
+    // stay where they are, the others are moved.
+    let order: Vec<usize> = source.iter().flatten().copied().collect();
+    let stays = longest_increasing_run(&order);
+    let removed = kept.iter().filter(|k| !**k).count();
+    let added = source.iter().filter(|s| s.is_none()).count();
+    let moved = stays.iter().filter(|s| !**s).count();
+    if removed + added + moved > MAX_LIST_OPS {
+        return replace_list(raw, old, new, &source, path, ops);
+    }
     for i in (0..old.len()).rev() {
-        if gone(&i) {
+        if !kept[i] {
             path.push_back(i);
             ops.push(remove(path.clone()));
             path.pop_back();
-            working.remove(i);
         }
     }
-    for (j, (new_value, id)) in new.iter().zip(new_ids).enumerate() {
-        match old_ids.iter().position(|old_id| old_id == id) {
-            Some(i) => {
-                let Some(p) = working.iter().position(|w| *w == Some(i)) else {
-                    // Unreachable: every kept element is in `working` until placed.
-                    return Err(RawPatchError::WouldLoseFields {
-                        path: path.to_string(),
-                        reason: "an element could not be followed through the list change",
-                    });
-                };
-                if p != j {
-                    let mut from = path.clone();
-                    from.push_back(p);
-                    let mut to = path.clone();
-                    to.push_back(j);
-                    ops.push(PatchOperation::Move(MoveOperation { from, path: to }));
-                    let moved = working.remove(p);
-                    working.insert(j, moved);
+    // `working`: the old index of the element at each position after the operations so far.
+    // Each moved element goes right after the element preceding it in the new order, so the
+    // elements placed so far (the staying ones and those moved) are always in the new order.
+    let mut working: Vec<usize> = (0..old.len()).filter(|&i| kept[i]).collect();
+    let lost = || RawPatchError::WouldLoseFields {
+        path: path.to_string(),
+        reason: "an element could not be followed through the list change",
+    };
+    let mut previous: Option<usize> = None;
+    for (&i, &stays) in order.iter().zip(&stays) {
+        if !stays {
+            let from = working.iter().position(|&w| w == i).ok_or_else(lost)?;
+            let to = match previous {
+                None => 0,
+                Some(before) => {
+                    let at = working.iter().position(|&w| w == before).ok_or_else(lost)?;
+                    if from < at { at } else { at + 1 }
                 }
-                path.push_back(j);
-                let result = rebase(raw.get(i), &old[i], new_value, path, ops);
-                path.pop_back();
-                result?;
+            };
+            if from != to {
+                let mut from_path = path.clone();
+                from_path.push_back(from);
+                let mut to_path = path.clone();
+                to_path.push_back(to);
+                ops.push(PatchOperation::Move(MoveOperation {
+                    from: from_path,
+                    path: to_path,
+                }));
+                working.remove(from);
+                working.insert(to, i);
             }
-            None => {
-                path.push_back(j);
-                ops.push(add(path.clone(), new_value.clone()));
-                path.pop_back();
-                working.insert(j, None);
-            }
+        }
+        previous = Some(i);
+    }
+    // The kept elements are in the new order; each added one goes to its final index.
+    for (j, source) in source.iter().enumerate() {
+        if source.is_none() {
+            path.push_back(j);
+            ops.push(add(path.clone(), new[j].clone()));
+            path.pop_back();
+        }
+    }
+    for (j, source) in source.iter().enumerate() {
+        if let Some(i) = *source {
+            path.push_back(j);
+            let result = rebase(raw.get(i), &old[i], &new[j], path, ops);
+            path.pop_back();
+            result?;
         }
     }
     Ok(())
 }
 
+/// Which positions of `seq` (distinct numbers) form a longest increasing subsequence.
+fn longest_increasing_run(seq: &[usize]) -> Vec<bool> {
+    // `tails[l]`: the position in `seq` of the smallest last value of an increasing run of
+    // length `l + 1`; `previous[k]`: the position before `k` in the run ending at `k`.
+    let mut tails: Vec<usize> = Vec::new();
+    let mut previous: Vec<Option<usize>> = vec![None; seq.len()];
+    for (k, &value) in seq.iter().enumerate() {
+        let length = tails.partition_point(|&t| seq[t] < value);
+        if length > 0 {
+            previous[k] = Some(tails[length - 1]);
+        }
+        if length == tails.len() {
+            tails.push(k);
+        } else {
+            tails[length] = k;
+        }
+    }
+    let mut in_run = vec![false; seq.len()];
+    let mut at = tails.last().copied();
+    while let Some(k) = at {
+        in_run[k] = true;
+        at = previous[k];
+    }
+    in_run
+}
+
+/// One `replace` of the whole list: `new[j]` made from the raw element `source[j]` with its own
+/// change applied (keeping its unmodelled fields), or `new[j]` itself for an added element.
+fn replace_list(
+    raw: &[Value],
+    old: &[Value],
+    new: &[Value],
+    source: &[Option<usize>],
+    path: &mut PointerBuf,
+    ops: &mut Vec<PatchOperation>,
+) -> Result<(), RawPatchError> {
+    let mut list = Vec::with_capacity(new.len());
+    for (new_value, source) in new.iter().zip(source) {
+        match source.and_then(|i| Some((raw.get(i)?, old.get(i)?))) {
+            Some((raw_value, old_value)) => {
+                let mut element_ops = Vec::new();
+                rebase(
+                    Some(raw_value),
+                    old_value,
+                    new_value,
+                    &mut PointerBuf::new(),
+                    &mut element_ops,
+                )?;
+                let mut element = raw_value.clone();
+                json_patch::patch(&mut element, &element_ops).map_err(RawPatchError::Apply)?;
+                list.push(element);
+            }
+            None => list.push(new_value.clone()),
+        }
+    }
+    ops.push(replace(path.clone(), Value::Array(list)));
+    Ok(())
+}
+
+/// A list without identifying keys. Matched by its unchanged ends, and the changed part between
+/// them patched position by position, unless raw elements there carry unmodelled fields: then
+/// see [`rebase_identified`].
 fn rebase_positional(
     raw: &[Value],
     old: &[Value],
@@ -573,6 +733,9 @@ fn rebase_positional(
     path: &mut PointerBuf,
     ops: &mut Vec<PatchOperation>,
 ) -> Result<(), RawPatchError> {
+    let (old_len, new_len) = (old.len(), new.len());
+    // Unchanged ends: `old[..prefix]` is `new[..prefix]`, and the last `suffix` elements of
+    // both are the same.
     let prefix = old.iter().zip(new).take_while(|(o, n)| o == n).count();
     let suffix = old[prefix..]
         .iter()
@@ -580,43 +743,496 @@ fn rebase_positional(
         .zip(new[prefix..].iter().rev())
         .take_while(|(o, n)| o == n)
         .count();
-    let old_middle = prefix..old.len() - suffix;
-    let new_middle = prefix..new.len() - suffix;
-    let common = old_middle.len().min(new_middle.len());
-    if old_middle.len() != new_middle.len()
-        && common > 0
-        && raw[old_middle.clone()]
-            .iter()
-            .zip(&old[old_middle.clone()])
-            .any(|(r, o)| has_residue(r, o))
+    let old_middle = prefix..old_len - suffix;
+    let new_middle = prefix..new_len - suffix;
+    if raw[old_middle.clone()]
+        .iter()
+        .zip(&old[old_middle.clone()])
+        .any(|(r, o)| has_residue(r, o))
     {
-        return Err(RawPatchError::WouldLoseFields {
-            path: path.to_string(),
-            reason: "elements of a list without identifying keys were both changed and added or \
-                     removed, so which element the unmodelled fields belong to cannot be told",
-        });
+        return rebase_identified(raw, old, new, path, ops);
     }
-    for offset in 0..common {
-        let index = prefix + offset;
+    let common = old_middle.len().min(new_middle.len());
+    let in_place = prefix + common;
+    if old_middle.len().abs_diff(new_middle.len()) > MAX_LIST_OPS {
+        let source: Vec<Option<usize>> = (0..new_len)
+            .map(|j| {
+                if j < in_place {
+                    Some(j)
+                } else if j >= new_len - suffix {
+                    Some(j + old_len - new_len)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        return replace_list(raw, old, new, &source, path, ops);
+    }
+    for index in prefix..in_place {
         path.push_back(index);
         let result = rebase(raw.get(index), &old[index], &new[index], path, ops);
         path.pop_back();
         result?;
     }
-    for (index, value) in new
-        .iter()
-        .enumerate()
-        .take(new_middle.end)
-        .skip(prefix + common)
-    {
+    for (index, value) in new.iter().enumerate().take(new_middle.end).skip(in_place) {
         path.push_back(index);
         ops.push(add(path.clone(), value.clone()));
         path.pop_back();
     }
-    for _ in prefix + common..old_middle.end {
-        path.push_back(prefix + common);
+    for _ in in_place..old_middle.end {
+        path.push_back(in_place);
         ops.push(remove(path.clone()));
         path.pop_back();
+    }
+    Ok(())
+}
+
+/// A list without identifying keys whose changed part holds raw elements carrying unmodelled
+/// fields. Its elements are followed as [`pair_elements`] tells (equal typed values, or
+/// identifying scalar members); the change is made only if that is unambiguous, keeps the
+/// order of the followed elements carrying unmodelled fields (none moved), and, if such an
+/// element is not followed (so removed), leaves no new element unfollowed (which could be it,
+/// changed). Then those followed elements are patched in place, the others between them
+/// (carrying nothing unmodelled) edited position by position, added or removed.
+fn rebase_identified(
+    raw: &[Value],
+    old: &[Value],
+    new: &[Value],
+    path: &mut PointerBuf,
+    ops: &mut Vec<PatchOperation>,
+) -> Result<(), RawPatchError> {
+    let refuse = |reason| {
+        Err(RawPatchError::WouldLoseFields {
+            path: path.to_string(),
+            reason,
+        })
+    };
+    let Some(pairing) = pair_elements(raw, old, new) else {
+        return refuse(
+            "elements that read as the same typed value, or have the same scalar members, carry \
+             different unmodelled fields, so which of them is kept cannot be told",
+        );
+    };
+    let carries: Vec<bool> = raw
+        .iter()
+        .zip(old)
+        .map(|(r, o)| has_residue(r, o))
+        .collect();
+    // The followed elements carrying unmodelled fields, in the new order: (old, new).
+    let anchors: Vec<(usize, usize)> = pairing
+        .iter()
+        .enumerate()
+        .filter_map(|(j, i)| Some(((*i)?, j)))
+        .filter(|&(i, _)| carries[i])
+        .collect();
+    if anchors.windows(2).any(|w| w[0].0 > w[1].0) {
+        return refuse(
+            "elements of a list without identifying keys that carry unmodelled fields were \
+             moved, so which element those fields belong to cannot be told",
+        );
+    }
+    // An element carrying unmodelled fields that is not followed may be removed, or changed
+    // (a scalar member) into one of the new elements not followed: refused unless there is
+    // none.
+    let mut anchored = vec![false; old.len()];
+    for &(i, _) in &anchors {
+        anchored[i] = true;
+    }
+    let unfollowed_carrier = (0..old.len()).any(|i| carries[i] && !anchored[i]);
+    if unfollowed_carrier && pairing.iter().any(Option::is_none) {
+        return refuse(
+            "elements of a list without identifying keys that carry unmodelled fields were \
+             changed (a scalar member) or replaced, or removed while others were added, so \
+             which element those fields belong to cannot be told",
+        );
+    }
+    // The anchors are patched in place. Between consecutive anchors, the old elements carrying
+    // nothing unmodelled are edited into the new ones there, position by position (whatever
+    // they are, nothing unmodelled is moved); the rest are added or removed.
+    let mut source: Vec<Option<usize>> = vec![None; new.len()];
+    for &(i, j) in &anchors {
+        source[j] = Some(i);
+    }
+    let gaps = std::iter::once((0, 0))
+        .chain(anchors.iter().map(|&(i, j)| (i + 1, j + 1)))
+        .zip(
+            anchors
+                .iter()
+                .copied()
+                .chain(std::iter::once((old.len(), new.len()))),
+        );
+    for ((old_start, new_start), (old_end, new_end)) in gaps {
+        let plain = (old_start..old_end).filter(|&i| !carries[i]);
+        for (i, j) in plain.zip(new_start..new_end) {
+            source[j] = Some(i);
+        }
+    }
+    let mut kept = vec![false; old.len()];
+    for &i in source.iter().flatten() {
+        kept[i] = true;
+    }
+    let removed = kept.iter().filter(|k| !**k).count();
+    let added = source.iter().filter(|s| s.is_none()).count();
+    if removed + added > MAX_LIST_OPS {
+        return replace_list(raw, old, new, &source, path, ops);
+    }
+    for i in (0..old.len()).rev() {
+        if !kept[i] {
+            path.push_back(i);
+            ops.push(remove(path.clone()));
+            path.pop_back();
+        }
+    }
+    // The kept elements are in order; each added one goes to its final index.
+    for (j, source) in source.iter().enumerate() {
+        if source.is_none() {
+            path.push_back(j);
+            ops.push(add(path.clone(), new[j].clone()));
+            path.pop_back();
+        }
+    }
+    for (j, source) in source.iter().enumerate() {
+        if let Some(i) = *source {
+            path.push_back(j);
+            let result = rebase(raw.get(i), &old[i], &new[j], path, ops);
+            path.pop_back();
+            result?;
+        }
+    }
+    Ok(())
+}
+
+/// Most distinct sets of scalar member names among the elements of one list for which
+/// [`ScalarIdentities`] identifies elements (each set costs a pass over the new list); a list
+/// with more (not made of one type's values) has its elements identified by equality only.
+const MAX_IDENTITY_SHAPES: usize = 16;
+
+/// What identifies the elements of a list without identifying keys: the scalar members
+/// (strings, numbers, booleans) an element's raw value holds, with their typed values. A new
+/// element is the same as an old one when it holds these members with the same values (it may
+/// add scalar members, such as a required name the raw element lacked, and differ in nested
+/// objects and lists), no other new element does, and it matches no other old element. An
+/// element whose scalar member changed could as well be another element, and is not the same.
+struct ScalarIdentities<'a> {
+    new: &'a [Value],
+    /// Per old element: the index of its member names in `key_sets`, and its values' text.
+    old: Vec<Option<(usize, String)>>,
+    /// The distinct sets of identifying member names, sorted.
+    key_sets: Vec<Vec<&'a str>>,
+    /// Per key set: how many old elements have each values' text.
+    old_counts: Vec<HashMap<String, usize>>,
+    /// Per key set: the new elements holding these members, by their values' text.
+    new_by: Vec<HashMap<String, Vec<usize>>>,
+}
+
+impl<'a> ScalarIdentities<'a> {
+    fn new(raw: &'a [Value], old: &'a [Value], new: &'a [Value]) -> Self {
+        let mut key_set_index: HashMap<Vec<&'a str>, usize> = HashMap::new();
+        let mut key_sets: Vec<Vec<&'a str>> = Vec::new();
+        let mut identities = Vec::with_capacity(old.len());
+        for (raw_value, old_value) in raw.iter().zip(old) {
+            let (Value::Object(raw_map), Value::Object(old_map)) = (raw_value, old_value) else {
+                identities.push(None);
+                continue;
+            };
+            let mut keys: Vec<&'a str> = old_map
+                .iter()
+                .filter(|(key, value)| is_scalar(value) && present(raw_map, key.as_str()).is_some())
+                .map(|(key, _)| key.as_str())
+                .collect();
+            keys.sort_unstable();
+            let Some(values) = scalar_values(old_value, &keys) else {
+                identities.push(None);
+                continue;
+            };
+            let next = key_sets.len();
+            let index = *key_set_index.entry(keys.clone()).or_insert(next);
+            if index == next {
+                key_sets.push(keys);
+            }
+            identities.push(Some((index, values)));
+        }
+        if key_sets.len() > MAX_IDENTITY_SHAPES {
+            return Self {
+                new,
+                old: vec![None; old.len()],
+                key_sets: Vec::new(),
+                old_counts: Vec::new(),
+                new_by: Vec::new(),
+            };
+        }
+        let mut old_counts = vec![HashMap::new(); key_sets.len()];
+        for (index, values) in identities.iter().flatten() {
+            *old_counts[*index].entry(values.clone()).or_insert(0) += 1;
+        }
+        let new_by = key_sets
+            .iter()
+            .map(|keys| {
+                let mut by: HashMap<String, Vec<usize>> = HashMap::new();
+                for (j, value) in new.iter().enumerate() {
+                    if let Some(values) = scalar_values(value, keys) {
+                        by.entry(values).or_default().push(j);
+                    }
+                }
+                by
+            })
+            .collect();
+        Self {
+            new,
+            old: identities,
+            key_sets,
+            old_counts,
+            new_by,
+        }
+    }
+
+    /// The new elements holding `old[i]`'s identifying members with its values.
+    fn candidates(&self, i: usize) -> &[usize] {
+        self.old
+            .get(i)
+            .and_then(Option::as_ref)
+            .and_then(|(index, values)| self.new_by.get(*index)?.get(values))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// How many old elements `new[j]` matches.
+    fn matches_of_new(&self, j: usize) -> usize {
+        let Some(value) = self.new.get(j) else {
+            return 0;
+        };
+        self.key_sets
+            .iter()
+            .zip(&self.old_counts)
+            .filter_map(|(keys, counts)| counts.get(&scalar_values(value, keys)?))
+            .sum()
+    }
+}
+
+fn is_scalar(value: &Value) -> bool {
+    matches!(value, Value::String(_) | Value::Number(_) | Value::Bool(_))
+}
+
+/// The scalar values of the object `value` at `keys`, in a canonical text; `None` unless it is
+/// an object holding a scalar at each of them.
+fn scalar_values(value: &Value, keys: &[&str]) -> Option<String> {
+    let Value::Object(map) = value else {
+        return None;
+    };
+    let values = keys
+        .iter()
+        .map(|key| map.get(*key).filter(|v| is_scalar(v)))
+        .collect::<Option<Vec<&Value>>>()?;
+    serde_json::to_string(&values).ok()
+}
+
+/// Which old element each element of `new` is, for the read-back check of unmodelled fields
+/// (`None` for an element that is no old one); `None` when that cannot be told for an old
+/// element carrying unmodelled fields.
+///
+/// Keyed lists are matched by key. Otherwise elements are matched by their typed value (equal
+/// elements in order; when their number changed, only if their raw elements are all alike or
+/// carry nothing unmodelled), then the remaining ones by their scalar members where these
+/// identify one old and one new element (see [`ScalarIdentities`]).
+fn pair_elements(raw: &[Value], old: &[Value], new: &[Value]) -> Option<Vec<Option<usize>>> {
+    if let Some((old_ids, new_ids)) = list_key(raw, old, new) {
+        let old_index: HashMap<&str, usize> = old_ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.as_str(), i))
+            .collect();
+        return Some(
+            new_ids
+                .iter()
+                .map(|id| old_index.get(id.as_str()).copied())
+                .collect(),
+        );
+    }
+    let carries = |i: usize| {
+        raw.get(i)
+            .zip(old.get(i))
+            .is_some_and(|(r, o)| has_residue(r, o))
+    };
+    let mut source: Vec<Option<usize>> = vec![None; new.len()];
+    let mut paired = vec![false; old.len()];
+    let new_by_value = group_by(new, whole_text);
+    for (value, olds) in group_by(old, whole_text) {
+        let Some(news) = new_by_value.get(&value) else {
+            continue;
+        };
+        if olds.len() != news.len()
+            && olds.iter().any(|&i| carries(i))
+            && olds.iter().any(|&i| raw.get(i) != raw.get(olds[0]))
+        {
+            return None;
+        }
+        for (&i, &j) in olds.iter().zip(news) {
+            source[j] = Some(i);
+            paired[i] = true;
+        }
+    }
+    // Then by identifying scalar members.
+    let identities = ScalarIdentities::new(raw, old, new);
+    for i in (0..old.len()).filter(|&i| !paired[i]) {
+        let candidates = identities.candidates(i);
+        match candidates {
+            [j] if source[*j].is_none() && identities.matches_of_new(*j) == 1 => {
+                source[*j] = Some(i);
+            }
+            _ if carries(i) && candidates.iter().any(|&j| source[j].is_none()) => return None,
+            _ => {}
+        }
+    }
+    Some(source)
+}
+
+/// The indices of the elements of `list` by `text(element)` (those without a text left out).
+fn group_by(list: &[Value], text: fn(&Value) -> Option<String>) -> HashMap<String, Vec<usize>> {
+    let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+    for (index, value) in list.iter().enumerate() {
+        if let Some(key) = text(value) {
+            groups.entry(key).or_default().push(index);
+        }
+    }
+    groups
+}
+
+/// A value in a canonical text (object members sorted).
+fn whole_text(value: &Value) -> Option<String> {
+    serde_json::to_string(value).ok()
+}
+
+/// Whether `patched` (`raw` with the patch applied) keeps every field of `raw` that the typed
+/// reading `old` does not model, on the same logical element, and holds no unmodelled field
+/// elsewhere; `new` is the handler's typed object. An unmodelled field may only go with the
+/// object or element holding it (removed by the handler, or replaced by a value of another
+/// type). List elements are followed as [`pair_elements`] tells. `Err` names the first place
+/// where this does not hold.
+fn keeps_residue(
+    raw: Option<&Value>,
+    old: &Value,
+    patched: Option<&Value>,
+    new: &Value,
+    path: &mut PointerBuf,
+) -> Result<(), String> {
+    let Some(raw) = raw.filter(|v| !v.is_null()) else {
+        // Nothing unmodelled here before; nothing may be now.
+        return if residue_at(patched, Some(new)) {
+            Err(path.to_string())
+        } else {
+            Ok(())
+        };
+    };
+    match (raw, old, patched, new) {
+        (Value::Object(r), Value::Object(o), Some(Value::Object(p)), Value::Object(n)) => {
+            keeps_residue_object(r, o, p, n, path)
+        }
+        (Value::Array(r), Value::Array(o), Some(Value::Array(p)), Value::Array(n)) => {
+            keeps_residue_list(r, o, p, n, path)
+        }
+        _ if has_residue(raw, old) && old == new => {
+            // An unchanged value holding something unmodelled stays as it was.
+            if patched == Some(raw) {
+                Ok(())
+            } else {
+                Err(path.to_string())
+            }
+        }
+        _ => {
+            if residue_at(patched, Some(new)) {
+                Err(path.to_string())
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Whether `patched` holds something its typed reading `typed` lacks (`typed` being `None`:
+/// any non-null value).
+fn residue_at(patched: Option<&Value>, typed: Option<&Value>) -> bool {
+    match (patched, typed) {
+        (None | Some(Value::Null), _) => false,
+        (Some(_), None) => true,
+        (Some(patched), Some(typed)) => has_residue(patched, typed),
+    }
+}
+
+fn keeps_residue_object(
+    raw: &Map<String, Value>,
+    old: &Map<String, Value>,
+    patched: &Map<String, Value>,
+    new: &Map<String, Value>,
+    path: &mut PointerBuf,
+) -> Result<(), String> {
+    let keys = raw
+        .keys()
+        .chain(patched.keys().filter(|key| !raw.contains_key(*key)));
+    for key in keys {
+        path.push_back(key);
+        let held = |kept: bool| if kept { Ok(()) } else { Err(path.to_string()) };
+        let result = match (old.get(key), new.get(key)) {
+            // Unmodelled: kept as it was.
+            (None, None) => held(present(raw, key) == present(patched, key)),
+            // Added by the handler (a raw value there was read as absent, such as an empty
+            // list the type skips): nothing unmodelled in it.
+            (None, Some(new_value)) => held(!residue_at(patched.get(key), Some(new_value))),
+            // Removed by the handler, with whatever it held.
+            (Some(_), None) => held(present(patched, key).is_none()),
+            (Some(old_value), Some(new_value)) => {
+                keeps_residue(raw.get(key), old_value, patched.get(key), new_value, path)
+            }
+        };
+        path.pop_back();
+        result?;
+    }
+    Ok(())
+}
+
+/// The non-null value at `key`.
+fn present<'m>(map: &'m Map<String, Value>, key: &str) -> Option<&'m Value> {
+    map.get(key).filter(|v| !v.is_null())
+}
+
+fn keeps_residue_list(
+    raw: &[Value],
+    old: &[Value],
+    patched: &[Value],
+    new: &[Value],
+    path: &mut PointerBuf,
+) -> Result<(), String> {
+    let fail = |path: &PointerBuf| Err(path.to_string());
+    if raw.len() != old.len() {
+        // Only a list of nulls may be read as another list (and is then replaced whole).
+        let untouched = raw == patched && old == new;
+        let all_null = raw.iter().all(Value::is_null) && !has_residue_list(patched, new);
+        return if untouched || all_null {
+            Ok(())
+        } else {
+            fail(path)
+        };
+    }
+    if patched.len() != new.len() {
+        return fail(path);
+    }
+    if !has_residue_list(raw, old) {
+        return if has_residue_list(patched, new) {
+            fail(path)
+        } else {
+            Ok(())
+        };
+    }
+    let Some(source) = pair_elements(raw, old, new) else {
+        return fail(path);
+    };
+    for (j, source) in source.iter().enumerate() {
+        path.push_back(j);
+        let result = match *source {
+            Some(i) => keeps_residue(raw.get(i), &old[i], patched.get(j), &new[j], path),
+            None if has_residue(&patched[j], &new[j]) => Err(path.to_string()),
+            None => Ok(()),
+        };
+        path.pop_back();
+        result?;
     }
     Ok(())
 }
@@ -1228,6 +1844,441 @@ mod tests {
                 matches!(&err, RawPatchError::WouldLoseFields { path, .. } if path == "/items"),
                 "{err}"
             );
+        }
+
+        fn with_tolerations(tolerations: Value) -> Value {
+            let mut raw = pod(json!([{"name": "c"}]));
+            raw["spec"]["tolerations"] = tolerations;
+            raw
+        }
+
+        fn tolerations(pod: &mut Pod) -> &mut Vec<Toleration> {
+            pod.spec.as_mut().unwrap().tolerations.as_mut().unwrap()
+        }
+
+        fn refused_at(raw: &Value, mutated: &Pod, at: &str) {
+            match raw_patch(raw, mutated) {
+                Err(RawPatchError::WouldLoseFields { path, .. }) if path == at => {}
+                other => panic!("expected a refusal at {at}, got {other:?}"),
+            }
+        }
+
+        /// Equal-length changes of an unkeyed list used to be patched position by position,
+        /// moving the unmodelled fields of one element onto another.
+        #[test]
+        fn a_removal_and_an_append_or_a_swap_in_an_unkeyed_list_are_refused() {
+            let raw = with_tolerations(json!([
+                {"key": "a", "operator": "Exists", "futureField": "of a"},
+                {"key": "b", "operator": "Exists", "futureField": "of b"},
+            ]));
+            // Remove `a`, append `new`: the old code answered
+            // [{key: b, futureField: "of a"}, {key: new, futureField: "of b"}].
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated).remove(0);
+            tolerations(&mut mutated).push(toleration("new"));
+            refused_at(&raw, &mutated, "/spec/tolerations");
+            // Swap.
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated).swap(0, 1);
+            refused_at(&raw, &mutated, "/spec/tolerations");
+            // Replace one by another element.
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated)[0] = toleration("z");
+            refused_at(&raw, &mutated, "/spec/tolerations");
+            // A changed scalar member: the same element edited, or another one? Refused.
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated)[1].operator = Some("Equal".into());
+            refused_at(&raw, &mutated, "/spec/tolerations");
+
+            // The same changes where only the untouched element carries unknown fields are
+            // made, and keep them on it.
+            let raw = with_tolerations(json!([
+                {"key": "a", "operator": "Exists"},
+                {"key": "b", "operator": "Exists"},
+                {"key": "c", "operator": "Exists", "futureField": "of c"},
+            ]));
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated).swap(0, 1);
+            let (_, result) = patched(&raw, &mutated);
+            assert_eq!(result["spec"]["tolerations"][2]["futureField"], "of c");
+            assert!(
+                result["spec"]["tolerations"][0]
+                    .get("futureField")
+                    .is_none()
+            );
+        }
+
+        #[test]
+        fn elements_with_unknown_fields_edited_in_place_keep_them() {
+            let raw = with_tolerations(json!([
+                {"key": "a", "operator": "Exists", "futureField": "of a"},
+                {"key": "b", "operator": "Exists", "futureField": "of b"},
+            ]));
+            // A scalar member added (not changed) to `a`, and an element appended and one
+            // inserted between them.
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated)[0].toleration_seconds = Some(30);
+            tolerations(&mut mutated).insert(1, toleration("between"));
+            tolerations(&mut mutated).push(toleration("last"));
+            let (patch, result) = patched(&raw, &mutated);
+            assert_eq!(
+                ops(&patch),
+                json!([
+                    {"op": "add", "path": "/spec/tolerations/1",
+                     "value": {"key": "between", "operator": "Exists"}},
+                    {"op": "add", "path": "/spec/tolerations/3",
+                     "value": {"key": "last", "operator": "Exists"}},
+                    {"op": "add", "path": "/spec/tolerations/0/tolerationSeconds", "value": 30},
+                ])
+            );
+            let kept: Vec<&Value> = result["spec"]["tolerations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| &t["futureField"])
+                .collect();
+            assert_eq!(
+                kept,
+                [&json!("of a"), &Value::Null, &json!("of b"), &Value::Null]
+            );
+
+            // Removing one of them while the other gains a member.
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated).remove(0);
+            tolerations(&mut mutated)[0].effect = Some("NoSchedule".into());
+            let (patch, result) = patched(&raw, &mutated);
+            assert_eq!(
+                ops(&patch),
+                json!([
+                    {"op": "remove", "path": "/spec/tolerations/0"},
+                    {"op": "add", "path": "/spec/tolerations/0/effect", "value": "NoSchedule"},
+                ])
+            );
+            assert_eq!(result["spec"]["tolerations"][0]["futureField"], "of b");
+
+            // Elements carrying nothing unknown may move around one that does.
+            let raw = with_tolerations(json!([
+                {"key": "a", "operator": "Exists"},
+                {"key": "b", "operator": "Exists"},
+                {"key": "c", "operator": "Exists", "futureField": "of c"},
+            ]));
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated).swap(0, 1);
+            tolerations(&mut mutated)[2].effect = Some("NoExecute".into());
+            let (_, result) = patched(&raw, &mutated);
+            assert_eq!(result["spec"]["tolerations"][2]["futureField"], "of c");
+            assert_eq!(result["spec"]["tolerations"][0]["key"], "b");
+        }
+
+        /// The read-back check catches unmodelled fields moved to another element even when the
+        /// patch applies and reads back as the typed object: the old code's answer to the
+        /// removal and append above.
+        #[test]
+        fn the_read_back_check_follows_unknown_fields_to_their_elements() {
+            let raw = with_tolerations(json!([
+                {"key": "a", "operator": "Exists", "futureField": "of a"},
+                {"key": "b", "operator": "Exists", "futureField": "of b"},
+            ]));
+            let old = serde_json::to_value(decode(&raw)).unwrap();
+            let mut mutated = decode(&raw);
+            tolerations(&mut mutated).remove(0);
+            tolerations(&mut mutated).push(toleration("new"));
+            let new = serde_json::to_value(&mutated).unwrap();
+            let check = |patched: &Value| {
+                keeps_residue(
+                    Some(&raw),
+                    &old,
+                    Some(patched),
+                    &new,
+                    &mut PointerBuf::new(),
+                )
+            };
+            let mut moved = raw.clone();
+            moved["spec"]["tolerations"] = json!([
+                {"key": "b", "operator": "Exists", "futureField": "of a"},
+                {"key": "new", "operator": "Exists", "futureField": "of b"},
+            ]);
+            assert_eq!(
+                serde_json::to_value(decode(&moved)).unwrap(),
+                new,
+                "reads back as the typed object"
+            );
+            assert_eq!(
+                check(&moved),
+                Err("/spec/tolerations/0/futureField".to_owned())
+            );
+            // Right: `a` removed with its field, `b` keeps its own, `new` has none.
+            let mut right = moved.clone();
+            right["spec"]["tolerations"] = json!([
+                {"key": "b", "operator": "Exists", "futureField": "of b"},
+                {"key": "new", "operator": "Exists"},
+            ]);
+            assert_eq!(check(&right), Ok(()));
+            // A field lost from a kept element, or one appearing on a new element.
+            let mut lost = right.clone();
+            lost["spec"]["tolerations"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("futureField");
+            assert_eq!(
+                check(&lost),
+                Err("/spec/tolerations/0/futureField".to_owned())
+            );
+            let mut appeared = right.clone();
+            appeared["spec"]["tolerations"][1]["futureField"] = json!("of a");
+            assert_eq!(check(&appeared), Err("/spec/tolerations/1".to_owned()));
+            // Beside the list too: the pod's own unknown field must stay.
+            let mut raw_with_spec_field = raw.clone();
+            raw_with_spec_field["spec"]["futureSpec"] = json!(1);
+            assert_eq!(
+                keeps_residue(
+                    Some(&raw_with_spec_field),
+                    &old,
+                    Some(&right),
+                    &new,
+                    &mut PointerBuf::new()
+                ),
+                Err("/spec/futureSpec".to_owned())
+            );
+        }
+
+        /// A type with a nested list, for lists without identifying keys.
+        #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct Doc {
+            #[serde(default)]
+            items: Vec<Item>,
+        }
+
+        #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct Item {
+            label: String,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            count: Option<i64>,
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            tags: Vec<String>,
+        }
+
+        /// A small deterministic generator (xorshift64*), so failures reproduce.
+        struct Rng(u64);
+
+        impl Rng {
+            fn below(&mut self, n: usize) -> usize {
+                self.0 ^= self.0 >> 12;
+                self.0 ^= self.0 << 25;
+                self.0 ^= self.0 >> 27;
+                let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+                (x >> 33) as usize % n.max(1)
+            }
+        }
+
+        /// Random changes of an unkeyed list whose elements may carry an unknown field: each
+        /// change is either refused as ambiguous, or keeps each unknown field on the element it
+        /// came from (followed by the test through the change) and puts none anywhere else.
+        #[test]
+        fn unkeyed_list_changes_keep_unknown_fields_on_their_elements_or_are_refused() {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+            let (mut made, mut made_with_fields, mut refused) = (0, 0, 0);
+            for case in 0..4000 {
+                let len = rng.below(6);
+                let any_fields = rng.below(4) != 0;
+                let raw_items: Vec<Value> = (0..len)
+                    .map(|i| {
+                        let mut item = json!({"label": format!("l{i}")});
+                        if rng.below(2) == 0 {
+                            item["count"] = json!(rng.below(3));
+                        }
+                        if rng.below(2) == 0 {
+                            item["tags"] = json!(["t"]);
+                        }
+                        if any_fields && rng.below(2) == 0 {
+                            item["future"] = json!(format!("of l{i}"));
+                        }
+                        item
+                    })
+                    .collect();
+                let raw = json!({"items": raw_items, "futureTop": case});
+                let decoded: Doc = serde_json::from_value(raw.clone()).unwrap();
+                // Each element with the index of the raw element it came from.
+                let mut items: Vec<(Item, Option<usize>)> = decoded
+                    .items
+                    .iter()
+                    .cloned()
+                    .enumerate()
+                    .map(|(i, item)| (item, Some(i)))
+                    .collect();
+                let mut fresh = 0;
+                let mut fresh_item = || {
+                    fresh += 1;
+                    (
+                        Item {
+                            label: format!("fresh{fresh}"),
+                            count: None,
+                            tags: vec![],
+                        },
+                        None,
+                    )
+                };
+                let mut changes = Vec::new();
+                for _ in 0..1 + rng.below(3) {
+                    let n = items.len();
+                    let change = rng.below(7);
+                    changes.push(change);
+                    match change {
+                        0 if n > 0 => {
+                            items.remove(rng.below(n));
+                        }
+                        1 => items.insert(rng.below(n + 1), fresh_item()),
+                        2 if n > 1 => items.swap(rng.below(n), rng.below(n)),
+                        3 if n > 0 => {
+                            let moved = items.remove(rng.below(n));
+                            items.push(moved);
+                        }
+                        4 if n > 0 => items[rng.below(n)].0.tags.push("added".into()),
+                        5 if n > 0 => {
+                            let count = &mut items[rng.below(n)].0.count;
+                            *count = Some(count.map_or(7, |c| c + 1));
+                        }
+                        _ => items.push(fresh_item()),
+                    }
+                }
+                let mutated = Doc {
+                    items: items.iter().map(|(item, _)| item.clone()).collect(),
+                };
+                let context = format!("case {case}: {raw} changed by {changes:?} into {mutated:?}");
+                match raw_patch(&raw, &mutated) {
+                    Ok(patch) => {
+                        let result = apply(&raw, &patch).unwrap();
+                        let reread: Doc = serde_json::from_value(result.clone()).unwrap();
+                        assert_eq!(reread, mutated, "{context}");
+                        assert_eq!(result["futureTop"], case, "{context}");
+                        for (j, (_, source)) in items.iter().enumerate() {
+                            let expected =
+                                source.and_then(|i| raw["items"][i].get("future")).cloned();
+                            assert_eq!(
+                                result["items"][j].get("future").cloned(),
+                                expected,
+                                "{context}: element {j} of {result}"
+                            );
+                        }
+                        made += 1;
+                        if raw["items"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .any(|item| item.get("future").is_some())
+                        {
+                            made_with_fields += 1;
+                        }
+                    }
+                    Err(RawPatchError::WouldLoseFields { path, .. }) => {
+                        assert_eq!(path, "/items", "{context}");
+                        assert!(
+                            raw["items"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .any(|item| item.get("future").is_some()),
+                            "refused without unknown fields: {context}"
+                        );
+                        refused += 1;
+                    }
+                    Err(other) => panic!("{context}: {other}"),
+                }
+            }
+            // Not vacuous: many changes are made despite unknown fields, many are refused.
+            assert!(made_with_fields > 500, "{made_with_fields} of {made}");
+            assert!(refused > 300, "{refused}");
+        }
+
+        fn env_list(len: usize) -> Value {
+            Value::Array(
+                (0..len)
+                    .map(|i| json!({"name": format!("V{i}"), "value": "x", "futureField": i}))
+                    .collect(),
+            )
+        }
+
+        /// Moving one element is one `move`, not one per element it passes (the old code moved
+        /// every element in between).
+        #[test]
+        fn a_reordered_keyed_list_gets_the_fewest_moves() {
+            let raw = pod(json!([{"name": "c", "env": env_list(6)}]));
+            let mut mutated = decode(&raw);
+            let env = containers(&mut mutated)[0].env.as_mut().unwrap();
+            let first = env.remove(0);
+            env.push(first);
+            let (patch, result) = patched(&raw, &mutated);
+            assert_eq!(
+                ops(&patch),
+                json!([{"op": "move", "from": "/spec/containers/0/env/0",
+                        "path": "/spec/containers/0/env/5"}])
+            );
+            for (index, expected) in [1, 2, 3, 4, 5, 0].into_iter().enumerate() {
+                assert_eq!(
+                    result["spec"]["containers"][0]["env"][index]["futureField"],
+                    expected
+                );
+            }
+        }
+
+        /// Long lists. Measured on a loaded 2-core machine, release build, with 30 000 variables
+        /// carrying an unknown field: `raw_patch` for appending one took 3.9 s before (a
+        /// linear search per element) and 0.57 s now, most of it decoding, encoding and
+        /// re-reading the object; reversing them 0.59 s, as one `replace` instead of 30 000
+        /// `move`s (each shifting the list where the API server applies it). Asserted by the
+        /// shape of the patch, not by time.
+        #[test]
+        fn long_lists_are_patched_in_few_operations() {
+            let len = 30_000;
+            let raw = pod(json!([{"name": "c", "env": env_list(len)}]));
+            let mut mutated = decode(&raw);
+            containers(&mut mutated)[0]
+                .env
+                .as_mut()
+                .unwrap()
+                .push(env("HF_HUB_OFFLINE", "1"));
+            let patch = raw_patch(&raw, &mutated).unwrap();
+            assert_eq!(
+                ops(&patch),
+                json!([{"op": "add", "path": format!("/spec/containers/0/env/{len}"),
+                        "value": {"name": "HF_HUB_OFFLINE", "value": "1"}}])
+            );
+
+            // Reversed, with one element changed: one replace built from the raw elements.
+            let mut mutated = decode(&raw);
+            let list = containers(&mut mutated)[0].env.as_mut().unwrap();
+            list.reverse();
+            list[0].value = Some("changed".into());
+            let patch = raw_patch(&raw, &mutated).unwrap();
+            assert_eq!(patch.0.len(), 1);
+            assert!(
+                matches!(&patch.0[0], PatchOperation::Replace(op) if op.path.as_str() == "/spec/containers/0/env")
+            );
+            let result = apply(&raw, &patch).unwrap();
+            let env = result["spec"]["containers"][0]["env"].as_array().unwrap();
+            assert_eq!(
+                env[0],
+                json!({"name": format!("V{}", len - 1), "value": "changed",
+                                      "futureField": len - 1})
+            );
+            assert_eq!(env[len - 1]["futureField"], 0);
+
+            // Unkeyed: many insertions in the middle are one replace too.
+            let tolerations_raw: Vec<Value> = (0..200)
+                .map(|i| json!({"key": format!("k{i}"), "operator": "Exists", "futureField": i}))
+                .collect();
+            let raw = with_tolerations(Value::Array(tolerations_raw));
+            let mut mutated = decode(&raw);
+            for i in 0..100 {
+                tolerations(&mut mutated).insert(100, toleration(&format!("new{i}")));
+            }
+            let (patch, result) = patched(&raw, &mutated);
+            assert_eq!(patch.0.len(), 1, "{}", ops(&patch));
+            let list = result["spec"]["tolerations"].as_array().unwrap();
+            assert_eq!(list[99]["futureField"], 99);
+            assert!(list[100].get("futureField").is_none());
+            assert_eq!(list[200]["futureField"], 100);
+            assert_eq!(list[299]["futureField"], 199);
         }
     }
 }

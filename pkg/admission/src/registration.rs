@@ -43,10 +43,18 @@
 //! [`serve`](crate::AdmissionServer::serve),
 //! [`configurations`](crate::AdmissionServer::configurations)): a webhook name that is not a
 //! fully qualified lowercase DNS name, or appears twice, no rules or a rule with an empty list,
-//! `timeoutSeconds` outside `1..=30`, and a mutating-only setting (`reinvocationPolicy`) on a
-//! validating route are refused with [`AdmissionError::InvalidWebhook`].
+//! `timeoutSeconds` outside `1..=30` or not longer than the server's
+//! [`handler_timeout`](crate::AdmissionServerConfig::handler_timeout), a label selector the API
+//! server would refuse, a rule of a typed route covering anything but its type's resource (its
+//! group, version, plural or a subresource carrying it, and scope), and a mutating-only setting
+//! (`reinvocationPolicy`) on a validating route are refused with
+//! [`AdmissionError::InvalidWebhook`]. A configuration name that is not a DNS subdomain, or a
+//! Service without a name or namespace or with a port outside `1..=65535`, is refused by
+//! [`configurations`](crate::AdmissionServer::configurations) with
+//! [`AdmissionError::InvalidConfiguration`].
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -54,11 +62,13 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use kube::core::Resource;
+use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope, SubResourceScope};
 use kube::core::admission::Operation;
+use kube::core::{DynamicResourceScope, Resource};
 
 use crate::error::AdmissionError;
 use crate::route::RouteKind;
+use crate::typed::TypedResource;
 
 /// Longest `timeoutSeconds` the API server accepts.
 pub const MAX_TIMEOUT_SECONDS: i32 = 30;
@@ -166,6 +176,39 @@ impl Scope {
             Self::Cluster => "Cluster",
         }
     }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::All => "of any scope",
+            Self::Namespaced => "namespaced",
+            Self::Cluster => "cluster-scoped",
+        }
+    }
+}
+
+/// The scope markers of resource types (`Resource::Scope`: k8s-openapi's
+/// `NamespaceResourceScope`, `ClusterResourceScope` and `SubResourceScope`, kube's
+/// `DynamicResourceScope`) as the [`Scope`] of rules for them.
+pub trait RuleScope {
+    /// The scope of a rule covering such resources: [`Scope::Namespaced`],
+    /// [`Scope::Cluster`], or [`Scope::All`] when the type does not tell.
+    const SCOPE: Scope;
+}
+
+impl RuleScope for NamespaceResourceScope {
+    const SCOPE: Scope = Scope::Namespaced;
+}
+
+impl RuleScope for ClusterResourceScope {
+    const SCOPE: Scope = Scope::Cluster;
+}
+
+impl RuleScope for SubResourceScope {
+    const SCOPE: Scope = Scope::All;
+}
+
+impl RuleScope for DynamicResourceScope {
+    const SCOPE: Scope = Scope::All;
 }
 
 /// One rule of a webhook: these operations on these resources are sent to it.
@@ -205,11 +248,13 @@ impl Rule {
         }
     }
 
-    /// A rule for `operations` on the resource `K` (its group, version and plural), any scope:
-    /// `Rule::for_resource::<Pod>([Operation::Create])` covers `""`/`v1`/`pods`.
+    /// A rule for `operations` on the resource `K` (its group, version and plural) in `K`'s
+    /// scope: `Rule::for_resource::<Pod>([Operation::Create])` covers `""`/`v1`/`pods`,
+    /// `Namespaced`.
     pub fn for_resource<K>(operations: impl IntoIterator<Item = Operation>) -> Self
     where
         K: Resource<DynamicType = ()>,
+        K::Scope: RuleScope,
     {
         Self::new(
             operations,
@@ -217,6 +262,7 @@ impl Rule {
             [K::version(&()).into_owned()],
             [K::plural(&()).into_owned()],
         )
+        .scope(<K::Scope as RuleScope>::SCOPE)
     }
 
     /// Restricts the rule to one scope.
@@ -265,8 +311,8 @@ pub struct Webhook {
     pub rules: Vec<Rule>,
     /// `failurePolicy`; default [`FailurePolicy::Fail`].
     pub failure_policy: FailurePolicy,
-    /// `timeoutSeconds`, `1..=30`; default 10. Keep
-    /// [`handler_timeout`](crate::AdmissionServerConfig::handler_timeout) below it.
+    /// `timeoutSeconds`, `1..=30`; default 10. Must be longer than the server's
+    /// [`handler_timeout`](crate::AdmissionServerConfig::handler_timeout) (8 s by default).
     pub timeout_seconds: i32,
     /// `sideEffects`; default [`SideEffects::None`].
     pub side_effects: SideEffects,
@@ -311,7 +357,8 @@ impl Webhook {
         self
     }
 
-    /// Sets `timeoutSeconds` (checked to be within `1..=30` when the server is built).
+    /// Sets `timeoutSeconds` (checked to be within `1..=30` and longer than the server's
+    /// `handler_timeout` when the server is built).
     #[must_use]
     pub fn timeout_seconds(mut self, seconds: i32) -> Self {
         self.timeout_seconds = seconds;
@@ -423,20 +470,64 @@ fn url_path(url: &str) -> &str {
     rest.find('/').map_or("", |slash| &rest[slash..])
 }
 
+/// The resource a typed route reads objects as.
+#[derive(Clone, Debug)]
+pub(crate) struct TypedTarget {
+    pub(crate) group: String,
+    pub(crate) version: String,
+    pub(crate) kind: String,
+    pub(crate) plural: String,
+    pub(crate) scope: Scope,
+}
+
+impl TypedTarget {
+    pub(crate) fn of<K: TypedResource>() -> Self {
+        Self {
+            group: K::group(&()).into_owned(),
+            version: K::version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            plural: K::plural(&()).into_owned(),
+            scope: <K::Scope as RuleScope>::SCOPE,
+        }
+    }
+
+    fn describe(&self) -> String {
+        if self.group.is_empty() {
+            format!("{}/{}", self.version, self.kind)
+        } else {
+            format!("{}/{}/{}", self.group, self.version, self.kind)
+        }
+    }
+}
+
+/// Subresources whose admission requests carry the resource itself (a `Pod` for
+/// `pods/status`), which a typed route may be registered for.
+const TYPED_SUBRESOURCES: [&str; 5] = [
+    "status",
+    "ephemeralcontainers",
+    "resize",
+    "approval",
+    "finalize",
+];
+
 /// A route as the registration checks and generation see it.
 pub(crate) struct Registered<'a> {
     pub(crate) path: &'a str,
     pub(crate) kind: RouteKind,
+    /// What a typed route reads objects as.
+    pub(crate) target: Option<&'a TypedTarget>,
     pub(crate) webhook: &'a Webhook,
 }
 
-/// Checks every registration and that no webhook name is used twice.
+/// Checks every registration against the server's `handler_timeout`, and that no webhook
+/// name is used twice.
 pub(crate) fn check_all<'a>(
     registered: impl IntoIterator<Item = Registered<'a>>,
+    handler_timeout: Duration,
 ) -> Result<(), AdmissionError> {
     let mut names = HashSet::new();
     for route in registered {
-        check(&route)?;
+        check(&route, handler_timeout)?;
         if !names.insert(route.webhook.name.as_str()) {
             return Err(refuse(
                 &route,
@@ -455,7 +546,7 @@ fn refuse(route: &Registered<'_>, reason: String) -> AdmissionError {
     }
 }
 
-fn check(route: &Registered<'_>) -> Result<(), AdmissionError> {
+fn check(route: &Registered<'_>, handler_timeout: Duration) -> Result<(), AdmissionError> {
     let webhook = route.webhook;
     check_name(&webhook.name).map_err(|reason| refuse(route, reason))?;
     if webhook.rules.is_empty() {
@@ -483,6 +574,9 @@ fn check(route: &Registered<'_>) -> Result<(), AdmissionError> {
                 format!("rules[{index}].resources holds an empty name"),
             ));
         }
+        if let Some(target) = route.target {
+            check_typed_rule(index, rule, target).map_err(|reason| refuse(route, reason))?;
+        }
     }
     if !(1..=MAX_TIMEOUT_SECONDS).contains(&webhook.timeout_seconds) {
         return Err(refuse(
@@ -493,6 +587,28 @@ fn check(route: &Registered<'_>) -> Result<(), AdmissionError> {
             ),
         ));
     }
+    let timeout = Duration::from_secs(u64::try_from(webhook.timeout_seconds).unwrap_or(0));
+    if timeout <= handler_timeout {
+        return Err(refuse(
+            route,
+            format!(
+                "timeoutSeconds is {}, not longer than the server's handler_timeout of {:?}: the \
+                 API server would give up before the server answers a slow or failed handler \
+                 (and its OnHandlerError answer would be lost); raise timeoutSeconds or lower \
+                 AdmissionServerConfig::handler_timeout",
+                webhook.timeout_seconds, handler_timeout
+            ),
+        ));
+    }
+    for (field, selector) in [
+        ("namespaceSelector", &webhook.namespace_selector),
+        ("objectSelector", &webhook.object_selector),
+    ] {
+        if let Some(selector) = selector {
+            check_selector(selector)
+                .map_err(|reason| refuse(route, format!("{field}.{reason}")))?;
+        }
+    }
     if route.kind == RouteKind::Validate && webhook.reinvocation_policy.is_some() {
         return Err(refuse(
             route,
@@ -500,6 +616,190 @@ fn check(route: &Registered<'_>) -> Result<(), AdmissionError> {
              is validating"
                 .to_owned(),
         ));
+    }
+    Ok(())
+}
+
+/// A typed route's rule may only cover its own resource (or a subresource carrying it), in its
+/// version and scope: any other request would reach the route and be denied as not a `K`.
+fn check_typed_rule(index: usize, rule: &Rule, target: &TypedTarget) -> Result<(), String> {
+    let reads = target.describe();
+    if let Some(group) = rule.api_groups.iter().find(|g| **g != target.group) {
+        return Err(format!(
+            "rules[{index}].apiGroups holds {group:?}, but the route reads {reads} objects (API \
+             group {:?}) and would deny every other object sent to it; list only {:?}",
+            target.group, target.group
+        ));
+    }
+    if let Some(version) = rule.api_versions.iter().find(|v| **v != target.version) {
+        return Err(format!(
+            "rules[{index}].apiVersions holds {version:?}, but the route reads {reads} objects \
+             and would deny requests sent in another version; list only {:?} (matchPolicy \
+             Equivalent converts requests made through other versions)",
+            target.version
+        ));
+    }
+    let covers_target = |resource: &str| match resource.split_once('/') {
+        None => resource == target.plural,
+        Some((parent, sub)) => parent == target.plural && TYPED_SUBRESOURCES.contains(&sub),
+    };
+    if let Some(resource) = rule.resources.iter().find(|r| !covers_target(r)) {
+        return Err(format!(
+            "rules[{index}].resources holds {resource:?}, but the route reads {reads} objects \
+             and would deny every other object sent to it; list {:?} or its subresources \
+             carrying it ({})",
+            target.plural,
+            TYPED_SUBRESOURCES
+                .map(|sub| format!("{}/{sub}", target.plural))
+                .join(", ")
+        ));
+    }
+    if rule.scope != Scope::All && target.scope != Scope::All && rule.scope != target.scope {
+        return Err(format!(
+            "rules[{index}].scope is {}, but {} objects are {}, so the rule matches none",
+            rule.scope.as_str(),
+            target.kind,
+            target.scope.describe()
+        ));
+    }
+    Ok(())
+}
+
+/// The API server's checks of a label selector (`matchLabels` keys and values,
+/// `matchExpressions` keys, operators and values); the error starts with the field at fault.
+fn check_selector(selector: &LabelSelector) -> Result<(), String> {
+    for (key, value) in selector.match_labels.iter().flatten() {
+        check_label_key(key)
+            .map_err(|reason| format!("matchLabels has the key {key:?}: {reason}"))?;
+        check_label_value(value)
+            .map_err(|reason| format!("matchLabels[{key:?}] is {value:?}: {reason}"))?;
+    }
+    for (index, requirement) in selector.match_expressions.iter().flatten().enumerate() {
+        let at = format!("matchExpressions[{index}]");
+        check_label_key(&requirement.key)
+            .map_err(|reason| format!("{at}.key is {:?}: {reason}", requirement.key))?;
+        let values = requirement.values.as_deref().unwrap_or_default();
+        match requirement.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                return Err(format!(
+                    "{at}.values is empty; the operator {} needs at least one value",
+                    requirement.operator
+                ));
+            }
+            "Exists" | "DoesNotExist" if !values.is_empty() => {
+                return Err(format!(
+                    "{at}.values is set; the operator {} takes no values",
+                    requirement.operator
+                ));
+            }
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => {
+                return Err(format!(
+                    "{at}.operator is {other:?}; it must be In, NotIn, Exists or DoesNotExist"
+                ));
+            }
+        }
+        for value in values {
+            check_label_value(value)
+                .map_err(|reason| format!("{at}.values holds {value:?}: {reason}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// A label name or value: 1 to 63 characters, alphanumeric at both ends, `-`, `_` and `.` in
+/// between.
+fn is_label_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name.
+fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix
+        && !is_dns_subdomain(prefix)
+    {
+        return Err(
+            "its prefix (before '/') must be a lowercase DNS subdomain of at most 253 characters"
+                .to_owned(),
+        );
+    }
+    if !is_label_name(name) {
+        return Err(
+            "its name must be 1 to 63 characters of A-Z, a-z, 0-9, '-', '_' and '.', \
+             alphanumeric at both ends"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// A label value: empty, or like a label name.
+fn check_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || is_label_name(value) {
+        Ok(())
+    } else {
+        Err(
+            "a label value must be empty or 1 to 63 characters of A-Z, a-z, 0-9, '-', '_' and \
+             '.', alphanumeric at both ends"
+                .to_owned(),
+        )
+    }
+}
+
+/// A lowercase DNS subdomain (RFC 1123): at most 253 characters, labels of `a-z`, `0-9` and
+/// `-` (not first or last) separated by `.`.
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+/// Checks the name of the generated configurations (a DNS subdomain, as object names are) and
+/// the Service they call (a name, a namespace, a port in `1..=65535`).
+pub(crate) fn check_configuration(
+    name: &str,
+    service: &ServiceTarget,
+) -> Result<(), AdmissionError> {
+    let refuse = |reason: String| AdmissionError::InvalidConfiguration {
+        name: name.to_owned(),
+        reason,
+    };
+    if !is_dns_subdomain(name) {
+        return Err(refuse(
+            "the name must be a lowercase DNS subdomain: at most 253 characters, labels of a-z, \
+             0-9 and '-' (not first or last) separated by '.'"
+                .to_owned(),
+        ));
+    }
+    if service.name.is_empty() || service.namespace.is_empty() {
+        return Err(refuse(format!(
+            "the Service must have a name and a namespace, not {:?} in {:?}",
+            service.name, service.namespace
+        )));
+    }
+    if !(1..=65535).contains(&service.port) {
+        return Err(refuse(format!(
+            "the Service port is {}; it must be 1 to 65535",
+            service.port
+        )));
     }
     Ok(())
 }

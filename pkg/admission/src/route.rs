@@ -19,7 +19,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use serde_json::Value;
 
-use crate::registration::Webhook;
+use crate::registration::{TypedTarget, Webhook};
 use crate::typed::{self, Mutation, TypedOutput, TypedResource, Validation};
 
 /// Whether a route backs a validating or a mutating webhook.
@@ -103,11 +103,29 @@ pub(crate) type HandlerFuture =
 pub(crate) type AsyncFn = Arc<dyn Fn(Review) -> HandlerFuture + Send + Sync>;
 pub(crate) type SyncFn = Arc<dyn Fn(Review) -> Result<AdmissionResponse, String> + Send + Sync>;
 
-/// A route's handler: synchronous ones run on the blocking pool, async ones in a task.
+/// A step run on the blocking pool.
+pub(crate) type BlockingStep = Box<dyn FnOnce() -> Result<AdmissionResponse, String> + Send>;
+
+/// What the async part of a typed async handler leaves to do.
+pub(crate) enum AfterHandler {
+    /// Nothing: the response.
+    Done(Box<AdmissionResponse>),
+    /// A step to run on the blocking pool (the patch of a changed object).
+    Blocking(BlockingStep),
+}
+
+pub(crate) type StagedFuture = Pin<Box<dyn Future<Output = Result<AfterHandler, String>> + Send>>;
+/// A typed async handler: decodes the review and starts the handler (on the blocking pool),
+/// giving the future to run in a task.
+pub(crate) type StagedFn = Arc<dyn Fn(Review) -> Result<StagedFuture, String> + Send + Sync>;
+
+/// A route's handler: synchronous ones run on the blocking pool, async ones in a task; typed
+/// async ones decode and patch on the blocking pool around their task.
 #[derive(Clone)]
 pub(crate) enum DynHandler {
     Sync(SyncFn),
     Async(AsyncFn),
+    Staged(StagedFn),
 }
 
 /// One webhook endpoint of an [`AdmissionServer`](crate::AdmissionServer): its path, kind,
@@ -143,15 +161,18 @@ pub(crate) enum DynHandler {
 /// time, so CPU-heavy work cannot stall the server; a handler still running at the
 /// [`handler_timeout`](crate::AdmissionServerConfig::handler_timeout) is abandoned (the review
 /// is answered, the handler runs to completion in the background). Use the `_async`
-/// constructors for I/O. For typed routes, decoding the object and computing the patch run
-/// where the handler runs, within the same slot and timeout.
+/// constructors for I/O. On typed routes, decoding the objects and computing the patch of a
+/// changed object (work proportional to the object, which the request's sender controls) run
+/// on the blocking pool within a handler slot, also for async handlers: their future runs in a
+/// task between these two steps, without a slot; the whole is bounded by the same timeout.
 pub struct Route {
     pub(crate) path: String,
     pub(crate) kind: RouteKind,
     pub(crate) on_error: OnHandlerError,
     pub(crate) handler: DynHandler,
-    /// Whether the handler reads the raw objects (typed routes).
-    pub(crate) raw_objects: bool,
+    /// The resource a typed route reads objects as (its handler reads the raw objects);
+    /// `None` for dynamic routes.
+    pub(crate) target: Option<TypedTarget>,
     pub(crate) webhook: Option<Webhook>,
 }
 
@@ -161,20 +182,25 @@ impl fmt::Debug for Route {
             .field("path", &self.path)
             .field("kind", &self.kind)
             .field("on_error", &self.on_error)
-            .field("typed", &self.raw_objects)
+            .field("typed", &self.target.as_ref().map(|t| t.kind.as_str()))
             .field("webhook", &self.webhook.as_ref().map(|w| w.name.as_str()))
             .finish_non_exhaustive()
     }
 }
 
 impl Route {
-    fn new(path: String, kind: RouteKind, handler: DynHandler, raw_objects: bool) -> Self {
+    fn new(
+        path: String,
+        kind: RouteKind,
+        handler: DynHandler,
+        target: Option<TypedTarget>,
+    ) -> Self {
         Self {
             path,
             kind,
             on_error: OnHandlerError::Deny,
             handler,
-            raw_objects,
+            target,
             webhook: None,
         }
     }
@@ -189,7 +215,7 @@ impl Route {
             path.into(),
             RouteKind::Validate,
             sync_dynamic(handler),
-            false,
+            None,
         )
     }
 
@@ -200,7 +226,7 @@ impl Route {
         F: Fn(AdmissionRequest<DynamicObject>) -> R + Send + Sync + 'static,
         R: HandlerOutput,
     {
-        Self::new(path.into(), RouteKind::Mutate, sync_dynamic(handler), false)
+        Self::new(path.into(), RouteKind::Mutate, sync_dynamic(handler), None)
     }
 
     /// A validating route with an async handler of the request as sent.
@@ -214,7 +240,7 @@ impl Route {
             path.into(),
             RouteKind::Validate,
             async_dynamic(handler),
-            false,
+            None,
         )
     }
 
@@ -225,12 +251,7 @@ impl Route {
         Fut: Future<Output = R> + Send + 'static,
         R: HandlerOutput,
     {
-        Self::new(
-            path.into(),
-            RouteKind::Mutate,
-            async_dynamic(handler),
-            false,
-        )
+        Self::new(path.into(), RouteKind::Mutate, async_dynamic(handler), None)
     }
 
     /// A validating route reading objects as `K`, with a synchronous handler answering a
@@ -246,7 +267,12 @@ impl Route {
             let (request, finish) = typed::prepare::<K>(review)?;
             finish.validation(handler(request).into_reply()?)
         }));
-        Self::new(path.into(), RouteKind::Validate, handler, true)
+        Self::new(
+            path.into(),
+            RouteKind::Validate,
+            handler,
+            Some(TypedTarget::of::<K>()),
+        )
     }
 
     /// A mutating route reading objects as `K`, with a synchronous handler answering a
@@ -263,7 +289,12 @@ impl Route {
             let (request, finish) = typed::prepare::<K>(review)?;
             finish.mutation(handler(request).into_reply()?)
         }));
-        Self::new(path.into(), RouteKind::Mutate, handler, true)
+        Self::new(
+            path.into(),
+            RouteKind::Mutate,
+            handler,
+            Some(TypedTarget::of::<K>()),
+        )
     }
 
     /// [`validating_typed`](Self::validating_typed) with an async handler.
@@ -274,15 +305,23 @@ impl Route {
         Fut: Future<Output = R> + Send + 'static,
         R: TypedOutput<Validation>,
     {
-        let handler = Arc::new(handler);
-        let handler = DynHandler::Async(Arc::new(move |review: Review| {
-            let handler = Arc::clone(&handler);
-            Box::pin(async move {
-                let (request, finish) = typed::prepare::<K>(review)?;
-                finish.validation(handler(request).await.into_reply()?)
-            })
+        let handler = DynHandler::Staged(Arc::new(move |review: Review| {
+            let (request, finish) = typed::prepare::<K>(review)?;
+            let running = handler(request);
+            let future: StagedFuture = Box::pin(async move {
+                let reply = running.await.into_reply()?;
+                finish
+                    .validation(reply)
+                    .map(|response| AfterHandler::Done(Box::new(response)))
+            });
+            Ok(future)
         }));
-        Self::new(path.into(), RouteKind::Validate, handler, true)
+        Self::new(
+            path.into(),
+            RouteKind::Validate,
+            handler,
+            Some(TypedTarget::of::<K>()),
+        )
     }
 
     /// [`mutating_typed`](Self::mutating_typed) with an async handler.
@@ -293,15 +332,29 @@ impl Route {
         Fut: Future<Output = R> + Send + 'static,
         R: TypedOutput<Mutation<K>>,
     {
-        let handler = Arc::new(handler);
-        let handler = DynHandler::Async(Arc::new(move |review: Review| {
-            let handler = Arc::clone(&handler);
-            Box::pin(async move {
-                let (request, finish) = typed::prepare::<K>(review)?;
-                finish.mutation(handler(request).await.into_reply()?)
-            })
+        let handler = DynHandler::Staged(Arc::new(move |review: Review| {
+            let (request, finish) = typed::prepare::<K>(review)?;
+            let running = handler(request);
+            let future: StagedFuture = Box::pin(async move {
+                let reply = running.await.into_reply()?;
+                if matches!(reply.outcome, Mutation::Mutated(_)) {
+                    Ok(AfterHandler::Blocking(Box::new(move || {
+                        finish.mutation(reply)
+                    })))
+                } else {
+                    finish
+                        .mutation(reply)
+                        .map(|response| AfterHandler::Done(Box::new(response)))
+                }
+            });
+            Ok(future)
         }));
-        Self::new(path.into(), RouteKind::Mutate, handler, true)
+        Self::new(
+            path.into(),
+            RouteKind::Mutate,
+            handler,
+            Some(TypedTarget::of::<K>()),
+        )
     }
 
     /// Sets what the route answers when its handler fails (default [`OnHandlerError::Deny`]).

@@ -25,7 +25,9 @@ use crate::error::AdmissionError;
 use crate::metrics::{AdmissionMetrics, Verdict};
 use crate::registration::{self, Registered, ServiceTarget, WebhookConfigurations};
 use crate::review::{DecodeRejection, decode_review_parts, into_v1_review, invalid_response};
-use crate::route::{AsyncFn, DynHandler, OnHandlerError, Review, Route, RouteKind, SyncFn};
+use crate::route::{
+    AfterHandler, AsyncFn, DynHandler, OnHandlerError, Review, Route, RouteKind, StagedFn, SyncFn,
+};
 use crate::tls::{ReloadingCertResolver, TlsFiles, spawn_reloader, tls_server_config};
 
 /// Default [`AdmissionServerConfig::max_body_bytes`]: 3 MiB, the API server's own limit for
@@ -75,14 +77,17 @@ pub struct AdmissionServerConfig {
     /// on the async workers, so a slow one cannot delay other reviews or the timeouts). A
     /// review that finds every slot busy waits for one until
     /// [`handler_timeout`](Self::handler_timeout). A handler still running at its timeout
-    /// keeps its slot until it returns. Async handlers are not counted. `0` counts as 1.
+    /// keeps its slot until it returns. Async handlers are not counted, but the decoding and
+    /// patch steps of typed async routes are (they run on the blocking pool too). `0` counts
+    /// as 1.
     /// Default [`DEFAULT_MAX_CONCURRENT_HANDLERS`].
     pub max_concurrent_handlers: usize,
     /// Time a handler gets to answer, waiting for a handler slot included; after that the
     /// handler has failed and the route's [`OnHandlerError`] decides the answer, sent at once
-    /// even if a synchronous handler is still running. Keep it below the webhook's
-    /// `timeoutSeconds` (10 s by default) so the API server sees our message rather than a
-    /// timeout. Default 8 s.
+    /// even if a synchronous handler is still running. It must be below every registered
+    /// webhook's `timeoutSeconds` (10 s by default), so the API server sees our answer rather
+    /// than a timeout: a registration whose `timeoutSeconds` is not longer is refused when the
+    /// router or the configurations are built. Default 8 s.
     pub handler_timeout: Duration,
     /// Most request-body bytes held in memory at once, over all connections and streams
     /// (HTTP/2 multiplexes many requests on one connection, so the connection bound alone does
@@ -251,6 +256,7 @@ impl AdmissionServer {
         service: &ServiceTarget,
     ) -> Result<WebhookConfigurations, AdmissionError> {
         self.check_routes()?;
+        registration::check_configuration(name, service)?;
         Ok(registration::build(name, service, self.registered()))
     }
 
@@ -259,6 +265,7 @@ impl AdmissionServer {
             route.webhook.as_ref().map(|webhook| Registered {
                 path: &route.path,
                 kind: route.kind,
+                target: route.target.as_ref(),
                 webhook,
             })
         })
@@ -293,7 +300,7 @@ impl AdmissionServer {
                 kind: spec.kind,
                 on_error: spec.on_error,
                 handler: spec.handler.clone(),
-                raw_objects: spec.raw_objects,
+                raw_objects: spec.target.is_some(),
                 handler_slots: Arc::clone(&handler_slots),
                 max_handlers,
                 body_budget: Arc::clone(&body_budget),
@@ -334,7 +341,7 @@ impl AdmissionServer {
                 });
             }
         }
-        registration::check_all(self.registered())
+        registration::check_all(self.registered(), self.config.handler_timeout)
     }
 
     /// Loads the certificate, starts the certificate reloader and serves until `shutdown` is
@@ -566,6 +573,7 @@ impl RouteState {
         let outcome = match &self.handler {
             DynHandler::Async(handler) => self.run_async(handler, review).await,
             DynHandler::Sync(handler) => self.run_blocking(handler, review).await,
+            DynHandler::Staged(handler) => self.run_staged(handler, review).await,
         };
         match outcome {
             Ok(response) if self.kind == RouteKind::Validate && response.patch.is_some() => (
@@ -602,15 +610,55 @@ impl RouteState {
         }
     }
 
-    /// Runs a synchronous handler on the blocking pool once a handler slot is free. The slot
-    /// is held by the handler itself, so one that outlives its timeout keeps it until it
-    /// returns; the review is answered at the timeout regardless.
+    /// Runs a synchronous handler on the blocking pool (see [`Self::on_blocking_pool`]).
     async fn run_blocking(
         &self,
         handler: &SyncFn,
         review: Review,
     ) -> Result<AdmissionResponse, String> {
         let deadline = tokio::time::Instant::now() + self.handler_timeout;
+        let handler = Arc::clone(handler);
+        self.on_blocking_pool(deadline, move || handler(review))
+            .await
+    }
+
+    /// Runs a typed async handler: decoding and starting it on the blocking pool, its future in
+    /// its own task (a panic stays there; aborted at the deadline), and what it leaves (the
+    /// patch) on the blocking pool again, all before one deadline. The async workers only poll
+    /// the handler's future, so a large or hostile object cannot stall them.
+    async fn run_staged(
+        &self,
+        handler: &StagedFn,
+        review: Review,
+    ) -> Result<AdmissionResponse, String> {
+        let deadline = tokio::time::Instant::now() + self.handler_timeout;
+        let handler = Arc::clone(handler);
+        let future = self
+            .on_blocking_pool(deadline, move || handler(review))
+            .await?;
+        let mut task = tokio::spawn(future.in_current_span());
+        let after = match tokio::time::timeout_at(deadline, &mut task).await {
+            Ok(Ok(outcome)) => outcome?,
+            Ok(Err(join_error)) => return Err(join_message(&join_error)),
+            Err(_elapsed) => {
+                task.abort();
+                return Err(self.timeout_message());
+            }
+        };
+        match after {
+            AfterHandler::Done(response) => Ok(*response),
+            AfterHandler::Blocking(step) => self.on_blocking_pool(deadline, step).await,
+        }
+    }
+
+    /// Runs `job` on the blocking pool once a handler slot is free, answering by `deadline`.
+    /// The slot is held by the job itself, so one that outlives the deadline keeps it until it
+    /// returns; the review is answered at the deadline regardless.
+    async fn on_blocking_pool<T: Send + 'static>(
+        &self,
+        deadline: tokio::time::Instant,
+        job: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
         let slot = match tokio::time::timeout_at(
             deadline,
             Arc::clone(&self.handler_slots).acquire_owned(),
@@ -639,13 +687,12 @@ impl RouteState {
                 ));
             }
         };
-        let handler = Arc::clone(handler);
         let running = self.metrics.as_ref().map(RunningHandler::new);
         let span = tracing::Span::current();
         let task = tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let _running = running;
-            span.in_scope(|| handler(review))
+            span.in_scope(job)
         });
         let mut waiting = AbandonGuard {
             metrics: self.metrics.as_ref(),

@@ -21,17 +21,19 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::patch::{decode_at_path, raw_patch};
+use crate::registration::RuleScope;
 use crate::route::Review;
 
 /// The types a typed route can read objects as: a Kubernetes resource with a static type
-/// (k8s-openapi types, `#[derive(CustomResource)]` types) that serializes and deserializes.
+/// (k8s-openapi types, `#[derive(CustomResource)]` types) that serializes and deserializes,
+/// whose scope is known ([`RuleScope`]).
 pub trait TypedResource:
-    Resource<DynamicType = ()> + Serialize + DeserializeOwned + Send + 'static
+    Resource<DynamicType = (), Scope: RuleScope> + Serialize + DeserializeOwned + Send + 'static
 {
 }
 
 impl<K> TypedResource for K where
-    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Send + 'static
+    K: Resource<DynamicType = (), Scope: RuleScope> + Serialize + DeserializeOwned + Send + 'static
 {
 }
 

@@ -326,12 +326,46 @@ struct Observed {
 
 const OFFLINE: &str = "HF_HUB_OFFLINE";
 
-fn mutate_pod(observed: &Mutex<Observed>, req: TypedRequest<Pod>) -> Reply<Mutation<Pod>> {
-    let Some(mut pod) = req.object else {
-        return Mutation::Allow.into();
+/// The ConfigMap the typed Pod handler creates, as its side effect, for each pod it admits
+/// for real.
+fn side_effect_name(pod: &str) -> String {
+    format!("seen-{pod}")
+}
+
+/// The typed Pod handler's side effect: a ConfigMap named after the pod, created through the
+/// API server unless the request is a dry run (as `sideEffects: NoneOnDryRun` promises).
+async fn record_pod(
+    config_maps: &Api<ConfigMap>,
+    req: &TypedRequest<Pod>,
+    name: &str,
+) -> Result<(), kube::Error> {
+    if req.dry_run {
+        return Ok(());
+    }
+    let marker = config_map(&side_effect_name(name), &[("dryRun", "false")]);
+    match config_maps.create(&PostParams::default(), &marker).await {
+        // The API server may call the webhook again for the same pod (a retried request).
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+async fn mutate_pod(
+    observed: &Mutex<Observed>,
+    config_maps: &Api<ConfigMap>,
+    req: TypedRequest<Pod>,
+) -> Result<Reply<Mutation<Pod>>, kube::Error> {
+    let Some(mut pod) = req.object.clone() else {
+        return Ok(Mutation::Allow.into());
     };
     let name = pod.metadata.name.clone().unwrap_or_default();
-    observed.lock().unwrap().typed.push((name, req.dry_run));
+    // Test bookkeeping (what reached the handler), not a side effect.
+    observed
+        .lock()
+        .unwrap()
+        .typed
+        .push((name.clone(), req.dry_run));
+    record_pod(config_maps, &req, &name).await?;
     let mut added = 0;
     for container in pod.spec.iter_mut().flat_map(|s| s.containers.iter_mut()) {
         let env = container.env.get_or_insert_default();
@@ -344,8 +378,8 @@ fn mutate_pod(observed: &Mutex<Observed>, req: TypedRequest<Pod>) -> Reply<Mutat
             added += 1;
         }
     }
-    Reply::new(Mutation::Mutated(pod))
-        .warning(format!("warmcache set {OFFLINE}=1 in {added} container(s)"))
+    Ok(Reply::new(Mutation::Mutated(pod))
+        .warning(format!("warmcache set {OFFLINE}=1 in {added} container(s)")))
 }
 
 fn validate_pod(req: TypedRequest<Pod>) -> Validation {
@@ -443,13 +477,15 @@ async fn typed_routes_registered_from_generated_configurations() {
         |operations: Vec<Operation>| Rule::for_resource::<Pod>(operations).scope(Scope::Namespaced);
     let typed_seen = Arc::clone(&observed);
     let raw_seen = Arc::clone(&observed);
+    let config_maps: Api<ConfigMap> = ns.api();
+    let handler_config_maps = config_maps.clone();
     let server = AdmissionServer::new(AdmissionServerConfig::new(TlsFiles::in_dir(dir.path())))
         .route(
-            Route::mutating_typed("/mutate-pods", move |req: TypedRequest<Pod>| {
-                mutate_pod(&typed_seen, req)
+            Route::mutating_typed_async("/mutate-pods", move |req: TypedRequest<Pod>| {
+                let (seen, config_maps) = (Arc::clone(&typed_seen), handler_config_maps.clone());
+                async move { mutate_pod(&seen, &config_maps, req).await }
             })
-            // It records what it saw: a (test-only) side effect it skips for nothing, so it
-            // declares none on dry runs.
+            // It creates a ConfigMap per pod admitted, but not for dry runs.
             .webhook(
                 scoped("pods")
                     .rule(pods(vec![Operation::Create]))
@@ -543,7 +579,8 @@ async fn typed_routes_registered_from_generated_configurations() {
     .await
     .expect("the three webhooks become active");
 
-    // (c) A dry run reaches the typed handler with dry_run set, and creates nothing.
+    // (c) A dry run reaches the typed handler with dry_run set, and the handler performs no
+    // side effect for it (the probes above were dry runs too).
     observed.lock().unwrap().typed.clear();
     let answered = api
         .create(&dry, &pod("dry", "busybox:1"))
@@ -561,9 +598,21 @@ async fn typed_routes_registered_from_generated_configurations() {
             .contains(&("dry".to_owned(), true))
     );
     assert!(
-        api.get_opt("dry").await.unwrap().is_none(),
-        "a dry run stores nothing"
+        config_maps
+            .get_opt(&side_effect_name("dry"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the handler performed its side effect for a dry run"
     );
+    assert!(
+        config_maps
+            .get_opt(&side_effect_name("probe"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(api.get_opt("dry").await.unwrap().is_none());
 
     // (b) A typed denial reaches the client with its message and field causes.
     let err = api
@@ -646,6 +695,15 @@ async fn typed_routes_registered_from_generated_configurations() {
             .unwrap()
             .typed
             .contains(&("unknown".to_owned(), false))
+    );
+    // (c) A real create does produce the side effect.
+    let marker = config_maps
+        .get_opt(&side_effect_name("unknown"))
+        .await
+        .unwrap();
+    assert!(
+        marker.is_some(),
+        "the handler's side effect for a real create is missing"
     );
     // The typed patch also met what the API server's own admission added before us (the
     // ServiceAccount token volume and its mount), and kept it.

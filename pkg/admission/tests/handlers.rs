@@ -277,3 +277,139 @@ async fn busy_handler_slots_make_synchronous_reviews_wait_until_the_timeout() {
     assert_eq!(reply.response()["allowed"], true);
     f.running.stop().await;
 }
+
+/// Typed async routes decode the object and compute the patch on the blocking pool, in a
+/// handler slot (CPU work proportional to an object the request's sender controls, which an
+/// abort at the timeout could not preempt on an async worker); their future runs without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_async_routes_decode_and_patch_in_handler_slots() {
+    use k8s_openapi::api::core::v1::Pod;
+    use warmcache_admission::{Mutation, TypedRequest};
+
+    let (gate, mut started) = Gate::new();
+    let (later_gate, mut later_started) = Gate::new();
+    let metrics = AdmissionMetrics::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    ca.leaf(1).write_to(dir.path());
+    let mut config = AdmissionServerConfig::new(files_in(dir.path()));
+    config.handler_timeout = Duration::from_secs(4);
+    config.max_concurrent_handlers = 1;
+    let label = |pod: Option<Pod>| {
+        let mut pod = pod.unwrap_or_default();
+        pod.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("seen".into(), "yes".into());
+        Mutation::Mutated(pod)
+    };
+    let quick_calls = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::clone(&quick_calls);
+    let (entered_tx, mut entered) = mpsc::unbounded_channel::<()>();
+    let proceed = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::clone(&proceed);
+    let (slow_gate, later_slow_gate) = (gate.clone(), later_gate.clone());
+    let server = AdmissionServer::new(config)
+        .route(Route::validating("/slow", move |req| slow_gate.block(&req)))
+        .route(Route::validating("/slow-later", move |req| {
+            later_slow_gate.block(&req)
+        }))
+        .route(Route::validating("/fast", ok))
+        .route(Route::mutating_typed_async(
+            "/typed-quick",
+            move |req: TypedRequest<Pod>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async move { label(req.object) }
+            },
+        ))
+        .route(Route::mutating_typed_async(
+            "/typed-waits",
+            move |req: TypedRequest<Pod>| {
+                let (entered_tx, go) = (entered_tx.clone(), Arc::clone(&go));
+                async move {
+                    entered_tx.send(()).unwrap();
+                    go.notified().await;
+                    label(req.object)
+                }
+            },
+        ))
+        .with_metrics(metrics.clone());
+    let running = spawn_serve(server);
+    let (addr, ca) = (running.addr, Arc::new(ca));
+    let released = |gate: &Gate| {
+        gate.release();
+        let metrics = metrics.clone();
+        async move {
+            eventually(
+                Duration::from_secs(20),
+                "the blocked handler to return",
+                || metrics.handlers_running().get() == 0,
+            )
+            .await;
+        }
+    };
+
+    // 1. The only slot is taken: the typed async review is not even decoded (its handler is not
+    // called) and gets the timeout answer of a review that found no free slot.
+    let slow = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(
+            async move { post_json(addr, &ca, "/slow", &pod_review("uid-slow", "p")).await },
+        )
+    };
+    started.recv().await.unwrap();
+    let reply = post_json(addr, &ca, "/typed-quick", &pod_review("uid-quick", "p")).await;
+    let response = reply.response();
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("handler slots"), "{message}");
+    assert_eq!(quick_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        metrics
+            .handler_slot_timeouts()
+            .with_label_values(&["/typed-quick"])
+            .get(),
+        1
+    );
+    assert_eq!(slow.await.unwrap().response()["allowed"], false);
+    released(&gate).await;
+    // With the slot free it runs as usual.
+    let reply = post_json(addr, &ca, "/typed-quick", &pod_review("uid-quick-2", "p")).await;
+    assert_eq!(
+        reply.response()["patchType"],
+        "JSONPatch",
+        "{}",
+        reply.response()
+    );
+    assert_eq!(quick_calls.load(Ordering::SeqCst), 1);
+
+    // 2. While the async part runs, it holds no slot: a synchronous review is answered.
+    let waits = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(async move {
+            post_json(addr, &ca, "/typed-waits", &pod_review("uid-waits", "p")).await
+        })
+    };
+    entered.recv().await.unwrap();
+    let reply = post_json(addr, &ca, "/fast", &pod_review("uid-fast", "p")).await;
+    assert_eq!(reply.response()["allowed"], true);
+    // Then the slot is taken before the handler returns its changed pod: the patch waits for
+    // the slot, and the review gets the timeout answer instead of the patch.
+    let later = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(async move {
+            post_json(addr, &ca, "/slow-later", &pod_review("uid-later", "p")).await
+        })
+    };
+    later_started.recv().await.unwrap();
+    proceed.notify_one();
+    let response = waits.await.unwrap().response();
+    assert_eq!(response["uid"], "uid-waits");
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("handler slots"), "{message}");
+    assert_eq!(later.await.unwrap().response()["allowed"], false);
+    released(&later_gate).await;
+    running.stop().await;
+}

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -17,8 +18,15 @@ use warmcache_admission::{
     Webhook,
 };
 
+/// A server with the default settings (`handler_timeout` 8 s).
 fn server() -> AdmissionServer {
     AdmissionServer::new(AdmissionServerConfig::new(TlsFiles::in_dir("/nonexistent")))
+}
+
+fn server_with_handler_timeout(timeout: Duration) -> AdmissionServer {
+    let mut config = AdmissionServerConfig::new(TlsFiles::in_dir("/nonexistent"));
+    config.handler_timeout = timeout;
+    AdmissionServer::new(config)
 }
 
 fn allow(req: AdmissionRequest<DynamicObject>) -> AdmissionResponse {
@@ -41,7 +49,8 @@ fn selector(key: &str, value: &str) -> LabelSelector {
 }
 
 fn full_server() -> AdmissionServer {
-    server()
+    // `timeoutSeconds: 5` below needs a shorter handler timeout than the default 8 s.
+    server_with_handler_timeout(Duration::from_secs(3))
         .route(
             Route::mutating_typed("/mutate-pods", |_: TypedRequest<Pod>| Mutation::Allow).webhook(
                 Webhook::new("pods.webhook.warmcache.io")
@@ -232,7 +241,10 @@ fn invalid_registrations_are_refused_when_the_server_is_built() {
     let err = refused(with(ok().timeout_seconds(31)));
     assert!(err.contains("timeoutSeconds is 31"), "{err}");
     assert!(with(ok().timeout_seconds(30)).router().is_ok());
-    assert!(with(ok().timeout_seconds(1)).router().is_ok());
+    // 1 s is valid for the API server, but not above the default handler timeout (below).
+    let short = server_with_handler_timeout(Duration::from_millis(500))
+        .route(Route::validating("/v", allow).webhook(ok().timeout_seconds(1)));
+    assert!(short.router().is_ok());
 
     let err = refused(with(Webhook::new("v.webhook.warmcache.io")));
     assert!(err.contains("no rules"), "{err}");
@@ -292,4 +304,322 @@ async fn serve_refuses_an_invalid_registration_before_listening() {
         matches!(err, AdmissionError::InvalidWebhook { .. }),
         "{err}"
     );
+}
+
+#[test]
+fn a_timeout_not_longer_than_the_handler_timeout_is_refused() {
+    let with = |server: AdmissionServer, seconds: i32| {
+        server.route(
+            Route::validating("/v", allow).webhook(
+                Webhook::new("v.webhook.warmcache.io")
+                    .rule(pods_rule())
+                    .timeout_seconds(seconds),
+            ),
+        )
+    };
+    // The default handler timeout is 8 s: the API server would give up first at 8 s or less.
+    for seconds in [1, 5, 8] {
+        let err = refused(with(server(), seconds));
+        assert!(
+            err.contains(&format!(
+                "timeoutSeconds is {seconds}, not longer than the server's handler_timeout of 8s"
+            )),
+            "{err}"
+        );
+    }
+    assert!(with(server(), 9).router().is_ok());
+    // The kvcache-operator's registration: 10 s with the default handler timeout.
+    assert!(with(server(), 10).configurations("x", &service()).is_ok());
+    // A handler timeout that is not a whole number of seconds.
+    let err = refused(with(
+        server_with_handler_timeout(Duration::from_millis(9500)),
+        9,
+    ));
+    assert!(err.contains("handler_timeout of 9.5s"), "{err}");
+    assert!(
+        with(server_with_handler_timeout(Duration::from_millis(9500)), 10)
+            .router()
+            .is_ok()
+    );
+}
+
+/// A typed `Pod` route may only be registered for pods: a rule also covering another resource
+/// would send it objects it denies as not a `Pod`.
+#[test]
+fn a_typed_route_rule_must_cover_only_its_type() {
+    let typed = |rule: Rule| {
+        server().route(
+            Route::mutating_typed("/m", |_: TypedRequest<Pod>| Mutation::Allow)
+                .webhook(Webhook::new("m.webhook.warmcache.io").rule(rule)),
+        )
+    };
+    let create = [Operation::Create];
+    for (rule, needle) in [
+        (
+            Rule::new(
+                create.clone(),
+                ["", "apps"],
+                ["v1"],
+                ["pods", "deployments"],
+            ),
+            "rules[0].apiGroups holds \"apps\", but the route reads v1/Pod objects",
+        ),
+        (
+            Rule::new(create.clone(), [""], ["v1"], ["pods", "deployments"]),
+            "rules[0].resources holds \"deployments\"",
+        ),
+        (
+            Rule::new(create.clone(), ["*"], ["v1"], ["pods"]),
+            "rules[0].apiGroups holds \"*\"",
+        ),
+        (
+            Rule::new(create.clone(), [""], ["*"], ["pods"]),
+            "rules[0].apiVersions holds \"*\"",
+        ),
+        (
+            Rule::new(create.clone(), [""], ["v1"], ["*"]),
+            "rules[0].resources holds \"*\"",
+        ),
+        (
+            Rule::new(create.clone(), [""], ["v1"], ["pods/*"]),
+            "rules[0].resources holds \"pods/*\"",
+        ),
+        (
+            Rule::new(create.clone(), [""], ["v1"], ["pods/eviction"]),
+            "rules[0].resources holds \"pods/eviction\"",
+        ),
+        (
+            Rule::for_resource::<Pod>(create.clone()).scope(Scope::Cluster),
+            "rules[0].scope is Cluster, but Pod objects are namespaced",
+        ),
+    ] {
+        let err = refused(typed(rule));
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    // Its own resource, subresources carrying it, any scope or its own.
+    for rule in [
+        Rule::for_resource::<Pod>(create.clone()),
+        Rule::new(
+            create.clone(),
+            [""],
+            ["v1"],
+            ["pods", "pods/status", "pods/ephemeralcontainers"],
+        ),
+        Rule::for_resource::<Pod>(create.clone()).scope(Scope::All),
+    ] {
+        assert!(typed(rule.clone()).router().is_ok(), "{rule:?}");
+    }
+    // A second rule is checked too, and on validating typed routes.
+    let err = refused(
+        server().route(
+            Route::validating_typed("/v", |_: TypedRequest<Pod>| Validation::Allow).webhook(
+                Webhook::new("v.webhook.warmcache.io")
+                    .rule(pods_rule())
+                    .rule(Rule::new(create.clone(), ["apps"], ["v1"], ["deployments"])),
+            ),
+        ),
+    );
+    assert!(err.contains("rules[1].apiGroups holds \"apps\""), "{err}");
+    // Dynamic routes read any object: the same rule is theirs to choose.
+    assert!(
+        server()
+            .route(Route::validating("/v", allow).webhook(
+                Webhook::new("v.webhook.warmcache.io").rule(Rule::new(
+                    create,
+                    ["", "apps"],
+                    ["v1"],
+                    ["pods", "deployments"]
+                ))
+            ))
+            .router()
+            .is_ok()
+    );
+}
+
+#[test]
+fn rules_for_a_resource_take_its_scope() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let rule = |rule: Rule| {
+        let generated = server()
+            .route(
+                Route::validating("/v", allow)
+                    .webhook(Webhook::new("v.webhook.warmcache.io").rule(rule)),
+            )
+            .configurations("x", &service())
+            .unwrap();
+        serde_json::to_value(&generated.validating.unwrap().webhooks.unwrap()[0].rules).unwrap()
+    };
+    assert_eq!(
+        rule(Rule::for_resource::<Pod>([Operation::Create])),
+        json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                "resources": ["pods"], "scope": "Namespaced"}])
+    );
+    assert_eq!(
+        rule(Rule::for_resource::<Namespace>([Operation::Create]))[0]["scope"],
+        "Cluster"
+    );
+    // An explicit scope still wins.
+    assert_eq!(
+        rule(Rule::for_resource::<Pod>([Operation::Create]).scope(Scope::All))[0]["scope"],
+        "*"
+    );
+}
+
+#[test]
+fn invalid_label_selectors_are_refused() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    let expression = |key: &str, operator: &str, values: Option<Vec<&str>>| LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: values.map(|v| v.into_iter().map(String::from).collect()),
+        }]),
+    };
+    let with = |selector: LabelSelector, object: bool| {
+        let webhook = Webhook::new("v.webhook.warmcache.io").rule(pods_rule());
+        let webhook = if object {
+            webhook.object_selector(selector)
+        } else {
+            webhook.namespace_selector(selector)
+        };
+        server().route(Route::validating("/v", allow).webhook(webhook))
+    };
+    for (selector, needle) in [
+        (
+            expression("team", "Equals", Some(vec!["a"])),
+            "namespaceSelector.matchExpressions[0].operator is \"Equals\"; it must be In, NotIn, Exists or DoesNotExist",
+        ),
+        (
+            expression("team", "In", None),
+            "namespaceSelector.matchExpressions[0].values is empty; the operator In needs",
+        ),
+        (
+            expression("team", "NotIn", Some(vec![])),
+            "matchExpressions[0].values is empty; the operator NotIn needs",
+        ),
+        (
+            expression("team", "Exists", Some(vec!["a"])),
+            "matchExpressions[0].values is set; the operator Exists takes no values",
+        ),
+        (
+            expression("team", "DoesNotExist", Some(vec!["a"])),
+            "the operator DoesNotExist takes no values",
+        ),
+        (
+            expression("a b", "Exists", None),
+            "matchExpressions[0].key is \"a b\": its name must be",
+        ),
+        (
+            expression("Example.com/team", "Exists", None),
+            "its prefix (before '/') must be a lowercase DNS subdomain",
+        ),
+        (
+            expression("example.com/", "Exists", None),
+            "its name must be 1 to 63 characters",
+        ),
+        (
+            expression("team", "In", Some(vec!["ok", "-bad"])),
+            "matchExpressions[0].values holds \"-bad\"",
+        ),
+        (
+            selector("team/x/y", "a"),
+            "namespaceSelector.matchLabels has the key \"team/x/y\"",
+        ),
+        (
+            selector(&"k".repeat(64), "a"),
+            "its name must be 1 to 63 characters",
+        ),
+        (
+            selector("team", "a b"),
+            "namespaceSelector.matchLabels[\"team\"] is \"a b\": a label value must be",
+        ),
+    ] {
+        let err = refused(with(selector, false));
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    let err = refused(with(expression("team", "In", None), true));
+    assert!(err.contains("objectSelector.matchExpressions[0]"), "{err}");
+    for selector in [
+        expression("example.com/team", "In", Some(vec!["a", "b-1", ""])),
+        expression(
+            "kubernetes.io/metadata.name",
+            "NotIn",
+            Some(vec!["kube-system"]),
+        ),
+        expression("team", "Exists", None),
+        expression("team", "DoesNotExist", Some(vec![])),
+        selector("app.kubernetes.io/name", "Engine_1.x"),
+        selector("team", ""),
+        LabelSelector::default(),
+    ] {
+        assert!(
+            with(selector.clone(), true).router().is_ok(),
+            "{selector:?}"
+        );
+    }
+}
+
+#[test]
+fn the_configuration_name_and_service_are_checked() {
+    let registered = || {
+        server().route(
+            Route::validating("/v", allow)
+                .webhook(Webhook::new("v.webhook.warmcache.io").rule(pods_rule())),
+        )
+    };
+    let invalid = |name: &str, service: ServiceTarget| {
+        let err = registered().configurations(name, &service).unwrap_err();
+        assert!(
+            matches!(err, AdmissionError::InvalidConfiguration { .. }),
+            "{err:?}"
+        );
+        err.to_string()
+    };
+    for name in [
+        "",
+        "Warmcache",
+        "warm_cache",
+        "-warmcache",
+        "warmcache.",
+        &"a".repeat(254),
+    ] {
+        let err = invalid(name, service());
+        assert!(
+            err.contains(&format!("{name:?}")) && err.contains("DNS subdomain"),
+            "{err}"
+        );
+    }
+    for port in [0, -1, 65536] {
+        let err = invalid(
+            "warmcache",
+            ServiceTarget::new("warmcache-system", "warmcache-webhook", port),
+        );
+        assert!(
+            err.contains(&format!(
+                "the Service port is {port}; it must be 1 to 65535"
+            )),
+            "{err}"
+        );
+    }
+    let err = invalid("warmcache", ServiceTarget::new("warmcache-system", "", 443));
+    assert!(
+        err.contains("the Service must have a name and a namespace"),
+        "{err}"
+    );
+    let err = invalid(
+        "warmcache",
+        ServiceTarget::new("", "warmcache-webhook", 443),
+    );
+    assert!(
+        err.contains("the Service must have a name and a namespace"),
+        "{err}"
+    );
+    for (name, port) in [("warmcache", 1), ("warmcache.webhooks-1", 65535)] {
+        assert!(
+            registered()
+                .configurations(name, &ServiceTarget::new("ns", "svc", port))
+                .is_ok()
+        );
+    }
 }
