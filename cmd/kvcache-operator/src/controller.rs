@@ -26,6 +26,7 @@ use warmcache_kube::{
     Applier, EventRecorder, Leadership, add_finalizer, has_finalizer, remove_finalizer,
 };
 use warmcache_kvcache::names::{APP_NAME, LABEL_INSTANCE, LABEL_NAME, POD_SPEC_HASH_ANNOTATION};
+use warmcache_kvcache::rollout::restart_plan;
 use warmcache_kvcache::status::{Observed, backend_status};
 use warmcache_kvcache::store::{HEALTH_PATH, METRICS_PATH, SEGMENTS_DETAIL_PATH};
 use warmcache_kvcache::survey::tier_was_empty;
@@ -214,16 +215,21 @@ impl Backends {
             if selector.is_empty() {
                 continue;
             }
-            let pods: Vec<Arc<Pod>> = self
-                .pods
-                .store()
-                .state()
-                .into_iter()
+            let state = self.pods.store().state();
+            let pods: Vec<&Pod> = state
+                .iter()
+                .map(AsRef::as_ref)
                 .filter(|pod| matches_labels(pod.labels(), &selector))
                 .collect();
             let plan = restart_plan(&pods, wanted);
-            if plan.stale > 0 {
-                rolling = true;
+            rolling |= plan.rolling();
+            if let Some(held) = plan.held {
+                tracing::debug!(
+                    daemonset = member.name_any(),
+                    stale = plan.stale,
+                    ?held,
+                    "member restart held"
+                );
             }
             if let Some(pod) = plan.restart {
                 self.ensure_leader()?;
@@ -232,71 +238,15 @@ impl Backends {
                     daemonset = member.name_any(),
                     "restarting a member whose pod spec is stale"
                 );
-                delete_exact(&self.namespaced::<Pod>(), pod.as_ref()).await?;
+                delete_exact(&self.namespaced::<Pod>(), pod).await?;
             }
         }
         Ok(rolling)
     }
 }
 
-/// Which member Pod to restart now, if any, and how many are stale.
-#[derive(Debug, Default)]
-pub struct RestartPlan {
-    /// Pods of the group whose pod-spec hash is not the wanted one.
-    pub stale: usize,
-    /// The one to delete now.
-    pub restart: Option<Arc<Pod>>,
-}
-
-/// Pure: the restart decision for one group (see [`Backends::restart_stale_members`]). Pods
-/// are taken in name order so every replica of the operator picks the same one.
-pub fn restart_plan(pods: &[Arc<Pod>], wanted_hash: &str) -> RestartPlan {
-    let mut pods: Vec<&Arc<Pod>> = pods.iter().collect();
-    pods.sort_by_key(|pod| pod.name_any());
-    let terminating = pods
-        .iter()
-        .any(|pod| pod.meta().deletion_timestamp.is_some());
-    let stale: Vec<&Arc<Pod>> = pods
-        .iter()
-        .copied()
-        .filter(|pod| pod.meta().deletion_timestamp.is_none())
-        .filter(|pod| {
-            pod.annotations()
-                .get(POD_SPEC_HASH_ANNOTATION)
-                .map(String::as_str)
-                != Some(wanted_hash)
-        })
-        .collect();
-    let others_ready = pods
-        .iter()
-        .filter(|pod| !stale.iter().any(|s| s.name_any() == pod.name_any()))
-        .all(|pod| is_ready(pod));
-    let restart = if terminating || !others_ready {
-        None
-    } else {
-        stale.first().map(|pod| Arc::clone(pod))
-    };
-    RestartPlan {
-        stale: stale.len(),
-        restart,
-    }
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-}
-
 fn matches_labels(labels: &BTreeMap<String, String>, selector: &BTreeMap<String, String>) -> bool {
-    selector
-        .iter()
-        .all(|(key, value)| labels.get(key) == Some(value))
+    warmcache_kvcache::rollout::matches_labels(Some(labels), selector)
 }
 
 /// The objects of `api` labelled as this backend's and controlled by its UID.

@@ -21,6 +21,8 @@
 //! - [`status::backend_status`]: phase, conditions, endpoints, capacity and members from the
 //!   leader's admin endpoints ([`store`] parses them as the real store serves them) and the
 //!   member Pods (reference sections 2 and 5).
+//! - [`rollout::restart_plan`]: which stale member Pod to restart now (one per group, only
+//!   while the rest of the group is ready), and [`rollout::is_ready`].
 //! - [`teardown::teardown_step`] and [`teardown::cleanup_pass`]: the ordered teardown and the
 //!   per-node emptying of the tier on deletion (reference section 6).
 //!
@@ -56,6 +58,7 @@ pub mod names;
 pub mod parse;
 pub mod quantity;
 pub mod render;
+pub mod rollout;
 pub mod status;
 pub mod store;
 pub mod survey;

@@ -395,10 +395,7 @@ fn running(pod: &Pod) -> bool {
 }
 
 fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    crate::rollout::is_ready(pod)
 }
 
 /// When the `member` container started running, if it runs.
