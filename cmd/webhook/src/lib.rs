@@ -9,9 +9,13 @@
 //! was printed (whether or not a model was found, whether the pod is rewritten or left alone), 2
 //! when an input cannot be used or the output cannot be written.
 
+mod options;
 mod preview;
+pub mod serve;
 
-pub use preview::{GatesArg, Labels, PreviewArgs, ReaderModeArg, preview};
+pub use options::{DEFAULT_GATES, GatesArg, ReaderModeArg, RewriteArgs};
+pub use preview::{Labels, PreviewArgs, preview};
+pub use serve::ServeArgs;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -53,6 +57,12 @@ pub enum Command {
     /// stream prints one document per pod template (`---` separated; skips as
     /// `{"object": ..., "skip": ...}`). Exits 0 in both cases, 2 when an input cannot be used.
     Preview(Box<PreviewArgs>),
+    /// Serve the mutating pod webhook over HTTPS (on the component runtime: admin server with
+    /// /metrics, /healthz and /readyz, traces, graceful shutdown) until SIGTERM or SIGINT. GPU
+    /// pods that download a model are rewritten to read the shared read-only copy; every pod
+    /// left alone says why (annotation, metric, Event). Exits 0 after a clean shutdown, 1 when
+    /// it cannot start or serve.
+    Serve(Box<ServeArgs>),
 }
 
 /// `webhook identify`.
@@ -99,13 +109,20 @@ pub enum Error {
     /// The pod could not be serialized as YAML.
     #[error("serializing the pod as YAML: {0}")]
     Yaml(String),
+    /// The webhook server could not start or serve.
+    #[error(transparent)]
+    Serve(#[from] serve::ServeError),
 }
 
 impl Error {
-    /// The process exit code ([`warmcache_cli::exit`]): 2 for every failure, since no verdict
-    /// was reached (a model that is not found is a report, exit 0).
+    /// The process exit code ([`warmcache_cli::exit`]): 2 for every failure of the offline
+    /// commands, since no verdict was reached (a model that is not found is a report, exit 0);
+    /// 1 when the server fails.
     pub fn exit_code(&self) -> u8 {
-        warmcache_cli::exit::UNUSABLE
+        match self {
+            Error::Serve(_) => warmcache_cli::exit::REFUSED,
+            _ => warmcache_cli::exit::UNUSABLE,
+        }
     }
 }
 
@@ -283,6 +300,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Err
     match cli.command {
         Command::Identify(args) => identify(&args, out),
         Command::Preview(args) => preview(&args, out, err),
+        Command::Serve(args) => Ok(serve::run(*args)?),
     }
 }
 

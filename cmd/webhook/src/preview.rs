@@ -5,33 +5,23 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use serde_json::{Value, json};
 use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
-use warmcache_catalog::{CatalogFile, CatalogInput, Gates};
+use warmcache_catalog::{CatalogFile, CatalogInput};
 use warmcache_cli::args::InputFile;
 use warmcache_cli::input::{self, Source};
 use warmcache_cli::{text, yaml};
 use warmcache_modelid::{LeaderWorkerSet, WorkloadError, decode, lws_from_object, pod_from_object};
 use warmcache_modelvolume::{
-    BindingAction, DEFAULT_GPU_RESOURCE, DEFAULT_POLL_SECONDS, DEFAULT_WAIT_DEADLINE_SECONDS,
-    Options, ReaderMode, Request, StorageInputs, Verdict, admit, leader_worker_set_name,
+    BindingAction, Options, Request, StorageInputs, Verdict, admit, leader_worker_set_name,
 };
 
 use crate::Error;
-
-/// How readers of block storage reach the copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ReaderModeArg {
-    /// The namespace's read-only view claim.
-    Pvc,
-    /// A node directory the node agent bind-mounts the view onto.
-    #[value(name = "hostPath")]
-    HostPath,
-}
+use crate::options::RewriteArgs;
 
 /// `webhook preview`.
 #[derive(Debug, Args)]
@@ -63,28 +53,12 @@ pub struct PreviewArgs {
     /// The pod's namespace (default: the object's, else `default`).
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
-    /// Feature gates, `Name=true|false,...`: CachingSupport (default true), HelmModelCaching
-    /// (default true), ModelCacheEncryption (default false).
-    #[arg(long = "feature-gates", value_name = "k=v,...", value_parser = parse_gates, default_value = "")]
-    pub feature_gates: GatesArg,
-    /// GPU resources that put a pod in scope (repeatable).
-    #[arg(long = "gpu-resource", value_name = "RESOURCE", default_value = DEFAULT_GPU_RESOURCE)]
-    pub gpu_resources: Vec<String>,
-    /// Reader mode for roxReadOnly (block) caches.
-    #[arg(long = "reader-mode", value_enum, default_value = "pvc")]
-    pub reader_mode: ReaderModeArg,
-    /// Image of the wait container (default: the image of the container it stands in for).
-    #[arg(long = "wait-image", value_name = "IMAGE")]
-    pub wait_image: Option<String>,
-    /// Seconds a reader waits for the completion marker.
-    #[arg(long = "wait-deadline", value_name = "SECONDS", default_value_t = DEFAULT_WAIT_DEADLINE_SECONDS)]
-    pub wait_deadline: u32,
     /// The webhook's namespace (never rewritten).
     #[arg(long = "webhook-namespace", value_name = "NS")]
     pub webhook_namespace: Option<String>,
-    /// The control namespace bindings live in.
-    #[arg(long = "control-namespace", value_name = "NS", default_value = warmcache_api_modelcache::DEFAULT_CONTROL_NAMESPACE)]
-    pub control_namespace: String,
+    /// What the rewrite does (the same flags as `webhook serve`).
+    #[command(flatten)]
+    pub rewrite: RewriteArgs,
     /// A W3C traceparent to record, as the admission's span would.
     #[arg(long)]
     pub traceparent: Option<String>,
@@ -107,40 +81,6 @@ fn parse_labels(s: &str) -> Result<Labels, String> {
         out.insert(k.to_owned(), v.trim().to_owned());
     }
     Ok(Labels(out))
-}
-
-/// Feature gates from the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GatesArg(pub Gates);
-
-fn parse_gates(s: &str) -> Result<GatesArg, String> {
-    let mut g = Gates {
-        caching_support: true,
-        helm_model_caching: true,
-        model_cache_encryption: false,
-    };
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| format!("{} is not Name=true|false", text::shown(part)))?;
-        let value = match v.trim() {
-            "true" => true,
-            "false" => false,
-            other => return Err(format!("{}: expected true or false", text::shown(other))),
-        };
-        match k.trim() {
-            "CachingSupport" => g.caching_support = value,
-            "HelmModelCaching" => g.helm_model_caching = value,
-            "ModelCacheEncryption" => g.model_cache_encryption = value,
-            other => {
-                return Err(format!(
-                    "unknown feature gate {} (known: CachingSupport, HelmModelCaching, ModelCacheEncryption)",
-                    text::shown(other)
-                ));
-            }
-        }
-    }
-    Ok(GatesArg(g))
 }
 
 fn input_error(path: &Path, message: impl Into<String>) -> Error {
@@ -260,23 +200,13 @@ fn context(args: &PreviewArgs, err: &mut dyn Write) -> Result<Context, Error> {
         }
         None => None,
     };
-    let options = Options {
-        gpu_resources: args.gpu_resources.clone(),
-        webhook_namespace: args.webhook_namespace.clone(),
-        control_namespace: args.control_namespace.clone(),
-        reader_mode: match args.reader_mode {
-            ReaderModeArg::Pvc => ReaderMode::Pvc,
-            ReaderModeArg::HostPath => ReaderMode::HostPath,
-        },
-        wait_image: args.wait_image.clone(),
-        wait_deadline_seconds: args.wait_deadline,
-        poll_seconds: DEFAULT_POLL_SECONDS.min(args.wait_deadline.max(1)),
-        ..Options::default()
-    };
-    options.validate().map_err(|e| Error::Input {
-        path: "options".to_owned(),
-        message: e.to_string(),
-    })?;
+    let options = args
+        .rewrite
+        .options(args.webhook_namespace.clone())
+        .map_err(|e| Error::Input {
+            path: "options".to_owned(),
+            message: e.to_string(),
+        })?;
     Ok(Context {
         storage_class,
         csi_driver,
@@ -326,7 +256,7 @@ fn preview_one(
         storage_class: Some(&ctx.storage_class),
         csi_driver: ctx.csi_driver.as_ref(),
         catalog: CatalogInput::Loaded(&ctx.catalog.snapshot),
-        gates: args.feature_gates.0,
+        gates: args.rewrite.feature_gates.0,
     };
     let lookup = |ns: &str, name: &str| {
         ctx.binding.as_ref().filter(|b| {

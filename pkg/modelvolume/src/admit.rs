@@ -59,6 +59,20 @@ pub struct Rewrite {
 }
 
 impl Rewrite {
+    /// The skip when the binding to create could not be created or read back (`why`: the API
+    /// error or the timeout): `binding-unavailable`, naming the binding and the model.
+    pub fn unavailable(&self, why: impl std::fmt::Display) -> Skip {
+        Skip::new(
+            SkipReason::BindingUnavailable,
+            format!(
+                "ModelCacheBinding {}/{} could not be created or read back: {why}; the pod downloads on its own and the next pod of this model tries again",
+                shown(self.plan.binding_namespace()),
+                shown(&self.plan.binding_name)
+            ),
+        )
+        .with_uri(self.plan.uri.clone())
+    }
+
     /// The pod to admit once the binding is stored: for [`BindingAction::Create`], `stored` is the
     /// object the API server holds (created by this admission, or the AlreadyExists winner) and
     /// must be what this admission would have created ([`accept_winner`]); its UID is recorded.

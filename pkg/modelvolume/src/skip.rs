@@ -96,11 +96,15 @@ pub enum SkipReason {
     BindingConflict,
     /// The binding's download failed; readers use their own download until it is retried.
     DownloadFailed,
+    /// The binding could not be created or read back at the API server within the admission's
+    /// time (the webhook never waits longer): the pod downloads on its own, the next pod of the
+    /// model tries again.
+    BindingUnavailable,
 }
 
 impl SkipReason {
     /// Every reason, in documentation order.
-    pub const ALL: [SkipReason; 35] = [
+    pub const ALL: [SkipReason; 36] = [
         SkipReason::NotGpuPod,
         SkipReason::NamespaceExcluded,
         SkipReason::NamespaceOptedOut,
@@ -136,6 +140,7 @@ impl SkipReason {
         SkipReason::BindingDeleting,
         SkipReason::BindingConflict,
         SkipReason::DownloadFailed,
+        SkipReason::BindingUnavailable,
     ];
 
     /// The stable kebab-case code (the skip-reason annotation, the metric label).
@@ -176,6 +181,7 @@ impl SkipReason {
             SkipReason::BindingDeleting => "binding-deleting",
             SkipReason::BindingConflict => "binding-conflict",
             SkipReason::DownloadFailed => "download-failed",
+            SkipReason::BindingUnavailable => "binding-unavailable",
         }
     }
 

@@ -1312,6 +1312,19 @@ spec:
         ..RealizedStorage::default()
     });
     check(&default, engine_pod(), Some(&b), SkipReason::DownloadFailed);
+    // The shell's skip when the create call fails.
+    let rewrite = default.rewrite(&engine_pod(), None);
+    let unavailable = rewrite.unavailable("timed out after 2s");
+    assert_eq!(unavailable.reason, SkipReason::BindingUnavailable);
+    assert!(
+        unavailable.message.contains(rewrite.plan.binding_name())
+            && unavailable.message.contains("timed out after 2s"),
+        "{}",
+        unavailable.message
+    );
+    assert_eq!(unavailable.uri.as_deref(), Some(rewrite.plan.uri()));
+    assert!(unavailable.reason.warrants_event());
+    seen.insert(unavailable.reason);
 
     let missing: Vec<&str> = SkipReason::ALL
         .iter()

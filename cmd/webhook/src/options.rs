@@ -1,0 +1,136 @@
+//! The flags that decide what the rewrite does, shared by `webhook serve` and `webhook preview`
+//! so a preview runs with exactly the flags the deployed webhook runs with.
+
+use clap::{Args, ValueEnum};
+use warmcache_catalog::Gates;
+use warmcache_cli::text;
+use warmcache_modelvolume::{
+    DEFAULT_GPU_RESOURCE, DEFAULT_POLL_SECONDS, DEFAULT_WAIT_DEADLINE_SECONDS, Options,
+    OptionsError, ReaderMode,
+};
+
+/// How readers of block storage reach the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReaderModeArg {
+    /// The namespace's read-only view claim.
+    Pvc,
+    /// A node directory the node agent bind-mounts the view onto.
+    #[value(name = "hostPath")]
+    HostPath,
+}
+
+/// Feature gates from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatesArg(pub Gates);
+
+/// The gates when none is given: caching on, sharing domains on, encryption off.
+pub const DEFAULT_GATES: Gates = Gates {
+    caching_support: true,
+    helm_model_caching: true,
+    model_cache_encryption: false,
+};
+
+fn parse_gates(s: &str) -> Result<GatesArg, String> {
+    let mut g = DEFAULT_GATES;
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{} is not Name=true|false", text::shown(part)))?;
+        let value = match v.trim() {
+            "true" => true,
+            "false" => false,
+            other => return Err(format!("{}: expected true or false", text::shown(other))),
+        };
+        match k.trim() {
+            "CachingSupport" => g.caching_support = value,
+            "HelmModelCaching" => g.helm_model_caching = value,
+            "ModelCacheEncryption" => g.model_cache_encryption = value,
+            other => {
+                return Err(format!(
+                    "unknown feature gate {} (known: CachingSupport, HelmModelCaching, ModelCacheEncryption)",
+                    text::shown(other)
+                ));
+            }
+        }
+    }
+    Ok(GatesArg(g))
+}
+
+/// What the rewrite does: which pods are in scope, how readers reach block storage, the wait
+/// container, the control namespace and the feature gates.
+#[derive(Debug, Clone, Args)]
+pub struct RewriteArgs {
+    /// Feature gates, `Name=true|false,...`: CachingSupport (default true), HelmModelCaching
+    /// (default true), ModelCacheEncryption (default false).
+    #[arg(long = "feature-gates", value_name = "k=v,...", value_parser = parse_gates, default_value = "")]
+    pub feature_gates: GatesArg,
+    /// GPU resources that put a pod in scope (repeatable).
+    #[arg(long = "gpu-resource", value_name = "RESOURCE", default_value = DEFAULT_GPU_RESOURCE)]
+    pub gpu_resources: Vec<String>,
+    /// Reader mode for roxReadOnly (block) caches.
+    #[arg(long = "reader-mode", value_enum, default_value = "pvc")]
+    pub reader_mode: ReaderModeArg,
+    /// Image of the wait container (default: the image of the container it stands in for).
+    #[arg(long = "wait-image", value_name = "IMAGE")]
+    pub wait_image: Option<String>,
+    /// Seconds a reader waits for the completion marker.
+    #[arg(long = "wait-deadline", value_name = "SECONDS", default_value_t = DEFAULT_WAIT_DEADLINE_SECONDS)]
+    pub wait_deadline: u32,
+    /// The control namespace bindings live in.
+    #[arg(long = "control-namespace", value_name = "NS", default_value = warmcache_api_modelcache::DEFAULT_CONTROL_NAMESPACE)]
+    pub control_namespace: String,
+}
+
+impl RewriteArgs {
+    /// The rewrite's options, for a webhook running in `webhook_namespace`.
+    ///
+    /// # Errors
+    ///
+    /// An option that cannot work, named.
+    pub fn options(&self, webhook_namespace: Option<String>) -> Result<Options, OptionsError> {
+        let options = Options {
+            gpu_resources: self.gpu_resources.clone(),
+            webhook_namespace,
+            control_namespace: self.control_namespace.clone(),
+            reader_mode: match self.reader_mode {
+                ReaderModeArg::Pvc => ReaderMode::Pvc,
+                ReaderModeArg::HostPath => ReaderMode::HostPath,
+            },
+            wait_image: self.wait_image.clone(),
+            wait_deadline_seconds: self.wait_deadline,
+            poll_seconds: DEFAULT_POLL_SECONDS.min(self.wait_deadline.max(1)),
+            ..Options::default()
+        };
+        options.validate()?;
+        Ok(options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_default_and_override() {
+        assert_eq!(parse_gates("").unwrap().0, DEFAULT_GATES);
+        let g = parse_gates("CachingSupport=false, ModelCacheEncryption=true")
+            .unwrap()
+            .0;
+        assert!(!g.caching_support && g.helm_model_caching && g.model_cache_encryption);
+        assert!(
+            parse_gates("Caching=true")
+                .unwrap_err()
+                .contains("unknown feature gate")
+        );
+        assert!(
+            parse_gates("CachingSupport=yes")
+                .unwrap_err()
+                .contains("expected true or false")
+        );
+        assert!(
+            parse_gates("CachingSupport")
+                .unwrap_err()
+                .contains("Name=true|false")
+        );
+    }
+}

@@ -1,0 +1,1026 @@
+//! `webhook serve`: the mutating pod webhook on the component runtime.
+//!
+//! Every decision is the pure rewrite of `warmcache_modelvolume` (the one `webhook preview`
+//! runs); this shell reads its inputs from caches (bindings in the control namespace, namespace
+//! labels, StorageClass `nvcf-sc`, CSIDrivers, the catalog ConfigMap), creates a binding when
+//! the pod's cache has none yet, and records every skip (annotation, metric, Event).
+//!
+//! What it never does: wait for a volume, a Job or a controller; write anything on a dry run;
+//! block pod creation. Its registration is `failurePolicy: Ignore`, and a failure of the handler
+//! itself admits the pod unchanged with a warning (`OnHandlerError::Allow`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::core::admission::Operation;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
+use tokio::sync::{OnceCell, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, field};
+use warmcache_admission::registration::{
+    FailurePolicy, ReinvocationPolicy, Rule, SideEffects, Webhook,
+};
+use warmcache_admission::{
+    AdmissionError, AdmissionServer, AdmissionServerConfig, Mutation, OnHandlerError, Reply, Route,
+    ServiceTarget, TlsFiles, TypedRequest, WebhookConfigurations,
+};
+use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
+use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
+use warmcache_catalog::{CONFIG_MAP_NAME, CatalogInput, CatalogSnapshot, Gates};
+use warmcache_cli::text::{bounded, shown};
+use warmcache_kube::EventType;
+use warmcache_modelid::{LWS_API_VERSION, LeaderWorkerSet, lws_from_object};
+use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OPT_OUT};
+use warmcache_modelvolume::{
+    BindingAction, Options, OptionsError, Request, Skip, SkipReason, StorageInputs, Verdict,
+    decide, gpu_container, leader_worker_set_name, plan,
+};
+use warmcache_runtime::{AdmissionArgs, Cache, Runtime, RuntimeArgs, RuntimeError};
+use warmcache_telemetry::TelemetryError;
+
+use crate::options::RewriteArgs;
+
+/// The component name: service name of its traces, prefix of its metrics
+/// (`warmcache_webhook_*`).
+pub const COMPONENT: &str = "webhook";
+
+/// Path the pod webhook is served on.
+pub const WEBHOOK_PATH: &str = "/mutate-pods";
+
+/// Name of the webhook in its `MutatingWebhookConfiguration`.
+pub const WEBHOOK_NAME: &str = "model-cache.pods.nvca.nvcf.nvidia.io";
+
+/// Name of the generated `MutatingWebhookConfiguration`.
+pub const CONFIGURATION_NAME: &str = "warmcache-webhook";
+
+/// The namespace the webhook runs in unless `--namespace` or `$POD_NAMESPACE` says otherwise.
+pub const DEFAULT_NAMESPACE: &str = "warmcache-system";
+
+/// The Service in front of the webhook (port 443, which the chart maps to `--listen`).
+pub const SERVICE_NAME: &str = "warmcache-webhook";
+
+/// `timeoutSeconds` of the registration: the API server gives up on the webhook after this and
+/// (with `failurePolicy: Ignore`) admits the pod unchanged.
+pub const TIMEOUT_SECONDS: i32 = 5;
+
+/// How long one admission may run before the server answers for it (unchanged, with a
+/// warning); below [`TIMEOUT_SECONDS`] so the answer arrives before the API server gives up.
+pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Longest wait for one API call an admission makes (reading a namespace or a
+/// LeaderWorkerSet missing from the caches, creating a binding).
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Events waiting to be recorded; past this, Events are dropped (and counted), never waited
+/// for.
+const EVENT_QUEUE: usize = 512;
+
+/// The label every namespace carries with its own name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// `webhook serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Logging, admin server, kubeconfig, shutdown.
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// The HTTPS server.
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
+    /// What the rewrite does.
+    #[command(flatten)]
+    pub rewrite: RewriteArgs,
+    /// The namespace the webhook runs in: never rewritten, and where the catalog ConfigMap
+    /// nvcf-storage-capabilities is read.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS", default_value = DEFAULT_NAMESPACE)]
+    pub namespace: String,
+}
+
+/// Why the webhook stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The component runtime failed: telemetry, the admin server, a cache, the certificate,
+    /// binding, serving.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// An option cannot work.
+    #[error("invalid option {0}")]
+    Options(#[from] OptionsError),
+    /// The webhook's metrics could not be registered.
+    #[error(transparent)]
+    Metrics(#[from] TelemetryError),
+}
+
+/// The Service the generated configuration calls: [`SERVICE_NAME`] in `namespace`, port 443.
+pub fn service(namespace: &str) -> ServiceTarget {
+    ServiceTarget::new(namespace, SERVICE_NAME, 443)
+}
+
+fn not_in(key: &str, values: &[&str]) -> LabelSelectorRequirement {
+    LabelSelectorRequirement {
+        key: key.to_owned(),
+        operator: "NotIn".to_owned(),
+        values: Some(values.iter().map(|v| (*v).to_owned()).collect()),
+    }
+}
+
+/// The pod webhook's registration: `CREATE` of pods only (a pod's containers and volumes cannot
+/// change afterwards), `failurePolicy: Ignore` (a webhook that is down never blocks a pod),
+/// [`TIMEOUT_SECONDS`], `sideEffects: NoneOnDryRun` (a dry run creates no binding and records
+/// no Event), `reinvocationPolicy: IfNeeded` (a pod changed by a later webhook is seen again;
+/// a pod that already reads the cache is admitted unchanged). The selectors keep the API server
+/// from calling at all for `kube-system`, the webhook's and the control namespace, namespaces
+/// and pods carrying the opt-out label, and warmcache's own pods; the handler checks the same
+/// again (and the opt-out annotation, which no selector can see).
+pub fn registration(webhook_namespace: &str, control_namespace: &str) -> Webhook {
+    let mut excluded = vec!["kube-system", webhook_namespace, control_namespace];
+    excluded.sort_unstable();
+    excluded.dedup();
+    Webhook::new(WEBHOOK_NAME)
+        .rule(Rule::for_resource::<Pod>(vec![Operation::Create]))
+        .failure_policy(FailurePolicy::Ignore)
+        .timeout_seconds(TIMEOUT_SECONDS)
+        .side_effects(SideEffects::NoneOnDryRun)
+        .reinvocation_policy(ReinvocationPolicy::IfNeeded)
+        .namespace_selector(LabelSelector {
+            match_expressions: Some(vec![
+                not_in(NAMESPACE_NAME_LABEL, &excluded),
+                not_in(OPT_OUT, &["true"]),
+            ]),
+            match_labels: None,
+        })
+        .object_selector(LabelSelector {
+            match_expressions: Some(vec![
+                not_in(OPT_OUT, &["true"]),
+                not_in(MANAGED_BY_LABEL, &[MANAGED_BY_VALUE]),
+            ]),
+            match_labels: None,
+        })
+}
+
+/// The server configuration the webhook runs with (certificate in `tls_dir`, handler timeout
+/// [`HANDLER_TIMEOUT`]).
+pub fn server_config(tls_dir: &std::path::Path) -> AdmissionServerConfig {
+    let mut config = AdmissionServerConfig::new(TlsFiles::in_dir(tls_dir));
+    config.handler_timeout = HANDLER_TIMEOUT;
+    config
+}
+
+/// The pod route with `handler`: typed as `Pod`, admitting the pod unchanged when the handler
+/// fails, registered with [`registration`].
+fn pod_route<F, Fut>(handler: F, webhook: Webhook) -> Route
+where
+    F: Fn(TypedRequest<Pod>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Reply<Mutation<Pod>>, AdmitError>> + Send + 'static,
+{
+    Route::mutating_typed_async::<Pod, _, _, _>(WEBHOOK_PATH, handler)
+        .on_error(OnHandlerError::Allow)
+        .webhook(webhook)
+}
+
+/// The webhook configuration generated from the route (`cargo xtask gen` writes it to
+/// `config/webhook/` and the chart's files), for the default namespaces. Only the route's path,
+/// type and registration are read: the handler given here answers no review (the served route
+/// is built by [`serve`] with the same [`pod_route`] and [`registration`]).
+pub fn webhook_configurations() -> Result<WebhookConfigurations, AdmissionError> {
+    let webhook = registration(
+        DEFAULT_NAMESPACE,
+        warmcache_api_modelcache::DEFAULT_CONTROL_NAMESPACE,
+    );
+    AdmissionServer::new(server_config(std::path::Path::new("/unused")))
+        .route(pod_route(
+            |_request: TypedRequest<Pod>| async { Ok(Reply::new(Mutation::Allow)) },
+            webhook,
+        ))
+        .configurations(CONFIGURATION_NAME, &service(DEFAULT_NAMESPACE))
+}
+
+/// `webhook serve`: serves on the component runtime until SIGTERM or SIGINT.
+pub fn run(args: ServeArgs) -> Result<(), ServeError> {
+    warmcache_runtime::block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> Result<(), ServeError> {
+    let options = args.rewrite.options(Some(args.namespace.clone()))?;
+    let mut runtime = Runtime::builder(COMPONENT, args.runtime)
+        .version(env!("CARGO_PKG_VERSION"))
+        .with_client()
+        .build()
+        .await?;
+    let metrics = PodMetrics::register(runtime.metrics())?;
+    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let caches = Caches {
+        bindings: runtime.watch(Some(&options.control_namespace), watcher::Config::default())?,
+        namespaces: runtime.watch_cluster_metadata::<Namespace>(watcher::Config::default())?,
+        storage_classes: runtime.watch(None, by_name(MODEL_CACHE_STORAGE_CLASS))?,
+        csi_drivers: runtime.watch(None, watcher::Config::default())?,
+        catalogs: runtime.watch(Some(&args.namespace), by_name(CONFIG_MAP_NAME))?,
+    };
+    let (events, queue) = mpsc::channel(EVENT_QUEUE);
+    if let Some(recorder) = runtime.recorder().cloned() {
+        let stop = runtime.shutdown_token();
+        runtime.spawn("pod events", record_events(recorder, queue, stop));
+    }
+    let admitter = Arc::new(Admitter {
+        client: runtime.client()?,
+        gates: args.rewrite.feature_gates.0,
+        webhook_namespace: args.namespace.clone(),
+        caches,
+        catalog: CatalogMemo::default(),
+        creating: Mutex::new(HashMap::new()),
+        metrics,
+        events,
+        registration: registration(&args.namespace, &options.control_namespace),
+        options,
+    });
+    tracing::info!(
+        namespace = %admitter.webhook_namespace,
+        control_namespace = %admitter.options.control_namespace,
+        gpu_resources = %admitter.options.gpu_resources.join(","),
+        "pod webhook configured"
+    );
+    let webhook = admitter.registration.clone();
+    let handler = {
+        let admitter = Arc::clone(&admitter);
+        move |request: TypedRequest<Pod>| {
+            let admitter = Arc::clone(&admitter);
+            async move { admitter.admit(request).await }
+        }
+    };
+    let server = AdmissionServer::new(server_config(&args.admission.tls_dir))
+        .route(pod_route(handler, webhook));
+    runtime.serve_admission(&args.admission, server).await?;
+    runtime.run().await?;
+    Ok(())
+}
+
+/// A Warning Event about a pod that was left alone.
+#[derive(Debug)]
+struct PodEvent {
+    regarding: ObjectReference,
+    reason: String,
+    note: String,
+}
+
+async fn record_events(
+    recorder: warmcache_kube::EventRecorder,
+    mut queue: mpsc::Receiver<PodEvent>,
+    stop: CancellationToken,
+) -> Result<(), std::convert::Infallible> {
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            event = queue.recv() => event,
+        };
+        let Some(event) = event else { return Ok(()) };
+        recorder
+            .publish(
+                &event.regarding,
+                EventType::Warning,
+                &event.reason,
+                "Admit",
+                Some(&event.note),
+            )
+            .await;
+    }
+}
+
+/// What the Event about a pod refers to: the pod when it has a name; a pod created from
+/// `generateName` has none yet at admission, so its controller (ReplicaSet, Job, StatefulSet,
+/// LeaderWorkerSet) instead; `None` when it has neither.
+pub fn event_target(pod: &Pod, namespace: &str) -> Option<ObjectReference> {
+    if let Some(name) = pod.metadata.name.as_deref().filter(|n| !n.is_empty()) {
+        return Some(ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            ..ObjectReference::default()
+        });
+    }
+    let owner = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))?;
+    Some(ObjectReference {
+        api_version: Some(owner.api_version.clone()),
+        kind: Some(owner.kind.clone()),
+        namespace: Some(namespace.to_owned()),
+        name: Some(owner.name.clone()),
+        uid: Some(owner.uid.clone()).filter(|u| !u.is_empty()),
+        ..ObjectReference::default()
+    })
+}
+
+/// The note of the Event about `pod`: the skip message, prefixed with the pod when the Event
+/// goes on its controller.
+pub fn event_note(pod: &Pod, skip: &Skip) -> String {
+    let named = pod.metadata.name.as_deref().is_some_and(|n| !n.is_empty());
+    let note = if named {
+        skip.message.clone()
+    } else {
+        format!(
+            "pod {}*: {}",
+            shown(pod.metadata.generate_name.as_deref().unwrap_or_default()),
+            skip.message
+        )
+    };
+    bounded(&note, warmcache_modelvolume::MAX_MESSAGE_BYTES)
+}
+
+/// The webhook's own metrics (beside the runtime's `warmcache_admission_*`).
+#[derive(Clone, Debug)]
+struct PodMetrics {
+    /// Admissions by outcome and skip reason (`none` unless skipped).
+    admissions: IntCounterVec,
+    /// Seconds from the review to the answer, by outcome.
+    duration: HistogramVec,
+    /// Binding create calls by result.
+    bindings: IntCounterVec,
+    /// Events by result.
+    events: IntCounterVec,
+}
+
+/// Outcomes of an admission (metric label `outcome`).
+const OUTCOMES: [&str; 5] = ["rewritten", "unchanged", "skipped", "out_of_scope", "error"];
+
+impl PodMetrics {
+    fn register(metrics: &warmcache_telemetry::Metrics) -> Result<Self, TelemetryError> {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).map_err(|source| {
+                TelemetryError::Metrics {
+                    what: name.to_owned(),
+                    source,
+                }
+            })
+        };
+        let admissions = counter(
+            "pod_admissions_total",
+            "Pod admissions by outcome (rewritten, unchanged, skipped, out_of_scope, error) and skip reason (none unless skipped or out of scope).",
+            &["outcome", "reason"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "pod_admission_duration_seconds",
+                "Seconds from receiving a pod review to answering it, by outcome.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["outcome"],
+        )
+        .map_err(|source| TelemetryError::Metrics {
+            what: "pod_admission_duration_seconds".to_owned(),
+            source,
+        })?;
+        let bindings = counter(
+            "bindings_total",
+            "ModelCacheBinding create calls by result: created, existing (another admission created it first), failed.",
+            &["result"],
+        )?;
+        let events = counter(
+            "pod_events_total",
+            "Warning Events about pods left alone, by result: queued, dropped (queue full).",
+            &["result"],
+        )?;
+        // Every series exported with 0 from the start.
+        for reason in SkipReason::ALL {
+            let outcome = if reason.in_scope() {
+                "skipped"
+            } else {
+                "out_of_scope"
+            };
+            admissions.with_label_values(&[outcome, reason.code()]);
+        }
+        for outcome in ["rewritten", "unchanged", "error"] {
+            admissions.with_label_values(&[outcome, "none"]);
+        }
+        for outcome in OUTCOMES {
+            duration.with_label_values(&[outcome]);
+        }
+        for result in ["created", "existing", "failed"] {
+            bindings.with_label_values(&[result]);
+        }
+        for result in ["queued", "dropped"] {
+            events.with_label_values(&[result]);
+        }
+        metrics.register(admissions.clone())?;
+        metrics.register(duration.clone())?;
+        metrics.register(bindings.clone())?;
+        metrics.register(events.clone())?;
+        Ok(Self {
+            admissions,
+            duration,
+            bindings,
+            events,
+        })
+    }
+}
+
+/// The caches admission reads.
+struct Caches {
+    bindings: Cache<ModelCacheBinding>,
+    namespaces: Cache<PartialObjectMeta<Namespace>>,
+    storage_classes: Cache<StorageClass>,
+    csi_drivers: Cache<CSIDriver>,
+    catalogs: Cache<ConfigMap>,
+}
+
+/// The catalog loaded from the cached ConfigMap, kept while the ConfigMap (by UID and
+/// resourceVersion) stays the same, so admissions do not parse and validate it each time.
+#[derive(Default)]
+struct CatalogMemo {
+    last: Mutex<Option<Memo>>,
+}
+
+type ConfigMapVersion = Option<(String, String)>;
+
+struct Memo {
+    version: ConfigMapVersion,
+    /// `None`: the ConfigMap does not load (the decision reports why).
+    snapshot: Option<Arc<CatalogSnapshot>>,
+}
+
+impl CatalogMemo {
+    fn snapshot(&self, config_map: Option<&ConfigMap>) -> Option<Arc<CatalogSnapshot>> {
+        let version = config_map.map(|c| {
+            (
+                c.metadata.uid.clone().unwrap_or_default(),
+                c.metadata.resource_version.clone().unwrap_or_default(),
+            )
+        });
+        let mut last = match self.last.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(memo) = last.as_ref()
+            && memo.version == version
+        {
+            return memo.snapshot.clone();
+        }
+        let snapshot = match CatalogSnapshot::from_config_map(config_map) {
+            Ok(s) => {
+                tracing::info!(
+                    revision = %s.revision(),
+                    builtin = s.is_builtin(),
+                    "storage capability catalog loaded"
+                );
+                Some(Arc::new(s))
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the catalog ConfigMap does not load; bindings are not created until it is fixed");
+                None
+            }
+        };
+        *last = Some(Memo {
+            version,
+            snapshot: snapshot.clone(),
+        });
+        snapshot
+    }
+}
+
+/// Why an admission could not be decided (the pod is admitted unchanged, with a warning).
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    /// The pod's namespace is neither cached nor readable.
+    #[error("reading namespace {namespace}: {why}")]
+    Namespace {
+        /// The namespace.
+        namespace: String,
+        /// The API error or the timeout.
+        why: String,
+    },
+    /// The pod's LeaderWorkerSet could not be read.
+    #[error("reading LeaderWorkerSet {namespace}/{name}: {why}")]
+    LeaderWorkerSet {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The API error or the timeout.
+        why: String,
+    },
+}
+
+type Created = Result<Arc<ModelCacheBinding>, String>;
+
+struct Admitter {
+    client: Client,
+    options: Options,
+    gates: Gates,
+    webhook_namespace: String,
+    caches: Caches,
+    catalog: CatalogMemo,
+    /// Creates in flight by binding name: concurrent admissions of one model share one call.
+    creating: Mutex<HashMap<String, Arc<OnceCell<Created>>>>,
+    metrics: PodMetrics,
+    events: mpsc::Sender<PodEvent>,
+    registration: Webhook,
+}
+
+/// What one admission ended as, for the span and the metrics.
+struct Ending {
+    outcome: &'static str,
+    reason: &'static str,
+}
+
+impl Ending {
+    const fn new(outcome: &'static str) -> Self {
+        Self {
+            outcome,
+            reason: "none",
+        }
+    }
+
+    fn skip(skip: &Skip) -> Self {
+        Self {
+            outcome: if skip.reason.in_scope() {
+                "skipped"
+            } else {
+                "out_of_scope"
+            },
+            reason: skip.reason.code(),
+        }
+    }
+}
+
+fn lws_resource() -> ApiResource {
+    let (group, version) = LWS_API_VERSION
+        .split_once('/')
+        .unwrap_or(("leaderworkerset.x-k8s.io", "v1"));
+    ApiResource {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        api_version: LWS_API_VERSION.to_owned(),
+        kind: "LeaderWorkerSet".to_owned(),
+        plural: "leaderworkersets".to_owned(),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+impl Admitter {
+    /// One review: the span, the metrics, the answer.
+    async fn admit(&self, request: TypedRequest<Pod>) -> Result<Reply<Mutation<Pod>>, AdmitError> {
+        let started = Instant::now();
+        let pod_name = request
+            .object
+            .as_ref()
+            .and_then(|p| {
+                p.metadata
+                    .name
+                    .clone()
+                    .filter(|n| !n.is_empty())
+                    .or_else(|| p.metadata.generate_name.clone().map(|g| format!("{g}*")))
+            })
+            .unwrap_or_default();
+        let span = tracing::info_span!(
+            "pod_admission",
+            namespace = request.namespace.as_deref().unwrap_or_default(),
+            pod = %pod_name,
+            dry_run = request.dry_run,
+            model.uri = field::Empty,
+            binding = field::Empty,
+            decision = field::Empty,
+            reason = field::Empty,
+        );
+        let result = self.review(request).instrument(span.clone()).await;
+        let ending = match &result {
+            Ok((ending, _)) => ending,
+            Err(_) => &Ending::new("error"),
+        };
+        span.record("decision", ending.outcome);
+        span.record("reason", ending.reason);
+        self.metrics
+            .admissions
+            .with_label_values(&[ending.outcome, ending.reason])
+            .inc();
+        self.metrics
+            .duration
+            .with_label_values(&[ending.outcome])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(error) = &result {
+            span.in_scope(
+                || tracing::warn!(%error, "pod admitted unchanged: admission could not be decided"),
+            );
+        }
+        result.map(|(_, reply)| reply)
+    }
+
+    async fn review(
+        &self,
+        request: TypedRequest<Pod>,
+    ) -> Result<(Ending, Reply<Mutation<Pod>>), AdmitError> {
+        let allow = |ending| Ok((ending, Reply::new(Mutation::Allow)));
+        let Some(pod) = request.object.as_ref() else {
+            return allow(Ending::new("unchanged"));
+        };
+        if request.operation != Operation::Create || request.sub_resource.is_some() {
+            return allow(Ending::new("unchanged"));
+        }
+        // The cheapest check first: most pods request no GPU, and need no lookup at all.
+        if gpu_container(pod, &self.options.gpu_resources).is_none() {
+            return allow(Ending {
+                outcome: "out_of_scope",
+                reason: SkipReason::NotGpuPod.code(),
+            });
+        }
+        let namespace = request
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_default();
+        let labels = self.namespace_labels(&namespace).await?;
+        let group = self.leader_worker_set(pod, &namespace).await?;
+        let mut carrier = BTreeMap::new();
+        warmcache_telemetry::inject_current(&mut carrier);
+        let traceparent = carrier.get(warmcache_telemetry::TRACE_PARENT_ANNOTATION);
+        let req = Request {
+            pod,
+            namespace: &namespace,
+            namespace_labels: &labels,
+            leader_worker_set: group.as_ref(),
+            traceparent: traceparent.map(String::as_str),
+            options: &self.options,
+        };
+        let verdict = match plan(&req) {
+            Err(verdict) => verdict,
+            Ok(plan) => {
+                let span = tracing::Span::current();
+                span.record("model.uri", plan.uri());
+                span.record("binding", plan.binding_name());
+                let binding = self
+                    .caches
+                    .bindings
+                    .store()
+                    .get(&ObjectRef::new(plan.binding_name()).within(plan.binding_namespace()));
+                let class = self
+                    .caches
+                    .storage_classes
+                    .store()
+                    .get(&ObjectRef::new(MODEL_CACHE_STORAGE_CLASS));
+                let driver = class.as_ref().and_then(|c| {
+                    self.caches
+                        .csi_drivers
+                        .store()
+                        .get(&ObjectRef::new(&c.provisioner))
+                });
+                let config_map = self
+                    .caches
+                    .catalogs
+                    .store()
+                    .get(&ObjectRef::new(CONFIG_MAP_NAME).within(&self.webhook_namespace));
+                let snapshot = self.catalog.snapshot(config_map.as_deref());
+                let catalog = match (&snapshot, config_map.as_deref()) {
+                    (Some(s), _) => CatalogInput::Loaded(s),
+                    (None, Some(cm)) => CatalogInput::ConfigMap(cm),
+                    (None, None) => CatalogInput::Absent,
+                };
+                let storage = StorageInputs {
+                    storage_class: class.as_deref(),
+                    csi_driver: driver.as_deref(),
+                    catalog,
+                    gates: self.gates,
+                };
+                decide(&req, plan, binding.as_deref(), &storage)
+            }
+        };
+        let (ending, reply) = match verdict {
+            Verdict::Unchanged(_) => (Ending::new("unchanged"), Reply::new(Mutation::Allow)),
+            Verdict::Skip(skip) => self.skipped(pod, &namespace, &skip, request.dry_run),
+            Verdict::Rewrite(rewrite) => {
+                let wanted = match &rewrite.binding {
+                    BindingAction::Join { .. } => None,
+                    BindingAction::Create(wanted) => Some(wanted.as_ref().clone()),
+                };
+                match wanted {
+                    None => (
+                        Ending::new("rewritten"),
+                        Reply::new(Mutation::Mutated(rewrite.pod)),
+                    ),
+                    Some(wanted) if request.dry_run => {
+                        let note = format!(
+                            "dry run: admission would create ModelCacheBinding {}/{}",
+                            wanted.metadata.namespace.as_deref().unwrap_or_default(),
+                            wanted.metadata.name.as_deref().unwrap_or_default()
+                        );
+                        (
+                            Ending::new("rewritten"),
+                            Reply::new(Mutation::Mutated(rewrite.pod)).warning(note),
+                        )
+                    }
+                    Some(wanted) => match self.create_binding(&wanted).await {
+                        Err(why) => {
+                            let skip = rewrite.unavailable(why);
+                            self.skipped(pod, &namespace, &skip, false)
+                        }
+                        Ok(stored) => match rewrite.complete(&stored) {
+                            Ok(pod) => {
+                                (Ending::new("rewritten"), Reply::new(Mutation::Mutated(pod)))
+                            }
+                            Err(skip) => self.skipped(pod, &namespace, &skip, false),
+                        },
+                    },
+                }
+            }
+        };
+        Ok((ending, reply))
+    }
+
+    /// A skip: the annotation (in-scope reasons), the Event and a warning (reasons that warrant
+    /// one; no Event on a dry run).
+    fn skipped(
+        &self,
+        pod: &Pod,
+        namespace: &str,
+        skip: &Skip,
+        dry_run: bool,
+    ) -> (Ending, Reply<Mutation<Pod>>) {
+        let ending = Ending::skip(skip);
+        if !skip.reason.in_scope() {
+            return (ending, Reply::new(Mutation::Allow));
+        }
+        let mut reply = Reply::new(match skip.annotate(pod) {
+            Some(annotated) => Mutation::Mutated(annotated),
+            None => Mutation::Allow,
+        });
+        if skip.reason.warrants_event() {
+            reply = reply.warning(bounded(
+                &format!(
+                    "model cache not used ({}): {}",
+                    skip.reason.code(),
+                    skip.message
+                ),
+                480,
+            ));
+            if !dry_run && let Some(regarding) = event_target(pod, namespace) {
+                let event = PodEvent {
+                    regarding,
+                    reason: skip.reason.event_reason(),
+                    note: event_note(pod, skip),
+                };
+                let result = match self.events.try_send(event) {
+                    Ok(()) => "queued",
+                    Err(_) => "dropped",
+                };
+                self.metrics.events.with_label_values(&[result]).inc();
+            }
+        }
+        (ending, reply)
+    }
+
+    /// The labels of `namespace`: from the cache, or read once when the cache has not seen the
+    /// namespace yet (created just before the pod).
+    async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<BTreeMap<String, String>, AdmitError> {
+        if let Some(meta) = self
+            .caches
+            .namespaces
+            .store()
+            .get(&ObjectRef::new(namespace))
+        {
+            return Ok(meta.metadata.labels.clone().unwrap_or_default());
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let error = |why: String| AdmitError::Namespace {
+            namespace: namespace.to_owned(),
+            why,
+        };
+        match tokio::time::timeout(API_CALL_TIMEOUT, api.get_metadata(namespace)).await {
+            Ok(Ok(meta)) => Ok(meta.metadata.labels.unwrap_or_default()),
+            Ok(Err(e)) => Err(error(e.to_string())),
+            Err(_) => Err(error(format!("no answer within {API_CALL_TIMEOUT:?}"))),
+        }
+    }
+
+    /// The LeaderWorkerSet a pod belongs to (by its name label): `None` for other pods and when
+    /// it (or its CRD) does not exist.
+    async fn leader_worker_set(
+        &self,
+        pod: &Pod,
+        namespace: &str,
+    ) -> Result<Option<LeaderWorkerSet>, AdmitError> {
+        let Some(name) = leader_worker_set_name(pod) else {
+            return Ok(None);
+        };
+        let error = |why: String| AdmitError::LeaderWorkerSet {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            why,
+        };
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &lws_resource());
+        let found = match tokio::time::timeout(API_CALL_TIMEOUT, api.get_opt(name)).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => return Err(error(e.to_string())),
+            Err(_) => return Err(error(format!("no answer within {API_CALL_TIMEOUT:?}"))),
+        };
+        let Some(object) = found else {
+            return Ok(None);
+        };
+        let value = serde_json::to_value(&object).map_err(|e| error(e.to_string()))?;
+        lws_from_object(&value)
+            .map(Some)
+            .map_err(|e| error(format!("it does not decode: {e}")))
+    }
+
+    /// Creates `wanted` or reads the binding that won (`create_or_get`), at most
+    /// [`API_CALL_TIMEOUT`]; concurrent admissions of one binding share one call.
+    async fn create_binding(&self, wanted: &ModelCacheBinding) -> Created {
+        let namespace = wanted.metadata.namespace.clone().unwrap_or_default();
+        let key = format!(
+            "{namespace}/{}",
+            wanted.metadata.name.as_deref().unwrap_or_default()
+        );
+        let cell = Arc::clone(lock(&self.creating).entry(key.clone()).or_default());
+        let result = cell
+            .get_or_init(|| async {
+                let api: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), &namespace);
+                let call = warmcache_kube::create_or_get(&api, wanted);
+                let (result, created) = match tokio::time::timeout(API_CALL_TIMEOUT, call).await {
+                    Ok(Ok(created)) => {
+                        let was_created = created.was_created();
+                        (Ok(Arc::new(created.into_inner())), Some(was_created))
+                    }
+                    Ok(Err(e)) => (Err(e.to_string()), None),
+                    Err(_) => (Err(format!("no answer within {API_CALL_TIMEOUT:?}")), None),
+                };
+                let label = match created {
+                    Some(true) => "created",
+                    Some(false) => "existing",
+                    None => "failed",
+                };
+                self.metrics.bindings.with_label_values(&[label]).inc();
+                match &result {
+                    Ok(_) if created == Some(true) => {
+                        tracing::info!(binding = %key, "ModelCacheBinding created")
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(binding = %key, %error, "ModelCacheBinding not created")
+                    }
+                }
+                result
+            })
+            .await
+            .clone();
+        // The call is done: the next admission reads the binding from the cache (or, before the
+        // watch delivers it, gets AlreadyExists and reads it back).
+        let mut creating = lock(&self.creating);
+        if creating.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            creating.remove(&key);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    #[test]
+    fn the_registration_ignores_failures_and_skips_excluded_namespaces() {
+        let configs = webhook_configurations().unwrap();
+        assert!(configs.validating.is_none());
+        let config = configs.mutating.unwrap();
+        let value = serde_json::to_value(&config).unwrap();
+        let webhook = &value["webhooks"][0];
+        assert_eq!(webhook["name"], WEBHOOK_NAME);
+        assert_eq!(webhook["failurePolicy"], "Ignore");
+        assert_eq!(webhook["timeoutSeconds"], TIMEOUT_SECONDS);
+        assert_eq!(webhook["sideEffects"], "NoneOnDryRun");
+        assert_eq!(webhook["reinvocationPolicy"], "IfNeeded");
+        assert_eq!(
+            webhook["rules"][0]["operations"],
+            serde_json::json!(["CREATE"])
+        );
+        assert_eq!(
+            webhook["rules"][0]["resources"],
+            serde_json::json!(["pods"])
+        );
+        assert_eq!(webhook["clientConfig"]["service"]["path"], WEBHOOK_PATH);
+        let ns = &webhook["namespaceSelector"]["matchExpressions"];
+        assert_eq!(ns[0]["key"], NAMESPACE_NAME_LABEL);
+        assert_eq!(
+            ns[0]["values"],
+            serde_json::json!(["kube-system", "nvca-modelcache-init", "warmcache-system"])
+        );
+        assert_eq!(ns[1]["key"], OPT_OUT);
+        let objects = &webhook["objectSelector"]["matchExpressions"];
+        assert_eq!(objects[1]["key"], MANAGED_BY_LABEL);
+        assert!((HANDLER_TIMEOUT + Duration::from_secs(1)).as_secs() <= TIMEOUT_SECONDS as u64);
+    }
+
+    fn skip() -> Skip {
+        Skip::new(
+            SkipReason::NoDurableStorage,
+            "StorageClassNotFound: no nvcf-sc",
+        )
+    }
+
+    #[test]
+    fn events_go_on_the_pod_or_on_its_controller() {
+        let mut pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("vllm-0".into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        };
+        let target = event_target(&pod, "team-a").unwrap();
+        assert_eq!(target.kind.as_deref(), Some("Pod"));
+        assert_eq!(target.name.as_deref(), Some("vllm-0"));
+        assert_eq!(target.namespace.as_deref(), Some("team-a"));
+        assert_eq!(event_note(&pod, &skip()), skip().message);
+
+        pod.metadata.name = None;
+        pod.metadata.generate_name = Some("vllm-7d9c-".into());
+        assert!(
+            event_target(&pod, "team-a").is_none(),
+            "no name, no controller"
+        );
+        pod.metadata.owner_references = Some(vec![
+            OwnerReference {
+                api_version: "v1".into(),
+                kind: "Other".into(),
+                name: "not-the-controller".into(),
+                uid: "u0".into(),
+                ..OwnerReference::default()
+            },
+            OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "ReplicaSet".into(),
+                name: "vllm-7d9c".into(),
+                uid: "u1".into(),
+                controller: Some(true),
+                ..OwnerReference::default()
+            },
+        ]);
+        let target = event_target(&pod, "team-a").unwrap();
+        assert_eq!(target.kind.as_deref(), Some("ReplicaSet"));
+        assert_eq!(target.name.as_deref(), Some("vllm-7d9c"));
+        assert_eq!(target.uid.as_deref(), Some("u1"));
+        let note = event_note(&pod, &skip());
+        assert!(note.starts_with("pod \"vllm-7d9c-\"*: "), "{note}");
+    }
+
+    #[test]
+    fn metrics_export_every_reason_with_zero() {
+        let metrics = warmcache_telemetry::Metrics::new("warmcache_webhook").unwrap();
+        PodMetrics::register(&metrics).unwrap();
+        let text = metrics.encode_text().unwrap();
+        for reason in SkipReason::ALL {
+            assert!(
+                text.contains(&format!("reason=\"{}\"", reason.code())),
+                "{}",
+                reason.code()
+            );
+        }
+        assert!(text.contains("warmcache_webhook_bindings_total{result=\"created\"} 0"));
+        assert!(text.contains("warmcache_webhook_pod_admission_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn the_catalog_is_loaded_once_per_config_map_version() {
+        let memo = CatalogMemo::default();
+        let builtin = memo.snapshot(None).unwrap();
+        assert!(builtin.is_builtin());
+        assert!(Arc::ptr_eq(&builtin, &memo.snapshot(None).unwrap()));
+        let broken: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": CONFIG_MAP_NAME, "uid": "u", "resourceVersion": "1"},
+            "data": {"other": "x"}
+        }))
+        .unwrap();
+        assert!(memo.snapshot(Some(&broken)).is_none());
+        let mut fixed = broken.clone();
+        fixed.metadata.resource_version = Some("2".into());
+        fixed.data = Some(BTreeMap::from([(
+            warmcache_catalog::CONFIG_MAP_KEY.to_owned(),
+            warmcache_catalog::BUILTIN_CATALOG.to_owned(),
+        )]));
+        let loaded = memo.snapshot(Some(&fixed)).unwrap();
+        assert!(!loaded.is_builtin());
+        assert!(Arc::ptr_eq(&loaded, &memo.snapshot(Some(&fixed)).unwrap()));
+    }
+}
