@@ -82,12 +82,37 @@ pub fn review(
         Err(err) => return response.deny(format!("the stored object cannot be read: {err}")),
     };
     match validate_values(&new_value, old_value.as_ref(), ctx) {
-        Ok(errors) if errors.is_empty() => response,
+        Ok(errors) if errors.is_empty() => with_warnings(response, &new_value, old_value.as_ref()),
         Ok(errors) => deny(response, request, &errors),
         Err(err) => response.deny(format!(
             "{err}; this operator cannot judge a change to its spec (a metadata-only update is admitted)"
         )),
     }
+}
+
+/// An admission carrying the warnings of [`warmcache_kvcache::advice::warnings`] (shown by
+/// `kubectl` as `Warning: ...`), on a create and on an update that changes the spec: a
+/// metadata-only update (the operator's finalizer changes) draws none. Warnings never change
+/// the verdict, so upstream's admissions and refusals stay as they are.
+fn with_warnings(
+    mut response: AdmissionResponse,
+    new: &serde_json::Value,
+    old: Option<&serde_json::Value>,
+) -> AdmissionResponse {
+    if old.is_some_and(|old| old.get("spec") == new.get("spec")) {
+        return response;
+    }
+    let Ok(backend) = warmcache_kvcache::from_value(new.clone()) else {
+        return response;
+    };
+    let warnings: Vec<String> = warmcache_kvcache::advice::warnings(&backend)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
+    response
 }
 
 /// A denial carrying every refusal: one `<path>: <reason>` per refusal in the message (joined
@@ -294,6 +319,58 @@ mod tests {
         assert!(review(&request("UPDATE", Some(edited), Some(stored.clone())), &ctx).allowed);
         let moved = tiered("9Mi");
         assert!(!review(&request("UPDATE", Some(moved), Some(stored)), &ctx).allowed);
+    }
+
+    #[test]
+    fn measured_misconfigurations_are_admitted_with_warnings() {
+        let ctx = ValidationContext::default();
+        // A tier without capacity: admitted, with the 2Ti warning.
+        let ok = review(&request("CREATE", Some(tiered("1Gi")), None), &ctx);
+        assert!(ok.allowed);
+        let warnings = ok.warnings.unwrap();
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0]
+                .starts_with("spec.connection.managed.members[0].localDisks[0].capacity: unset"),
+            "{warnings:?}"
+        );
+        // A 16Mi tier with a key limit: both warnings, still admitted.
+        let mut small = tiered("1Gi");
+        small["spec"]["connection"]["managed"]["members"][0]["localDisks"][0]["capacity"] =
+            json!("16Mi");
+        small["spec"]["connection"]["managed"]["members"][0]["localDisks"][0]["keyLimit"] =
+            json!(1000);
+        let ok = review(&request("CREATE", Some(small.clone()), None), &ctx);
+        assert!(ok.allowed);
+        let warnings = ok.warnings.unwrap();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains(".capacity: 16777216 bytes hold no complete 16Mi bucket"));
+        assert!(warnings[1].contains(".keyLimit: has no effect while eviction is enabled"));
+        // A metadata-only update draws none (the finalizer changes of the operator).
+        let mut finalized = small.clone();
+        finalized["metadata"]["finalizers"] = json!(["worker.gpustack.ai/kvcache"]);
+        let ok = review(
+            &request("UPDATE", Some(finalized), Some(small.clone())),
+            &ctx,
+        );
+        assert!(ok.allowed);
+        assert_eq!(ok.warnings, None);
+        // A spec change does.
+        let mut edited = small.clone();
+        edited["spec"]["image"] = json!("repo/store:2");
+        let ok = review(&request("UPDATE", Some(edited), Some(small)), &ctx);
+        assert_eq!(ok.warnings.map(|w| w.len()), Some(2));
+        // A refusal carries its refusals only.
+        let refused = review(&request("CREATE", Some(tiered("8Mi")), None), &ctx);
+        assert!(!refused.allowed);
+        assert_eq!(refused.warnings, None);
+        // No tier, no warning.
+        let plain =
+            backend(json!([{"nodeSelector": {}, "medium": "DRAM", "capacityPerMember": "1Gi"}]));
+        assert_eq!(
+            review(&request("CREATE", Some(plain), None), &ctx).warnings,
+            None
+        );
     }
 
     #[test]

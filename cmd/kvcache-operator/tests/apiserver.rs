@@ -686,3 +686,91 @@ async fn leader_and_plain_members_pass_pod_security_restricted_and_tier_members_
     assert!(err.contains("hostPath"), "{err}");
     ns.cleanup().await;
 }
+
+/// Creates `value` (dry run) through the API server and returns the `Warning` headers of the
+/// answer and its HTTP status.
+async fn create_with_warnings(client: &kube::Client, value: &Value) -> (u16, Vec<String>) {
+    let body = serde_json::to_vec(value).unwrap();
+    let request = http::Request::post(
+        "/apis/worker.gpustack.ai/v1alpha1/kvcachebackends?dryRun=All&fieldValidation=Strict",
+    )
+    .header("content-type", "application/json")
+    .body(kube::client::Body::from(body))
+    .unwrap();
+    let response = client.send(request).await.unwrap();
+    let warnings = response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect();
+    (response.status().as_u16(), warnings)
+}
+
+#[tokio::test]
+async fn measured_misconfigurations_reach_the_client_as_warnings_and_are_admitted() {
+    let plane = ControlPlane::shared().await.expect("control plane");
+    let client = plane.client().await.unwrap();
+    let served = Served::start(&client, "warnings").await;
+
+    // A 16Mi tier (admitted upstream, every write fails on the real store) with a key limit
+    // that eviction makes inert.
+    let small = object(
+        &vectors::with(vectors::v2(), |o| {
+            vectors::members(o)[0]["capacityPerMember"] = json!("1Gi");
+            vectors::tier0(o)["capacity"] = json!("16Mi");
+            vectors::tier0(o)["eviction"] = json!({"enabled": true});
+        }),
+        "kvc-warned",
+        Some(&served.label),
+    );
+    let (status, warnings) =
+        create_with_warnings(&client, &serde_json::to_value(&small).unwrap()).await;
+    assert_eq!(status, 201, "{warnings:?}");
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    // The API server's form: 299 - "<text>".
+    assert!(
+        warnings[0].starts_with(
+            "299 - \"spec.connection.managed.members[0].localDisks[0].capacity: 16777216 bytes hold no complete 16Mi bucket"
+        ),
+        "{warnings:?}"
+    );
+    assert!(warnings[0].contains("use at least 20Mi"), "{warnings:?}");
+    assert!(
+        warnings[1].contains("localDisks[0].keyLimit: has no effect while eviction is enabled"),
+        "{warnings:?}"
+    );
+
+    // No capacity: the 2Ti warning.
+    let unbounded = object(
+        &vectors::with(vectors::v2(), |o| {
+            vectors::tier0(o)["capacity"] = json!(null);
+            vectors::tier0(o)["keyLimit"] = json!(null);
+            vectors::tier0(o)["eviction"] = json!(null);
+        }),
+        "kvc-unbounded",
+        Some(&served.label),
+    );
+    let (status, warnings) =
+        create_with_warnings(&client, &serde_json::to_value(&unbounded).unwrap()).await;
+    assert_eq!(status, 201);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("capacity: unset: the store then reports 2Ti"),
+        "{warnings:?}"
+    );
+
+    // A working tier draws none.
+    let fine = object(
+        &vectors::with(vectors::v2(), |o| {
+            vectors::tier0(o)["keyLimit"] = json!(null);
+        }),
+        "kvc-fine",
+        Some(&served.label),
+    );
+    let (status, warnings) =
+        create_with_warnings(&client, &serde_json::to_value(&fine).unwrap()).await;
+    assert_eq!(status, 201);
+    assert_eq!(warnings, Vec::<String>::new());
+    served.stop(&client).await;
+}

@@ -10,6 +10,9 @@
 //!   [`validate_values`] is the same verdict on the raw JSON objects of an admission request; the
 //!   webhook and the offline `validate` command both call it, so an update whose `spec` is
 //!   unchanged is admitted before either object is decoded.
+//! - [`advice::warnings`]: admission warnings (never refusals) for configurations measured not
+//!   to work on the real store: a tier too small for one bucket under its marks, `keyLimit`
+//!   with eviction enabled, a tier without `capacity`.
 //! - [`render()`]: the leader Deployment and Service and one member DaemonSet per group, per
 //!   reference section 4, plus, with an active `highAvailability`, the ServiceAccounts, Roles
 //!   and RoleBindings the Lease election needs; everything `validate` admits renders,
@@ -51,9 +54,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod advice;
 pub mod condition;
 pub mod error;
 pub mod image;
+pub mod memory;
 pub mod names;
 pub mod parse;
 pub mod quantity;

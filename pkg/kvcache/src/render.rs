@@ -27,10 +27,12 @@
 //! - the `local-disk-survey` init container has small requests and limits (CPU and memory): it
 //!   counts directory entries in a stream (`find ... | wc -l`), so its memory does not grow with
 //!   the size of the tier;
-//! - the member requests its memory segment plus its transfer buffer (DRAM) or the buffer alone
-//!   (VRAM), and a little CPU. It has **no memory limit**: the segment is the cache itself, the
-//!   store's own overhead (transfer engine, offload staging buffers) comes on top of it and is
-//!   not described by any field, and an OOM kill loses every key in the segment at once. It has
+//! - the member requests what the store really holds in host memory ([`crate::memory`]): its
+//!   segment (DRAM only), its transfer buffer (the store's 1 GiB default when
+//!   `localBufferSize` is unset), and with a tier the 1.25 GiB offload staging buffer, and a
+//!   little CPU. It has **no memory limit**: the segment is the cache itself, the store's
+//!   remaining overhead (the transfer engine, about 100 MiB) is not described by any field, and
+//!   an OOM kill loses every key in the segment at once. It has
 //!   no CPU limit either: throttling lands on the data path of every transfer. Fabric device
 //!   limits (RDMA, EFA) are set, as extended resources require;
 //! - the leader requests CPU and memory and has **no limits**: its memory is the index of every
@@ -1036,7 +1038,6 @@ fn member_daemonset(
     index: usize,
     group: &MemberGroup,
 ) -> Result<DaemonSet, RenderError> {
-    let path = member_path(index);
     let component = names::member_component(index);
     let ds_name = names::member_name(plan.name, index);
     let port =
@@ -1061,29 +1062,8 @@ fn member_daemonset(
         args.push(entry.trim_start_matches('-').to_owned());
     }
 
-    // Memory request: the segment (DRAM only) plus the transfer buffer.
-    let segment = bytes(
-        &format!("{path}.capacityPerMember"),
-        &group.capacity_per_member,
-    )?;
-    let buffer = match &group.local_buffer_size {
-        Some(b) => bytes(&format!("{path}.localBufferSize"), b)?,
-        None => 0,
-    };
-    let memory = if group.medium == Medium::Dram {
-        segment
-            .checked_add(buffer)
-            .ok_or_else(|| RenderError::TooLarge {
-                path: format!("{path}.localBufferSize"),
-                value: group
-                    .local_buffer_size
-                    .as_ref()
-                    .map(|q| q.0.clone())
-                    .unwrap_or_default(),
-            })?
-    } else {
-        buffer
-    };
+    // Memory request: everything the store holds in host memory (crate::memory).
+    let memory = crate::memory::member_memory(index, group)?.request;
     // No memory or CPU limit: see "Resources" in the module documentation.
     let mut requests = quantities(&[("cpu", MEMBER_CPU_REQUEST)]);
     if memory > 0 {

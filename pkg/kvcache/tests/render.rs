@@ -251,7 +251,8 @@ fn v1_member_daemonset_without_tier() {
         .requests
         .as_ref()
         .unwrap();
-    assert_eq!(requests["memory"].0, "4294967296");
+    // The 4Gi segment and the store's default 1 GiB transfer buffer (localBufferSize unset).
+    assert_eq!(requests["memory"].0, "5368709120");
     assert_eq!(requests["cpu"].0, "100m");
     assert_eq!(requests.len(), 2);
     // No memory limit: an OOM kill would lose the whole segment.
@@ -715,6 +716,42 @@ fn ha_block_with_one_replica_is_not_active() {
 }
 
 #[test]
+fn a_tier_member_requests_its_segment_and_both_store_buffers() {
+    let r = rendered(&vectors::v2());
+    let member = container(pod(&r.members[0]), "member");
+    let requests = member
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap();
+    // 500Gi segment + 1 GiB default transfer buffer + 1.25 GiB offload staging buffer.
+    let expected: i64 = 500 * (1 << 30) + (1 << 30) + 1_342_177_280;
+    assert_eq!(requests["memory"].0, expected.to_string());
+    // extraEnv sizing the staging buffer moves the request with it.
+    let r = rendered(&with(vectors::v2(), |o| {
+        members(o)[0]["localBufferSize"] = json!("64Mi");
+        members(o)[0]["extraEnv"] = json!([
+            {"name": "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES", "value": "268435456"}
+        ]);
+    }));
+    let member = container(pod(&r.members[0]), "member");
+    let expected: i64 = 500 * (1 << 30) + (64 << 20) + (256 << 20);
+    assert_eq!(
+        member
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()["memory"]
+            .0,
+        expected.to_string()
+    );
+}
+
+#[test]
 fn rdma_group_uses_the_host_network_and_device_limit() {
     let r = rendered(&with(vectors::v2(), |o| {
         members(o)[0]["transport"] = json!({"protocol": "RDMA"});
@@ -756,10 +793,11 @@ fn rdma_group_uses_the_host_network_and_device_limit() {
         resources.limits.as_ref().unwrap()["device.gpustack.ai/rdma.shared"].0,
         "1"
     );
-    // VRAM: the request is the buffer only, and no visibility variables are voided.
+    // VRAM: the request is the host buffers only (the 1Gi transfer buffer and, with the tier,
+    // the 1.25 GiB offload staging buffer), and no visibility variables are voided.
     assert_eq!(
         resources.requests.as_ref().unwrap()["memory"].0,
-        "1073741824"
+        "2415919104"
     );
     let names: Vec<String> = env(member).into_iter().map(|(k, _)| k).collect();
     assert!(!names.contains(&"NVIDIA_VISIBLE_DEVICES".to_owned()));
