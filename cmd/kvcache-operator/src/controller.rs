@@ -746,6 +746,7 @@ async fn serve(args: crate::ControllerArgs) -> Result<(), warmcache_runtime::Run
         default_image: args.image.default_image,
         concurrency: args.concurrency,
         admin_address: args.leader_admin_address,
+        image_users: args.store_image_user,
     };
     start(&mut runtime, &settings)?;
     runtime.run().await
@@ -762,6 +763,8 @@ pub struct Settings {
     pub concurrency: u16,
     /// Where a managed backend's leader admin port is reached (`{name}`, `{namespace}`).
     pub admin_address: String,
+    /// `--store-image-user` rules ([`warmcache_kvcache::security`]).
+    pub image_users: Vec<warmcache_kvcache::security::ImageUser>,
 }
 
 /// Registers the controller's watches and starts it on `runtime` (reconciling while leading).
@@ -785,6 +788,7 @@ pub fn start(
         render: RenderContext {
             namespace: settings.namespace.clone(),
             default_image: settings.default_image.clone(),
+            image_users: settings.image_users.clone(),
         },
         leadership: runtime.leadership(),
         pods: pods.clone(),

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! kvcache-operator validate -f NEW.yaml [--old OLD.yaml] [--default-image IMAGE]
-//! kvcache-operator render   -f BACKEND.yaml [--namespace NS] [--default-image IMAGE]
+//! kvcache-operator render   -f BACKEND.yaml [--namespace NS] [--default-image IMAGE] [--store-image-user PATTERN=USER]
 //! kvcache-operator webhook  --tls-dir DIR [--listen ADDR] [--admin-listen ADDR] [--default-image IMAGE]
 //! ```
 //!
@@ -40,6 +40,9 @@ pub use webhook::{WEBHOOK_PATH, review};
 
 /// Environment variable carrying the `kv-cache-backend-image` setting.
 pub const DEFAULT_IMAGE_ENV: &str = "KV_CACHE_BACKEND_IMAGE";
+
+/// Environment variable carrying the controller's `--store-image-user` rules (comma-separated).
+pub const STORE_IMAGE_USER_ENV: &str = "KVCACHE_STORE_IMAGE_USER";
 
 /// Command line of `kvcache-operator`.
 #[derive(Debug, Parser)]
@@ -114,6 +117,13 @@ pub struct RenderArgs {
     pub namespace: String,
     #[command(flatten)]
     pub image: ImageSetting,
+    /// The controller's `--store-image-user` rules, to render what it would apply.
+    #[arg(
+        long = "store-image-user",
+        value_name = "PATTERN=USER",
+        value_delimiter = ','
+    )]
+    pub store_image_user: Vec<warmcache_kvcache::security::ImageUser>,
 }
 
 /// Arguments of `webhook`: the shared flags of every component (`--admin-listen`,
@@ -148,6 +158,19 @@ pub struct ControllerArgs {
     /// operator outside the cluster.
     #[arg(long, default_value = scrape::DEFAULT_ADMIN_ADDRESS, value_name = "HOST:PORT")]
     pub leader_admin_address: String,
+    /// Store images that do not run as a numeric non-root user (the published ones run as
+    /// 65532), as PATTERN=USER: PATTERN is the start of an image reference or `*`; USER is a
+    /// non-root uid to run them as (runAsUser, runAsNonRoot kept) or `image` for the image's
+    /// own user, root included (no runAsNonRoot). The first matching rule decides; other images
+    /// stay restricted. Repeat the flag or separate rules with commas. See
+    /// docs/kvcache-local-disk.md, "Images that run as root".
+    #[arg(
+        long = "store-image-user",
+        env = STORE_IMAGE_USER_ENV,
+        value_name = "PATTERN=USER",
+        value_delimiter = ','
+    )]
+    pub store_image_user: Vec<warmcache_kvcache::security::ImageUser>,
     #[command(flatten)]
     pub image: ImageSetting,
 }

@@ -126,6 +126,7 @@ pub fn render(
     let ctx = RenderContext {
         namespace: args.namespace.clone(),
         default_image: args.image.default_image.clone(),
+        image_users: args.store_image_user.clone(),
     };
     let rendered = render_backend(&backend, &ctx)?;
     let text = rendered

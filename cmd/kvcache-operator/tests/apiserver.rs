@@ -393,7 +393,7 @@ fn rendered_documents(value: &Value, namespace: &str) -> Vec<Value> {
     assert_eq!(validate_ok(&backend), Vec::<String>::new());
     let ctx = RenderContext {
         namespace: namespace.to_owned(),
-        default_image: None,
+        ..RenderContext::default()
     };
     let text = render(&backend, &ctx).unwrap().to_yaml_stream().unwrap();
     // What the render command prints is what is sent.
@@ -547,7 +547,7 @@ async fn ha_access_lets_the_leaders_hold_their_lease_and_the_members_only_read_i
     // No uid: the objects carry no owner reference, so the garbage collector leaves them be.
     let ctx = RenderContext {
         namespace: ns.name.clone(),
-        default_image: None,
+        ..RenderContext::default()
     };
     let r = render(&backend, &ctx).unwrap();
     let accounts: Api<ServiceAccount> = Api::namespaced(ns.client.clone(), &ns.name);

@@ -394,6 +394,57 @@ fn render_prints_the_objects_as_a_yaml_stream() {
 }
 
 #[test]
+fn render_applies_the_store_image_user_rules_and_refuses_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "v1.yaml", &vectors::v1());
+    let file = file.to_str().unwrap();
+    let pod_contexts = |output: &Output| -> Vec<Value> {
+        serde_saphyr::from_multiple::<Value>(&stdout(output))
+            .unwrap()
+            .into_iter()
+            .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+            .map(|d| d["spec"]["template"]["spec"]["securityContext"].clone())
+            .collect()
+    };
+    let restricted = run(&["render", "-f", file]);
+    assert_eq!(restricted.status.code(), Some(0), "{}", stderr(&restricted));
+    for c in pod_contexts(&restricted) {
+        assert_eq!(c["runAsNonRoot"], true);
+    }
+    let output = run(&[
+        "render",
+        "-f",
+        file,
+        "--store-image-user",
+        "other.example.com/x=7,docker.io/kvcacheai/mooncake=1000",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    for c in pod_contexts(&output) {
+        assert_eq!(
+            (c["runAsNonRoot"].clone(), c["runAsUser"].clone()),
+            (json!(true), json!(1000))
+        );
+    }
+    let output = run(&["render", "-f", file, "--store-image-user", "*=image"]);
+    for c in pod_contexts(&output) {
+        assert_eq!(c.get("runAsNonRoot"), None, "{c}");
+    }
+    let bad = run(&[
+        "render",
+        "-f",
+        file,
+        "--store-image-user",
+        "docker.io/kvcacheai/mooncake=0",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("the user must be a numeric uid above 0"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+#[test]
 fn render_of_an_ha_backend_includes_the_accounts_its_pods_name() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(

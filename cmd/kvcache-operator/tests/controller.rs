@@ -72,6 +72,7 @@ async fn running_controller(
             default_image: None,
             concurrency: 2,
             admin_address: "127.0.0.1:1".to_owned(),
+            image_users: Vec::new(),
         },
     )
     .unwrap();

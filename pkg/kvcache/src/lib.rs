@@ -64,6 +64,7 @@ pub mod parse;
 pub mod quantity;
 pub mod render;
 pub mod rollout;
+pub mod security;
 pub mod status;
 pub mod store;
 pub mod survey;

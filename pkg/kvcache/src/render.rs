@@ -18,7 +18,10 @@
 //!
 //! The workload namespace must therefore allow such Pods (see docs/kvcache-local-disk.md).
 //! `runAsNonRoot` needs an image whose user is a numeric, non-zero uid (the published store
-//! images run as 65532); a group's `securityContext` is merged over these settings.
+//! images run as 65532). For other images the operator's `--store-image-user` rules
+//! ([`RenderContext::image_users`], [`crate::security`]) run a matching image's Pods as a given
+//! uid, or as the image's own user without `runAsNonRoot`; a group's `securityContext` is merged
+//! over the result.
 //!
 //! # Resources
 //!
@@ -84,6 +87,7 @@ use warmcache_api_kvcache::{
 use crate::error::RenderError;
 use crate::names::{self, LEADER_COMPONENT, MEMBER_ACCESS_COMPONENT, POD_SPEC_HASH_ANNOTATION};
 use crate::quantity;
+use crate::security::{ImageUser, StoreUser};
 use crate::validate::member_path;
 
 /// Termination grace of a member Pod without a tier.
@@ -167,6 +171,10 @@ pub struct RenderContext {
     pub namespace: String,
     /// The `kv-cache-backend-image` setting: the image used when the backend names none.
     pub default_image: Option<String>,
+    /// The operator's `--store-image-user` rules: which images run as a given uid or as their
+    /// own user instead of under `runAsNonRoot` ([`crate::security`]). Empty keeps every Pod
+    /// restricted.
+    pub image_users: Vec<ImageUser>,
 }
 
 impl Default for RenderContext {
@@ -174,6 +182,7 @@ impl Default for RenderContext {
         Self {
             namespace: SYSTEM_NAMESPACE.to_owned(),
             default_image: None,
+            image_users: Vec::new(),
         }
     }
 }
@@ -243,6 +252,7 @@ struct Plan<'a> {
     image: String,
     ha_active: bool,
     lease_addressing: bool,
+    image_users: &'a [ImageUser],
 }
 
 /// Renders a managed backend. Fails for an external backend and for values the validator
@@ -302,6 +312,7 @@ pub fn render(backend: &KVCacheBackend, ctx: &RenderContext) -> Result<Rendered,
         image,
         ha_active,
         lease_addressing,
+        image_users: &ctx.image_users,
     };
     let members = managed
         .members
@@ -423,6 +434,18 @@ fn restricted_container_context() -> SecurityContext {
         }),
         ..SecurityContext::default()
     }
+}
+
+/// The Pod security context of a store Pod running `image`: restricted, unless a
+/// `--store-image-user` rule names the image ([`crate::security`]).
+fn store_pod_context(plan: &Plan<'_>, image: &str) -> PodSecurityContext {
+    let mut context = restricted_pod_context();
+    match crate::security::user_for(plan.image_users, image) {
+        None => {}
+        Some(StoreUser::Uid(uid)) => context.run_as_user = Some(uid),
+        Some(StoreUser::Image) => context.run_as_non_root = None,
+    }
+    context
 }
 
 fn restricted_pod_context() -> PodSecurityContext {
@@ -651,7 +674,7 @@ fn leader_deployment(plan: &Plan<'_>) -> Deployment {
                     automount_service_account_token: Some(plan.ha_active),
                     service_account_name: plan.ha_active.then(|| leader_name.clone()),
                     image_pull_secrets: pull_secrets(plan.backend),
-                    security_context: Some(restricted_pod_context()),
+                    security_context: Some(store_pod_context(plan, &plan.image)),
                     init_containers,
                     containers: vec![container],
                     volumes,
@@ -1049,6 +1072,7 @@ fn member_daemonset(
         Some(image) => image.to_owned(),
         None => plan.image.clone(),
     };
+    let member_image = image.clone();
     let pull_policy =
         crate::image::pull_policy(&image, plan.backend.spec.image_pull_policy).to_owned();
 
@@ -1238,7 +1262,7 @@ fn member_daemonset(
                 .then(|| names::member_access_name(plan.name)),
             image_pull_secrets: pull_secrets(plan.backend),
             runtime_class_name: group.runtime_class_name.clone(),
-            security_context: Some(restricted_pod_context()),
+            security_context: Some(store_pod_context(plan, &member_image)),
             init_containers: (!init_containers.is_empty()).then_some(init_containers),
             containers: vec![member],
             volumes: (!volumes.is_empty()).then_some(volumes),

@@ -248,11 +248,18 @@ pub fn pod_problem(pod: &Pod) -> Option<String> {
             && STUCK_WAITING_REASONS.contains(&reason)
         {
             let message = clip_foreign(waiting.message.as_deref().unwrap_or_default());
-            return Some(if message.is_empty() {
+            let mut problem = if message.is_empty() {
                 format!("container {} is {reason}", container.name)
             } else {
                 format!("container {} is {reason}: {message}", container.name)
-            });
+            };
+            if crate::security::is_run_as_non_root_refusal(&message) {
+                let image =
+                    container_image(pod, &container.name).unwrap_or(container.image.as_str());
+                problem.push_str("; ");
+                problem.push_str(&crate::security::run_as_non_root_hint(&clip_foreign(image)));
+            }
+            return Some(problem);
         }
     }
     if status.phase.as_deref() == Some("Failed") {
@@ -268,6 +275,17 @@ pub fn pod_problem(pod: &Pod) -> Option<String> {
         ));
     }
     None
+}
+
+/// The image the Pod's spec gives container `name` (init or regular).
+fn container_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+    let spec = pod.spec.as_ref()?;
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .find(|c| c.name == name)
+        .and_then(|c| c.image.as_deref())
 }
 
 /// The leader as `/health` shows it.

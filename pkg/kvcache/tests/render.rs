@@ -882,6 +882,7 @@ fn namespace_and_default_image_come_from_the_context() {
     let ctx = RenderContext {
         namespace: "kv".into(),
         default_image: Some("repo/leader:1".into()),
+        ..RenderContext::default()
     };
     let r = render(&backend(&value), &ctx).unwrap();
     assert_eq!(r.leader.metadata.namespace.as_deref(), Some("kv"));
@@ -1078,5 +1079,99 @@ fn a_padded_spec_image_renders_trimmed() {
     assert_eq!(
         container(pod(&r.members[0]), "member").image.as_deref(),
         Some(vectors::IMAGE)
+    );
+}
+
+#[test]
+fn store_image_user_rules_change_only_the_pods_of_matching_images() {
+    use warmcache_kvcache::security::ImageUser;
+    let value = with(vectors::v2(), |o| {
+        members(o)[0]["image"] = json!("registry.example.com/mooncake:dev");
+    });
+    let restricted = render(&backend(&value), &RenderContext::default()).unwrap();
+    let pod_context = |r: &Rendered, member: bool| {
+        let spec = if member {
+            pod(&r.members[0]).clone()
+        } else {
+            r.leader.spec.template.spec.clone().unwrap()
+        };
+        spec.security_context.unwrap()
+    };
+    for member in [false, true] {
+        let c = pod_context(&restricted, member);
+        assert_eq!(c.run_as_non_root, Some(true));
+        assert_eq!(c.run_as_user, None);
+    }
+
+    // A uid for the group's image: its Pod runs as that uid and keeps runAsNonRoot; the leader
+    // (the backend's image, which no rule names) is unchanged.
+    let uid = RenderContext {
+        image_users: vec![
+            "registry.example.com/mooncake=1000"
+                .parse::<ImageUser>()
+                .unwrap(),
+        ],
+        ..RenderContext::default()
+    };
+    let r = render(&backend(&value), &uid).unwrap();
+    assert_eq!(r.leader, restricted.leader);
+    let c = pod_context(&r, true);
+    assert_eq!((c.run_as_non_root, c.run_as_user), (Some(true), Some(1000)));
+    assert_eq!(
+        c.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault",
+        "nothing else is relaxed"
+    );
+    // The member template changed, so its hash did: the members roll onto it.
+    assert_ne!(
+        r.members[0]
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations,
+        restricted.members[0]
+            .spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+    );
+    let member = container(pod(&r.members[0]), "member");
+    let survey = pod(&r.members[0]).init_containers.as_ref().unwrap()[0].clone();
+    for c in [member.security_context.clone(), survey.security_context] {
+        let c = c.unwrap();
+        assert_eq!(c.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            c.capabilities.unwrap().drop.as_deref(),
+            Some(&["ALL".to_owned()][..])
+        );
+    }
+
+    // `image` for every image: no runAsNonRoot anywhere, nothing else relaxed.
+    let all = RenderContext {
+        image_users: vec!["*=image".parse::<ImageUser>().unwrap()],
+        ..RenderContext::default()
+    };
+    let r = render(&backend(&value), &all).unwrap();
+    for member in [false, true] {
+        let c = pod_context(&r, member);
+        assert_eq!((c.run_as_non_root, c.run_as_user), (None, None));
+        assert_eq!(c.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    }
+    // A group's own securityContext still wins, container by container.
+    let own = with(value.clone(), |o| {
+        members(o)[0]["securityContext"] = json!({"runAsUser": 4242});
+    });
+    let r = render(&backend(&own), &all).unwrap();
+    assert_eq!(
+        container(pod(&r.members[0]), "member")
+            .security_context
+            .as_ref()
+            .unwrap()
+            .run_as_user,
+        Some(4242)
     );
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateWaiting, ContainerStatus, Pod,
+    Container, ContainerState, ContainerStateRunning, ContainerStateWaiting, ContainerStatus, Pod,
     PodCondition, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -676,6 +676,56 @@ fn members_short_stuck_starting_and_ambiguous() {
     pass.pods = vec![&mounted, &leaving];
     pass.daemonsets = vec![];
     assert_eq!(cond(&pass.run(), "MembersMounted").1, "AllMounted");
+}
+
+#[test]
+fn a_member_refused_by_run_as_non_root_says_what_to_do() {
+    let backend = tier_backend();
+    let replies = recorded("mounted");
+    let mut pass = Pass::new(&backend, &replies);
+    let mounted = member("kvc-member-0-a", "node-a", "127.0.0.1", 0, true);
+    let mut refused = pulling("kvc-member-0-r", "CreateContainerConfigError");
+    if let Some(spec) = refused.spec.as_mut() {
+        spec.containers = vec![Container {
+            name: "member".into(),
+            image: Some("registry.example.com/mooncake:dev".into()),
+            ..Container::default()
+        }];
+    }
+    if let Some(waiting) = refused
+        .status
+        .as_mut()
+        .and_then(|s| s.container_statuses.as_mut())
+        .and_then(|c| c[0].state.as_mut())
+        .and_then(|s| s.waiting.as_mut())
+    {
+        // The kubelet's words for an image whose USER is a name.
+        waiting.message = Some(
+            "container has runAsNonRoot and image has non-numeric user (mooncake), cannot verify user is non-root (pod: \"kvc-member-0-r_gpustack-system(1)\", container: member)".into(),
+        );
+    }
+    pass.pods = vec![&mounted, &refused];
+    let status = pass.run();
+    assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    let message = status.phase_message.unwrap();
+    assert!(
+        message.contains("--store-image-user 'registry.example.com/mooncake:dev=<uid>'"),
+        "{message}"
+    );
+    assert!(
+        message.contains("'registry.example.com/mooncake:dev=image'"),
+        "{message}"
+    );
+    // Another stuck reason carries no such hint.
+    let pulling = pulling("kvc-member-0-c", "ImagePullBackOff");
+    pass.pods = vec![&mounted, &pulling];
+    assert!(
+        !pass
+            .run()
+            .phase_message
+            .unwrap()
+            .contains("--store-image-user")
+    );
 }
 
 #[test]
