@@ -21,6 +21,7 @@ use kube::core::PartialObjectMeta;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 use warmcache_api_kvcache::v1alpha1::KVCacheBackend;
 use warmcache_kube::{
     Applier, EventRecorder, Leadership, add_finalizer, has_finalizer, remove_finalizer,
@@ -31,9 +32,11 @@ use warmcache_kvcache::status::{Observed, backend_status};
 use warmcache_kvcache::store::{HEALTH_PATH, METRICS_PATH, SEGMENTS_DETAIL_PATH};
 use warmcache_kvcache::survey::tier_was_empty;
 use warmcache_kvcache::teardown::{
-    CleanupAction, CleanupInput, LABEL_CLEANUP_OF, TeardownStep, Workload, cleanup_image,
-    cleanup_pass, teardown_step,
+    CleanupAction, CleanupInput, CleanupPlan, DeleteReason, LABEL_CLEANUP_OF, TeardownStep,
+    Workload, cleanup_image, cleanup_pass, teardown_step,
 };
+
+use crate::metrics::{ControllerMetrics, Outcome};
 use warmcache_kvcache::{RenderContext, Rendered, render};
 use warmcache_runtime::{Action, Cache, ReconcileError, Reconciler};
 
@@ -109,6 +112,8 @@ pub struct Backends {
     pub admin_address: String,
     /// Events on backends and Nodes.
     pub recorder: Option<EventRecorder>,
+    /// The controller's metrics ([`crate::metrics`]).
+    pub metrics: ControllerMetrics,
 }
 
 impl Backends {
@@ -314,47 +319,11 @@ impl Reconciler<KVCacheBackend> for Backends {
     type Error = Failure;
 
     async fn reconcile(&self, backend: Arc<KVCacheBackend>) -> Result<Action, Failure> {
-        let api: Api<KVCacheBackend> = Api::all(self.client.clone());
-        if backend.meta().deletion_timestamp.is_some() {
-            return self.teardown(&api, &backend).await;
+        let (action, outcome) = self.reconcile_live(backend).await?;
+        if let Some(outcome) = outcome {
+            self.metrics.outcome(outcome);
         }
-        if !has_finalizer(backend.as_ref(), FINALIZER) {
-            self.ensure_leader()?;
-            add_finalizer(&api, backend.as_ref(), FINALIZER).await?;
-            // The change wakes the next reconcile.
-            return Ok(Action::await_change());
-        }
-        let managed = backend.spec.connection.managed.is_some();
-        if !managed {
-            self.write_status(&api, &backend, None).await?;
-            return Ok(Action::requeue(REQUEUE_SETTLED));
-        }
-        let rendered = render(backend.as_ref(), &self.render)?;
-        self.apply_rendered(&rendered).await?;
-        let members: BTreeSet<String> =
-            rendered.members.iter().map(ResourceExt::name_any).collect();
-        let accounts: BTreeSet<String> = rendered
-            .service_accounts
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect();
-        let roles: BTreeSet<String> = rendered.roles.iter().map(ResourceExt::name_any).collect();
-        let bindings: BTreeSet<String> = rendered
-            .role_bindings
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect();
-        let mut pruned = self.prune::<DaemonSet>(&backend, &members).await?;
-        pruned += self.prune::<RoleBinding>(&backend, &bindings).await?;
-        pruned += self.prune::<Role>(&backend, &roles).await?;
-        pruned += self.prune::<ServiceAccount>(&backend, &accounts).await?;
-        let rolling = self.restart_stale_members(&rendered).await?;
-        self.write_status(&api, &backend, None).await?;
-        Ok(if rolling || pruned > 0 {
-            Action::requeue(REQUEUE_CHANGING)
-        } else {
-            Action::requeue(REQUEUE_SETTLED)
-        })
+        Ok(action)
     }
 
     async fn permanent_failure(&self, backend: Arc<KVCacheBackend>, error: &Failure) {
@@ -418,6 +387,10 @@ impl Backends {
             ),
             _ => (None, None, None),
         };
+        self.metrics.tier_reading(
+            &name,
+            warmcache_kvcache::status::store_gauges(health.as_ref(), metrics.as_ref()),
+        );
         let pods = self.pods.store().state();
         let mine: Vec<&Pod> = pods
             .iter()
@@ -513,18 +486,85 @@ impl Backends {
 }
 
 impl Backends {
+    /// A reconcile, and what it did for `reconcile_outcomes_total`.
+    async fn reconcile_live(
+        &self,
+        backend: Arc<KVCacheBackend>,
+    ) -> Result<(Action, Option<Outcome>), Failure> {
+        let api: Api<KVCacheBackend> = Api::all(self.client.clone());
+        if backend.meta().deletion_timestamp.is_some() {
+            return self.teardown(&api, &backend).await;
+        }
+        if !has_finalizer(backend.as_ref(), FINALIZER) {
+            self.ensure_leader()?;
+            add_finalizer(&api, backend.as_ref(), FINALIZER).await?;
+            // The change wakes the next reconcile.
+            return Ok((Action::await_change(), Some(Outcome::FinalizerAdded)));
+        }
+        let managed = backend.spec.connection.managed.is_some();
+        if !managed {
+            self.write_status(&api, &backend, None).await?;
+            return Ok((Action::requeue(REQUEUE_SETTLED), Some(Outcome::External)));
+        }
+        let rendered = render(backend.as_ref(), &self.render)?;
+        self.apply_rendered(&rendered).await?;
+        let members: BTreeSet<String> =
+            rendered.members.iter().map(ResourceExt::name_any).collect();
+        let accounts: BTreeSet<String> = rendered
+            .service_accounts
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        let roles: BTreeSet<String> = rendered.roles.iter().map(ResourceExt::name_any).collect();
+        let bindings: BTreeSet<String> = rendered
+            .role_bindings
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        let mut pruned = self.prune::<DaemonSet>(&backend, &members).await?;
+        pruned += self.prune::<RoleBinding>(&backend, &bindings).await?;
+        pruned += self.prune::<Role>(&backend, &roles).await?;
+        pruned += self.prune::<ServiceAccount>(&backend, &accounts).await?;
+        let rolling = self.restart_stale_members(&rendered).await?;
+        self.write_status(&api, &backend, None).await?;
+        Ok(if rolling || pruned > 0 {
+            (Action::requeue(REQUEUE_CHANGING), Some(Outcome::Changing))
+        } else {
+            (Action::requeue(REQUEUE_SETTLED), Some(Outcome::Settled))
+        })
+    }
+
     /// Teardown of a backend being deleted (reference section 6): wait for consumers, delete
     /// the workloads and wait until they are gone, empty the tier on every node when asked,
     /// then release the finalizer. Every step is decided by
     /// [`warmcache_kvcache::teardown`] from what is stored, so a crash resumes where it left.
+    ///
+    /// Runs in a `teardown` span (backend, step) inside the runtime's `reconcile` span; the tier
+    /// cleanup pass has its own `tier_cleanup` span.
     async fn teardown(
         &self,
         api: &Api<KVCacheBackend>,
         backend: &KVCacheBackend,
-    ) -> Result<Action, Failure> {
+    ) -> Result<(Action, Option<Outcome>), Failure> {
         if !has_finalizer(backend, FINALIZER) {
-            return Ok(Action::await_change());
+            return Ok((Action::await_change(), None));
         }
+        let span = tracing::info_span!(
+            "teardown",
+            backend = %backend.name_any(),
+            step = tracing::field::Empty,
+        );
+        self.teardown_steps(api, backend, &span)
+            .instrument(span.clone())
+            .await
+    }
+
+    async fn teardown_steps(
+        &self,
+        api: &Api<KVCacheBackend>,
+        backend: &KVCacheBackend,
+        span: &tracing::Span,
+    ) -> Result<(Action, Option<Outcome>), Failure> {
         let mut present: Vec<(Workload, Deleter)> = Vec::new();
         self.present::<Deployment>(backend, &mut present).await?;
         self.present::<Service>(backend, &mut present).await?;
@@ -535,10 +575,19 @@ impl Backends {
             .await?;
         let workloads: Vec<Workload> = present.iter().map(|(w, _)| w.clone()).collect();
         let step = teardown_step(backend, &workloads);
+        span.record(
+            "step",
+            match &step {
+                TeardownStep::WaitForConsumers { .. } => "wait_for_consumers",
+                TeardownStep::DeleteWorkloads { .. } => "delete_workloads",
+                TeardownStep::CleanTier(_) => "clean_tier",
+                TeardownStep::RemoveFinalizer => "remove_finalizer",
+            },
+        );
         match &step {
             TeardownStep::WaitForConsumers { message } => {
                 self.write_status(api, backend, Some(message)).await?;
-                Ok(Action::await_change())
+                Ok((Action::await_change(), Some(Outcome::WaitingForConsumers)))
             }
             TeardownStep::DeleteWorkloads { delete, message } => {
                 self.write_status(api, backend, Some(message)).await?;
@@ -548,17 +597,41 @@ impl Backends {
                         deleter.delete(self).await?;
                     }
                 }
-                Ok(Action::requeue(step.requeue().unwrap_or(REQUEUE_CHANGING)))
+                Ok((
+                    Action::requeue(step.requeue().unwrap_or(REQUEUE_CHANGING)),
+                    Some(Outcome::DeletingWorkloads),
+                ))
             }
             TeardownStep::CleanTier(target) => {
-                let done = self.clean_tier(backend, target).await?;
-                if done {
-                    self.release(api, backend).await
+                let span = tracing::info_span!(
+                    "tier_cleanup",
+                    backend = %backend.name_any(),
+                    path = %target.path,
+                    pending = tracing::field::Empty,
+                    done = tracing::field::Empty,
+                );
+                let plan = self
+                    .clean_tier(backend, target)
+                    .instrument(span.clone())
+                    .await?;
+                span.record("pending", plan.pending.len());
+                span.record("done", plan.done);
+                if plan.done {
+                    let action = self.release(api, backend).await?;
+                    // Counted once the finalizer is off: a pass that fails before repeats.
+                    self.metrics.cleanup_finished(&plan.finished);
+                    Ok((action, Some(Outcome::Released)))
                 } else {
-                    Ok(Action::requeue(step.requeue().unwrap_or(REQUEUE_CHANGING)))
+                    Ok((
+                        Action::requeue(step.requeue().unwrap_or(REQUEUE_CHANGING)),
+                        Some(Outcome::CleaningTier),
+                    ))
                 }
             }
-            TeardownStep::RemoveFinalizer => self.release(api, backend).await,
+            TeardownStep::RemoveFinalizer => {
+                let action = self.release(api, backend).await?;
+                Ok((action, Some(Outcome::Released)))
+            }
         }
     }
 
@@ -569,18 +642,20 @@ impl Backends {
     ) -> Result<Action, Failure> {
         self.ensure_leader()?;
         match remove_finalizer(api, backend, FINALIZER).await {
-            Ok(_) => Ok(Action::await_change()),
-            Err(err) if err.is_not_found() => Ok(Action::await_change()),
-            Err(err) => Err(err.into()),
+            Ok(_) => {}
+            Err(err) if err.is_not_found() => {}
+            Err(err) => return Err(err.into()),
         }
+        self.metrics.tier_reading(&backend.name_any(), None);
+        Ok(Action::await_change())
     }
 
-    /// One cleanup pass; returns whether the cleanup is done.
+    /// One cleanup pass, its calls made; returns the plan (done, pending, finished nodes).
     async fn clean_tier(
         &self,
         backend: &KVCacheBackend,
         target: &warmcache_kvcache::teardown::CleanupTarget<'_>,
-    ) -> Result<bool, Failure> {
+    ) -> Result<CleanupPlan, Failure> {
         let name = backend.name_any();
         let nodes: Vec<Node> = self
             .nodes
@@ -633,6 +708,9 @@ impl Backends {
                 CleanupAction::DeletePod { name, uid, why } => {
                     tracing::info!(pod = name, ?why, "deleting a cleanup Pod");
                     delete_named(&pods_api, name, uid.clone()).await?;
+                    if *why == DeleteReason::SharedPath {
+                        self.metrics.cleanup_stopped();
+                    }
                 }
                 CleanupAction::NodeEvent {
                     node,
@@ -661,7 +739,7 @@ impl Backends {
         if !plan.done {
             tracing::debug!(pending = ?plan.pending, "tier cleanup pending");
         }
-        Ok(plan.done)
+        Ok(plan)
     }
 
     /// Adds the objects of kind `K` the backend owns to `present`, each with its deleter.
@@ -782,6 +860,11 @@ pub fn start(
     let daemonsets = runtime.watch::<DaemonSet>(namespace, ours.clone())?;
     let pods = runtime.watch::<Pod>(namespace, ours)?;
     let nodes = runtime.watch_cluster_metadata::<Node>(WatcherConfig::default())?;
+    let metrics = ControllerMetrics::register(runtime.metrics().registry(), backends.clone())
+        .map_err(|err| warmcache_runtime::RuntimeError::Task {
+            task: "controller metrics".to_owned(),
+            message: err.to_string(),
+        })?;
     let reconciler = Backends {
         client: runtime.client()?,
         applier: Applier::new(FIELD_MANAGER),
@@ -797,6 +880,7 @@ pub fn start(
         nodes,
         admin_address: settings.admin_address.clone(),
         recorder: runtime.recorder().cloned(),
+        metrics,
     };
     let controller = runtime
         .controller("kvcachebackend", &backends, reconciler)

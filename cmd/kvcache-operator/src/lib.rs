@@ -25,6 +25,7 @@
 //! `--default-image` or the `KV_CACHE_BACKEND_IMAGE` environment variable.
 
 pub mod controller;
+pub mod metrics;
 pub mod offline;
 pub mod scrape;
 pub mod webhook;

@@ -36,6 +36,7 @@ async fn running_controller(
 ) -> (
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+    std::net::SocketAddr,
 ) {
     let args = RuntimeArgs {
         kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
@@ -77,7 +78,41 @@ async fn running_controller(
     )
     .unwrap();
     let stop = runtime.shutdown_token();
-    (stop, tokio::spawn(runtime.run()))
+    let admin = runtime.admin_addr();
+    (stop, tokio::spawn(runtime.run()), admin)
+}
+
+/// The controller's `/metrics` (HTTP/1.0, so the body is not chunked).
+async fn scrape(admin: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: admin\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    // For `promtool check metrics`: WARMCACHE_KVCACHE_METRICS_DUMP=<file> keeps the last scrape.
+    if let Some(path) = std::env::var_os("WARMCACHE_KVCACHE_METRICS_DUMP") {
+        std::fs::write(path, body).unwrap();
+    }
+    body.to_owned()
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 fn backend(name: &str, value: Value) -> KVCacheBackend {
@@ -148,7 +183,7 @@ async fn a_backend_becomes_workloads_rolls_members_prunes_and_tears_down() {
     let plane = ControlPlane::shared().await.unwrap();
     let ns = TestNamespace::new("kvc-ctl").await.unwrap();
     let client = ns.client.clone();
-    let (stop, running) = running_controller(plane, &ns.name).await;
+    let (stop, running, _admin) = running_controller(plane, &ns.name).await;
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
@@ -225,13 +260,20 @@ async fn a_backend_becomes_workloads_rolls_members_prunes_and_tears_down() {
         .clone();
     member_pod(&client, &ns.name, "m0-a", &ds0, &old_hash, true).await;
     member_pod(&client, &ns.name, "m0-b", &ds0, &old_hash, true).await;
-    let mut changed = backends.get(&name).await.unwrap();
-    changed.spec.connection.managed.as_mut().unwrap().members[0].capacity_per_member =
-        k8s_openapi::apimachinery::pkg::api::resource::Quantity("8Gi".into());
-    backends
-        .replace(&name, &PostParams::default(), &changed)
-        .await
-        .unwrap();
+    // The controller writes the status meanwhile: re-read and retry on a conflict.
+    loop {
+        let mut changed = backends.get(&name).await.unwrap();
+        changed.spec.connection.managed.as_mut().unwrap().members[0].capacity_per_member =
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("8Gi".into());
+        match backends
+            .replace(&name, &PostParams::default(), &changed)
+            .await
+        {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(err) => panic!("changing the spec: {err}"),
+        }
+    }
     let new_hash = eventually("the DaemonSet template to change", WAIT, || {
         let (daemonsets, member0, old_hash) =
             (daemonsets.clone(), member0.clone(), old_hash.clone());
@@ -273,19 +315,25 @@ async fn a_backend_becomes_workloads_rolls_members_prunes_and_tears_down() {
     );
 
     // Removing the second group prunes its DaemonSet, and only it.
-    let mut shrunk = backends.get(&name).await.unwrap();
-    shrunk
-        .spec
-        .connection
-        .managed
-        .as_mut()
-        .unwrap()
-        .members
-        .truncate(1);
-    backends
-        .replace(&name, &PostParams::default(), &shrunk)
-        .await
-        .unwrap();
+    loop {
+        let mut shrunk = backends.get(&name).await.unwrap();
+        shrunk
+            .spec
+            .connection
+            .managed
+            .as_mut()
+            .unwrap()
+            .members
+            .truncate(1);
+        match backends
+            .replace(&name, &PostParams::default(), &shrunk)
+            .await
+        {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(err) => panic!("removing the second group: {err}"),
+        }
+    }
     eventually("the removed group's DaemonSet to go", WAIT, || {
         let (daemonsets, member1) = (daemonsets.clone(), member1.clone());
         async move {
@@ -382,7 +430,7 @@ async fn a_deleted_backend_empties_its_tier_on_every_selected_node_then_goes() {
     let plane = ControlPlane::shared().await.unwrap();
     let ns = TestNamespace::new("kvc-clean").await.unwrap();
     let client = ns.client.clone();
-    let (stop, running) = running_controller(plane, &ns.name).await;
+    let (stop, running, admin) = running_controller(plane, &ns.name).await;
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -490,7 +538,216 @@ async fn a_deleted_backend_empties_its_tier_on_every_selected_node_then_goes() {
     .await
     .unwrap();
 
+    // What the metrics say: one node emptied, counted once the finalizer is off; the teardown
+    // went through its steps; every phase and outcome is exported.
+    let text = scrape(admin).await;
+    let p = "warmcache_kvcache_operator_";
+    assert_eq!(
+        sample(
+            &text,
+            &format!("{p}tier_cleanup_nodes_total{{outcome=\"emptied\"}}")
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("{p}tier_cleanup_nodes_total{{outcome=\"given_up_deadline\"}}")
+        ),
+        Some(0.0)
+    );
+    for outcome in ["finalizer_added", "cleaning_tier", "released"] {
+        assert!(
+            sample(
+                &text,
+                &format!("{p}reconcile_outcomes_total{{outcome=\"{outcome}\"}}")
+            )
+            .is_some_and(|v| v >= 1.0),
+            "{outcome}: {text}"
+        );
+    }
+    for phase in [
+        "Provisioning",
+        "Ready",
+        "Degraded",
+        "Error",
+        "Deleting",
+        "Unknown",
+    ] {
+        assert!(
+            sample(&text, &format!("{p}backends{{phase=\"{phase}\"}}")).is_some(),
+            "{phase}: {text}"
+        );
+    }
+    // The leader could not be read: no tier figures, not zeros from a failed read.
+    assert_eq!(
+        sample(&text, &format!("{p}tier_reporting_backends")),
+        Some(0.0)
+    );
+    assert!(
+        sample(
+            &text,
+            &format!("{p}reconcile_runs_total{{controller=\"kvcachebackend\"}}")
+        )
+        .is_some()
+    );
+
     nodes.delete(&node, &DeleteParams::default()).await.unwrap();
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    ns.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_teardown_stopped_midway_is_finished_by_a_new_controller_without_repeating_work() {
+    use k8s_openapi::api::core::v1::Node;
+    use warmcache_kvcache::teardown::{LABEL_CLEANUP_OF, cleanup_pod_name};
+
+    let _one = ONE_CONTROLLER.lock().await;
+    let plane = ControlPlane::shared().await.unwrap();
+    let ns = TestNamespace::new("kvc-resume").await.unwrap();
+    let client = ns.client.clone();
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let suffix = &ns.name[ns.name.len() - 6..];
+    let name = format!("kvc-resume-{suffix}");
+    let label = format!("resume-{suffix}");
+    let node_names = [format!("resume-a-{suffix}"), format!("resume-b-{suffix}")];
+    for node in &node_names {
+        nodes
+            .create(
+                &PostParams::default(),
+                &Node {
+                    metadata: ObjectMeta {
+                        name: Some(node.clone()),
+                        labels: Some(BTreeMap::from([("kvcache".to_owned(), label.clone())])),
+                        ..ObjectMeta::default()
+                    },
+                    ..Node::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let value = vectors::with(vectors::v2(), |o| {
+        vectors::members(o)[0]["nodeSelector"] = json!({"kvcache": label});
+        vectors::tier0(o)["cleanAfterDelete"] = json!(true);
+    });
+
+    // The first controller takes the backend and starts its teardown.
+    let (stop, running, _admin) = running_controller(plane, &ns.name).await;
+    backends
+        .create(&PostParams::default(), &backend(&name, value))
+        .await
+        .unwrap();
+    eventually("the finalizer", WAIT, || {
+        let (backends, name) = (backends.clone(), name.clone());
+        async move {
+            let b = backends.get(&name).await.ok()?;
+            b.finalizers().iter().any(|f| f == FINALIZER).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    backends
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let cleanup: Vec<String> = node_names
+        .iter()
+        .map(|node| cleanup_pod_name(&name, node))
+        .collect();
+    let first_uids = eventually("both cleanup Pods", WAIT, || {
+        let (pods, cleanup) = (pods.clone(), cleanup.clone());
+        async move {
+            let mut uids = Vec::new();
+            for pod in &cleanup {
+                uids.push(pods.get_opt(pod).await.ok()??.metadata.uid?);
+            }
+            Some(uids)
+        }
+    })
+    .await
+    .unwrap();
+    // Node a finishes; node b is still running when the controller stops.
+    let set_phase = |pod: String, phase: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.patch_status(
+                &pod,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": phase}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set_phase(cleanup[0].clone(), "Succeeded").await;
+    set_phase(cleanup[1].clone(), "Running").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // With no controller the finalizer holds the backend, and nothing changes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let held = exists(&backends, &name)
+        .await
+        .expect("held by its finalizer");
+    assert!(held.metadata.deletion_timestamp.is_some());
+
+    // A new controller resumes from what is stored: it neither recreates the finished node's
+    // Pod nor starts a second cleanup on the running one, and waits for it.
+    let (stop, running, admin) = running_controller(plane, &ns.name).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let ours = pods
+        .list(&kube::api::ListParams::default().labels(&format!("{LABEL_CLEANUP_OF}={name}")))
+        .await
+        .unwrap();
+    let mut uids: Vec<String> = ours
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    uids.sort();
+    let mut expected = first_uids.clone();
+    expected.sort();
+    assert_eq!(uids, expected, "the same two Pods, none recreated or added");
+    assert!(
+        exists(&backends, &name).await.is_some(),
+        "held while node b runs"
+    );
+
+    set_phase(cleanup[1].clone(), "Succeeded").await;
+    eventually("the backend to go", WAIT, || {
+        let (backends, name) = (backends.clone(), name.clone());
+        async move { backends.get_opt(&name).await.ok()?.is_none().then_some(()) }
+    })
+    .await
+    .unwrap();
+    // Every cleanup Pod of the incarnation is deleted (Terminating at most: no kubelet here).
+    for pod in &cleanup {
+        let left = pods.get_opt(pod).await.unwrap();
+        assert!(
+            left.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+            "{pod}"
+        );
+    }
+    // The new controller made the final pass: both nodes counted, once.
+    let text = scrape(admin).await;
+    assert_eq!(
+        sample(
+            &text,
+            "warmcache_kvcache_operator_tier_cleanup_nodes_total{outcome=\"emptied\"}"
+        ),
+        Some(2.0),
+        "{text}"
+    );
+
+    for node in &node_names {
+        nodes.delete(node, &DeleteParams::default()).await.unwrap();
+    }
     stop.cancel();
     running.await.unwrap().unwrap();
     ns.cleanup().await;

@@ -288,6 +288,55 @@ fn container_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
         .and_then(|c| c.image.as_deref())
 }
 
+/// The store's four gauges as the status reads them: only from a leader whose `/health` says it
+/// serves (before that `/metrics` answers zeroed gauges) and whose `/metrics` parses; `None`
+/// otherwise (never zero-filled). The controller's tier-bytes metrics take this.
+pub fn store_gauges(health: Option<&Fetch>, metrics: Option<&Fetch>) -> Option<Gauges> {
+    if !matches!(leader_state(health), LeaderState::Serving(_)) {
+        return None;
+    }
+    store::ok_body(store::METRICS_PATH, metrics?)
+        .and_then(store::parse_metrics)
+        .ok()
+}
+
+/// The phases a backend's status can show ([`backend_status`]), for bounded metric labels.
+pub const PHASES: [&str; 5] = [
+    phase::PROVISIONING,
+    phase::READY,
+    phase::DEGRADED,
+    phase::ERROR,
+    phase::DELETING,
+];
+
+/// Label for a backend whose status has no phase yet, or one this operator does not write.
+pub const PHASE_UNKNOWN: &str = "Unknown";
+
+/// How many of `backends` show each phase: one entry per [`PHASES`] value and
+/// [`PHASE_UNKNOWN`], zeros included, so a metric built from it has a bounded, fixed label set.
+pub fn phase_counts<'a>(
+    backends: impl IntoIterator<Item = &'a KVCacheBackend>,
+) -> Vec<(&'static str, u64)> {
+    let mut counts: Vec<(&'static str, u64)> = PHASES
+        .iter()
+        .copied()
+        .chain(std::iter::once(PHASE_UNKNOWN))
+        .map(|p| (p, 0))
+        .collect();
+    for backend in backends {
+        let phase = backend.status.as_ref().and_then(|s| s.phase.as_deref());
+        let label = PHASES
+            .iter()
+            .copied()
+            .find(|p| Some(*p) == phase)
+            .unwrap_or(PHASE_UNKNOWN);
+        if let Some(entry) = counts.iter_mut().find(|(p, _)| *p == label) {
+            entry.1 += 1;
+        }
+    }
+    counts
+}
+
 /// The leader as `/health` shows it.
 enum LeaderState {
     Serving(Health),

@@ -403,6 +403,43 @@ pub struct CleanupPlan {
     pub done: bool,
     /// Nodes still pending after this pass (for the phase message), sorted.
     pub pending: Vec<String>,
+    /// Every selected node this pass found finished, with how (sorted by node). On the pass
+    /// that is `done` this is the cleanup's result for every node, which the controller counts
+    /// once the finalizer is off.
+    pub finished: Vec<(String, NodeOutcome)>,
+}
+
+/// How the cleanup of one node ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeOutcome {
+    /// Its cleanup Pod succeeded: the directory is empty.
+    Emptied,
+    /// Not confirmed empty within [`CLEANUP_DEADLINE`] (`KVCacheTierNotCleaned`).
+    GivenUpDeadline,
+    /// No image to run the cleanup with (`KVCacheTierNotCleaned`).
+    GivenUpNoImage,
+    /// Skipped: another live backend's tier overlaps there (`KVCacheTierSharedPath`).
+    SharedPath,
+}
+
+impl NodeOutcome {
+    /// Every outcome, for metrics exported with zeros.
+    pub const ALL: [NodeOutcome; 4] = [
+        NodeOutcome::Emptied,
+        NodeOutcome::GivenUpDeadline,
+        NodeOutcome::GivenUpNoImage,
+        NodeOutcome::SharedPath,
+    ];
+
+    /// A stable metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            NodeOutcome::Emptied => "emptied",
+            NodeOutcome::GivenUpDeadline => "given_up_deadline",
+            NodeOutcome::GivenUpNoImage => "given_up_no_image",
+            NodeOutcome::SharedPath => "shared_path",
+        }
+    }
 }
 
 fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
@@ -543,6 +580,8 @@ pub fn cleanup_pass(input: &CleanupInput<'_>) -> Result<CleanupPlan, TeardownErr
             if let Some(other) = sharing_backend(name, path, node, input.backends) {
                 let this_incarnation = pod.filter(|p| label(p, LABEL_CLEANUP_UID) == Some(uid));
                 if this_incarnation.is_some_and(|p| phase(p) == "Succeeded") {
+                    plan.finished
+                        .push((node_name.to_owned(), NodeOutcome::Emptied));
                     continue;
                 }
                 let stopped = this_incarnation.filter(|p| !terminating(p));
@@ -566,6 +605,8 @@ pub fn cleanup_pass(input: &CleanupInput<'_>) -> Result<CleanupPlan, TeardownErr
                         ),
                     ));
                 }
+                plan.finished
+                    .push((node_name.to_owned(), NodeOutcome::SharedPath));
                 continue;
             }
 
@@ -576,7 +617,10 @@ pub fn cleanup_pass(input: &CleanupInput<'_>) -> Result<CleanupPlan, TeardownErr
                     }
                     plan.pending.push(node_name.to_owned());
                 }
-                Some(pod) if phase(pod) == "Succeeded" => {}
+                Some(pod) if phase(pod) == "Succeeded" => {
+                    plan.finished
+                        .push((node_name.to_owned(), NodeOutcome::Emptied));
+                }
                 Some(pod) => {
                     let age = pod
                         .metadata
@@ -593,18 +637,24 @@ pub fn cleanup_pass(input: &CleanupInput<'_>) -> Result<CleanupPlan, TeardownErr
                                 phase(pod).to_lowercase()
                             ),
                         ));
+                        plan.finished
+                            .push((node_name.to_owned(), NodeOutcome::GivenUpDeadline));
                     } else {
                         plan.pending.push(node_name.to_owned());
                     }
                 }
                 None => match &input.image {
-                    Err(why) => plan.actions.push(event(
-                        EVENT_TIER_NOT_CLEANED,
-                        format!(
-                            "{path} still holds data from deleted KVCacheBackend \"{name}\": no image could be \
-                             resolved to empty it, and the deletion was not held open for it ({why})"
-                        ),
-                    )),
+                    Err(why) => {
+                        plan.actions.push(event(
+                            EVENT_TIER_NOT_CLEANED,
+                            format!(
+                                "{path} still holds data from deleted KVCacheBackend \"{name}\": no image could be \
+                                 resolved to empty it, and the deletion was not held open for it ({why})"
+                            ),
+                        ));
+                        plan.finished
+                            .push((node_name.to_owned(), NodeOutcome::GivenUpNoImage));
+                    }
                     Ok(image) => {
                         let pod = cleanup_pod(backend, &target, node_name, image, input.namespace)?;
                         plan.actions.push(CleanupAction::CreatePod(Box::new(pod)));

@@ -913,3 +913,49 @@ fn a_body_over_the_limit_is_not_parsed() {
         .to_string();
     assert!(err.ends_with("… (truncated)"), "{err}");
 }
+
+#[test]
+fn phases_are_counted_with_a_fixed_label_set() {
+    use warmcache_kvcache::status::{PHASE_UNKNOWN, phase_counts};
+    let mut ready = tier_backend();
+    ready.status = Some(KVCacheBackendStatus {
+        phase: Some("Ready".into()),
+        ..KVCacheBackendStatus::default()
+    });
+    let mut odd = tier_backend();
+    odd.status = Some(KVCacheBackendStatus {
+        phase: Some("Exploded".into()),
+        ..KVCacheBackendStatus::default()
+    });
+    let fresh = tier_backend();
+    let counts = phase_counts([&ready, &ready, &odd, &fresh]);
+    assert_eq!(
+        counts,
+        [
+            ("Provisioning", 0),
+            ("Ready", 2),
+            ("Degraded", 0),
+            ("Error", 0),
+            ("Deleting", 0),
+            (PHASE_UNKNOWN, 2)
+        ]
+    );
+    assert_eq!(phase_counts([]).len(), 6, "zeros are kept");
+}
+
+#[test]
+fn store_gauges_are_read_only_from_a_serving_leader() {
+    use warmcache_kvcache::status::store_gauges;
+    let filled = recorded("filled");
+    let gauges = store_gauges(Some(&filled.health), Some(&filled.metrics)).unwrap();
+    assert!(gauges.allocated_file_size_bytes > 0, "{gauges:?}");
+    // No /health, an unreachable leader, or metrics that do not parse: nothing (not zeros).
+    assert_eq!(store_gauges(None, Some(&filled.metrics)), None);
+    let down = unreachable();
+    assert_eq!(store_gauges(Some(&down.health), Some(&down.metrics)), None);
+    assert_eq!(
+        store_gauges(Some(&filled.health), Some(&status_code(200, "garbage"))),
+        None
+    );
+    assert_eq!(store_gauges(Some(&filled.health), None), None);
+}

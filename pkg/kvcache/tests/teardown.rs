@@ -15,8 +15,8 @@ use warmcache_kvcache::from_value;
 use warmcache_kvcache::teardown::{
     CLEANUP_DEADLINE, CleanupAction, CleanupInput, CleanupPlan, DeleteReason,
     EVENT_TIER_NOT_CLEANED, EVENT_TIER_PARTLY_EMPTIED, EVENT_TIER_SHARED_PATH, LABEL_CLEANUP_OF,
-    LABEL_CLEANUP_UID, TEARDOWN_REQUEUE, TeardownStep, Workload, cleanup_image, cleanup_pass,
-    cleanup_pod, cleanup_pod_name, cleanup_script, cleanup_target, teardown_step,
+    LABEL_CLEANUP_UID, NodeOutcome, TEARDOWN_REQUEUE, TeardownStep, Workload, cleanup_image,
+    cleanup_pass, cleanup_pod, cleanup_pod_name, cleanup_script, cleanup_target, teardown_step,
 };
 use warmcache_kvcache::vectors::{self, tier0, with};
 
@@ -241,6 +241,17 @@ fn s7_both_nodes_succeeded_then_every_pod_is_deleted_and_the_finalizer_goes() {
         a,
         CleanupAction::DeletePod { uid: Some(uid), .. } if uid.starts_with("uid-of-kvc-tier-clean-")
     )));
+    assert_eq!(
+        last.finished,
+        [
+            ("a".to_owned(), NodeOutcome::Emptied),
+            ("b".to_owned(), NodeOutcome::Emptied)
+        ]
+    );
+    assert!(
+        first.finished.is_empty() && second.finished.is_empty(),
+        "nothing is finished while Pods run"
+    );
     world.apply(&last);
     assert!(world.pods.is_empty());
 }
@@ -274,6 +285,13 @@ fn s8_a_pod_pending_past_the_deadline_is_given_up_with_a_node_warning() {
     );
     // The given-up Pod is deleted with the rest.
     assert_eq!(deleted(&plan).len(), 2);
+    assert_eq!(
+        plan.finished,
+        [
+            ("a".to_owned(), NodeOutcome::Emptied),
+            ("b".to_owned(), NodeOutcome::GivenUpDeadline)
+        ]
+    );
 
     // A later pass over the same state says the same thing (the Event folds), without time in it.
     world.now += SignedDuration::from_mins(7);
@@ -317,6 +335,7 @@ fn s9_a_node_where_another_live_backend_overlaps_is_skipped() {
     ));
     let plan = world.pass();
     assert_eq!(created(&plan), ["a"], "node b is skipped");
+    assert_eq!(plan.finished, [("b".to_owned(), NodeOutcome::SharedPath)]);
     assert_eq!(
         events(&plan),
         [(
@@ -504,6 +523,10 @@ fn s12_no_image_gives_the_node_up_at_once() {
     let plan = world.pass();
     assert!(plan.done);
     assert!(created(&plan).is_empty());
+    assert_eq!(
+        plan.finished,
+        [("a".to_owned(), NodeOutcome::GivenUpNoImage)]
+    );
     assert_eq!(
         events(&plan),
         [(
