@@ -35,10 +35,10 @@ use warmcache_kvcache::teardown::{
     CleanupAction, CleanupInput, CleanupPlan, DeleteReason, LABEL_CLEANUP_OF, TeardownStep,
     Workload, cleanup_image, cleanup_pass, teardown_step,
 };
-
-use crate::metrics::{ControllerMetrics, Outcome};
 use warmcache_kvcache::{RenderContext, Rendered, render};
 use warmcache_runtime::{Action, Cache, ReconcileError, Reconciler};
+
+use crate::metrics::{ControllerMetrics, Outcome};
 
 /// Field manager of everything the controller applies.
 pub const FIELD_MANAGER: &str = "kvcache-operator";
@@ -387,6 +387,16 @@ impl Backends {
             ),
             _ => (None, None, None),
         };
+        // Backends that left without a teardown of ours (a finalizer stripped by hand or by
+        // the uninstall hook) drop out of the sums too.
+        let live: BTreeSet<String> = self
+            .backends
+            .store()
+            .state()
+            .iter()
+            .map(|b| b.name_any())
+            .collect();
+        self.metrics.retain_readings(|known| live.contains(known));
         self.metrics.tier_reading(
             &name,
             warmcache_kvcache::status::store_gauges(health.as_ref(), metrics.as_ref()),

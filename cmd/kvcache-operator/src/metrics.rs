@@ -242,6 +242,19 @@ impl ControllerMetrics {
                 readings.remove(name);
             }
         }
+        self.publish(&readings);
+    }
+
+    /// Keeps only the readings of the backends `keep` accepts (those still in the cluster).
+    pub fn retain_readings(&self, mut keep: impl FnMut(&str) -> bool) {
+        let Ok(mut readings) = self.readings.lock() else {
+            return;
+        };
+        readings.retain(|name, _| keep(name));
+        self.publish(&readings);
+    }
+
+    fn publish(&self, readings: &BTreeMap<String, Gauges>) {
         let sum = |f: fn(&Gauges) -> u64| -> i64 {
             let total: u128 = readings.values().map(|g| u128::from(f(g))).sum();
             i64::try_from(total).unwrap_or(i64::MAX)
@@ -357,6 +370,13 @@ mod tests {
         assert_eq!(value(&t, "tier_bytes{measure=\"used\"}"), Some(105));
         assert_eq!(value(&t, "tier_bytes{measure=\"capacity\"}"), Some(1050));
         assert_eq!(value(&t, "tier_reporting_backends"), Some(2));
+        // A backend that left the cluster without a teardown drops out.
+        m.tier_reading("c", Some(gauges(1, 1)));
+        m.retain_readings(|name| name != "c");
+        assert_eq!(
+            value(&text(&registry), "tier_bytes{measure=\"used\"}"),
+            Some(105)
+        );
         // A newer reading replaces; a failed one drops the backend rather than adding 0.
         m.tier_reading("a", Some(gauges(300, 1000)));
         m.tier_reading("b", None);
