@@ -8,7 +8,8 @@
 //!   `FILE_WRITE_FAIL` (those bytes count against the quota); at 17Mi the store's default disk
 //!   watermark (on, high 0.90, low 0.80) evicts each bucket right after writing it. A tier works
 //!   when `capacity x high >= bucket + overhead` and `capacity x low >= bucket` (with eviction
-//!   disabled, `capacity >= bucket + overhead`); see [`min_tier_capacity`];
+//!   disabled, `capacity >= bucket + overhead`); see [`min_tier_capacity`]. Re-measured with
+//!   the default marks: 16Mi and 17Mi kept nothing on disk, 20Mi (this floor) kept one bucket;
 //! - `keyLimit` while eviction is enabled: the store applies the key limit only with eviction
 //!   disabled, so the field has no effect;
 //! - a tier without `capacity`: the store then reports its default ceiling of 2 TiB (in
