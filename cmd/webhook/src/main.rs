@@ -8,14 +8,19 @@ use warmcache_webhook::{Cli, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let stderr = std::io::stderr();
-    let mut err = stderr.lock();
-    match run(cli, &mut out, &mut err) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let _ = out.flush();
+    // No stdio lock is held across `run`: `serve` logs to standard error from its worker
+    // threads, which would wait forever on a lock this thread holds.
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    let mut err = std::io::stderr();
+    let result = run(cli, &mut out, &mut err);
+    let flushed = out.flush();
+    match (result, flushed) {
+        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        (Ok(()), Err(e)) => {
+            let _ = writeln!(err, "webhook: writing the result: {e}");
+            ExitCode::from(warmcache_cli::exit::UNUSABLE)
+        }
+        (Err(e), _) => {
             let _ = writeln!(err, "webhook: {e}");
             ExitCode::from(e.exit_code())
         }

@@ -111,6 +111,7 @@ mod crd;
 mod csi;
 mod error;
 mod faults;
+mod https;
 mod image;
 mod kubelet;
 mod namespace;
@@ -126,6 +127,7 @@ pub use crd::{FIELD_MANAGER, apply_crd, install_crds_from_dir, parse_crds, wait_
 pub use csi::{CsiPublish, TestCsiDriver};
 pub use error::TestkitError;
 pub use faults::{Fault, FaultInjector, FaultLayer, FaultService};
+pub use https::{HttpsClient, HttpsReply};
 pub use image::{ImageArchive, ImageBuilder, PAUSE_IMAGE, TOOLS_IMAGE};
 pub use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
 pub use kubelet::Kubelet;

@@ -1,0 +1,851 @@
+//! The pod webhook as users run it: the `webhook serve` binary (its caches, its HTTPS server,
+//! its admin server) called by a real kube-apiserver through the registration `cargo xtask gen`
+//! generates (failurePolicy Ignore, reinvocation, selectors), pointed at the process by URL and
+//! scoped to each test's namespaces by one extra label.
+//!
+//! Each test starts its own webhook process with its own control namespace, so the bindings a
+//! test counts are its own. StorageClass `nvcf-sc` (cluster-scoped) is shared: ReadWriteMany
+//! on `csi.weka.io`, which the built-in catalog qualifies.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use warmcache_api_modelcache::SHARING_DOMAIN_LABEL;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Workflow};
+use warmcache_modelvolume::keys::{
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, MODEL_VOLUME, SKIP_REASON_ANNOTATION,
+    WAIT_CONTAINER,
+};
+use warmcache_testkit::{ControlPlane, HttpsClient, WebhookPki, eventually};
+use warmcache_webhook::serve::{WEBHOOK_PATH, webhook_configurations};
+
+const TEST_LABEL: &str = "warmcache.test/pod-webhook";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn client() -> Client {
+    ControlPlane::shared()
+        .await
+        .unwrap()
+        .client()
+        .await
+        .unwrap()
+}
+
+fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// StorageClass nvcf-sc, once per API server.
+async fn ensure_storage_class(client: &Client) {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "nvcf-sc"},
+        "provisioner": "csi.weka.io",
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate"
+    }))
+    .unwrap();
+    match classes.create(&PostParams::default(), &class).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating nvcf-sc: {e}"),
+    }
+}
+
+/// A namespace created with its labels (so no cache ever sees it without them), once its
+/// `default` ServiceAccount exists.
+async fn namespace(client: &Client, prefix: &str, labels: &[(&str, &str)]) -> String {
+    let name = unique(prefix);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+    eventually(&format!("ServiceAccount {name}/default"), TIMEOUT, || {
+        let accounts = accounts.clone();
+        async move { accounts.get_opt("default").await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    name
+}
+
+/// A plain HTTP GET on loopback (the admin server).
+async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// The `webhook serve` process, registered with the API server for namespaces labelled
+/// `TEST_LABEL=<run>`.
+struct Served {
+    child: Child,
+    run: String,
+    control: String,
+    config_name: String,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    ca_pem: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    async fn start(client: &Client) -> Served {
+        let plane = ControlPlane::shared().await.unwrap();
+        ensure_storage_class(client).await;
+        let run = unique("run");
+        let control = namespace(client, "pw-control", &[]).await;
+        let home = namespace(client, "pw-home", &[]).await;
+        let pki = WebhookPki::generate().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), &pki.cert_pem).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &pki.key_pem).unwrap();
+        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let log = std::fs::File::create(dir.path().join("webhook.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_webhook"))
+            .args(["serve", "--kubeconfig"])
+            .arg(plane.kubeconfig_path())
+            .arg("--tls-dir")
+            .arg(dir.path())
+            .args(["--listen", &listen.to_string()])
+            .args(["--admin-listen", &admin.to_string()])
+            .args(["--namespace", &home, "--control-namespace", &control])
+            .env("OTEL_SDK_DISABLED", "true")
+            .env_remove("POD_NAMESPACE")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut served = Served {
+            child,
+            run,
+            control,
+            config_name: String::new(),
+            listen,
+            admin,
+            ca_pem: pki.ca_pem.clone(),
+            dir,
+        };
+        let ready = eventually("the webhook's /readyz", TIMEOUT, || {
+            let admin = served.admin;
+            async move { matches!(http_get(admin, "/readyz").await, Some((200, _))).then_some(()) }
+        })
+        .await;
+        if ready.is_err() {
+            panic!("the webhook never became ready:\n{}", served.log());
+        }
+        served.config_name = served.register(client, listen).await;
+        // Active once the API server calls us: a dry-run GPU pod comes back rewritten.
+        let probe = served.namespace(client, "pw-probe", &[]).await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &probe);
+        let active = eventually("the API server calling the webhook", TIMEOUT, || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.create(&dry_run(), &engine_pod("probe")).await.ok()?;
+                pod.annotations()
+                    .contains_key(BINDING_ANNOTATION)
+                    .then_some(())
+            }
+        })
+        .await;
+        if active.is_err() {
+            panic!("the webhook never answered:\n{}", served.log());
+        }
+        served
+    }
+
+    /// The generated configuration, called at `listen` and scoped to this run's namespaces.
+    async fn register(&self, client: &Client, listen: SocketAddr) -> String {
+        let configs = webhook_configurations()
+            .unwrap()
+            .with_url(&format!("https://{listen}"), self.ca_pem.as_bytes());
+        let mut config: MutatingWebhookConfiguration = configs.mutating.unwrap();
+        let name = format!("pw-{}", self.run);
+        config.metadata.name = Some(name.clone());
+        for webhook in config.webhooks.iter_mut().flatten() {
+            let selector = webhook
+                .namespace_selector
+                .get_or_insert_with(Default::default);
+            selector
+                .match_expressions
+                .get_or_insert_with(Vec::new)
+                .push(LabelSelectorRequirement {
+                    key: TEST_LABEL.to_owned(),
+                    operator: "In".to_owned(),
+                    values: Some(vec![self.run.clone()]),
+                });
+        }
+        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+        api.create(&PostParams::default(), &config).await.unwrap();
+        name
+    }
+
+    /// A namespace this webhook is called for.
+    async fn namespace(&self, client: &Client, prefix: &str, labels: &[(&str, &str)]) -> String {
+        let mut all = vec![(TEST_LABEL, self.run.as_str())];
+        all.extend_from_slice(labels);
+        namespace(client, prefix, &all).await
+    }
+
+    fn bindings(&self, client: &Client) -> Api<ModelCacheBinding> {
+        Api::namespaced(client.clone(), &self.control)
+    }
+
+    async fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics").await.unwrap().1
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("webhook.log")).unwrap_or_default()
+    }
+
+    async fn stop(mut self, client: &Client) {
+        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+        let _ = api
+            .delete(&self.config_name, &DeleteParams::default())
+            .await;
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the webhook exited during the test:\n{}",
+            self.log()
+        );
+    }
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+fn pod(value: Value) -> Pod {
+    serde_json::from_value(value).unwrap()
+}
+
+/// vLLM downloading its model itself into `HF_HOME` on an emptyDir.
+fn engine_pod(name: &str) -> Pod {
+    pod(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "qwen"}},
+        "spec": {
+            "containers": [{
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.20.0",
+                "args": ["--model", "Qwen/Qwen3-8B"],
+                "env": [
+                    {"name": "HF_HOME", "value": "/models/hf"},
+                    {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+                ],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "volumeMounts": [{"name": "m", "mountPath": "/models"}]
+            }],
+            "volumes": [{"name": "m", "emptyDir": {}}]
+        }
+    }))
+}
+
+/// An init container downloading with a literal token: left alone (secret-in-download-step).
+fn literal_secret_pod(name: &str) -> Pod {
+    pod(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "initContainers": [{
+                "name": "fetch",
+                "image": "python:3.12",
+                "command": ["hf", "download", "meta-llama/Llama-3.1-8B-Instruct", "--local-dir", "/models/llama"],
+                "env": [{"name": "HF_TOKEN", "value": "hf_0123456789abcdefghijklmnop"}],
+                "volumeMounts": [{"name": "m", "mountPath": "/models"}]
+            }],
+            "containers": [{
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.20.0",
+                "args": ["--model", "/models/llama"],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "volumeMounts": [{"name": "m", "mountPath": "/models"}]
+            }],
+            "volumes": [{"name": "m", "emptyDir": {}}]
+        }
+    }))
+}
+
+/// The binding name and UID a pod records; panics with the pod when it was not rewritten.
+fn read_binding(pod: &Pod) -> (String, String) {
+    let a = pod.annotations();
+    let (Some(name), Some(uid)) = (a.get(BINDING_ANNOTATION), a.get(BINDING_UID_ANNOTATION)) else {
+        panic!(
+            "pod {} was not rewritten: {}",
+            pod.name_any(),
+            serde_json::to_string(&pod.metadata).unwrap()
+        );
+    };
+    let spec = pod.spec.as_ref().unwrap();
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == MODEL_VOLUME)
+        .expect("the model volume");
+    let claim = volume.persistent_volume_claim.as_ref().expect("a claim");
+    assert_eq!(claim.read_only, Some(true), "read-only on the pod side");
+    assert!(
+        spec.init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == WAIT_CONTAINER),
+        "the wait container"
+    );
+    (name.clone(), uid.clone())
+}
+
+async fn create_pods(client: &Client, pods: Vec<(String, Pod)>) -> Vec<Pod> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (namespace, pod) in pods {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        tasks.spawn(async move { api.create(&PostParams::default(), &pod).await });
+    }
+    let mut created = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        created.push(result.unwrap().expect("pod creation is never blocked"));
+    }
+    created
+}
+
+fn counter(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in:\n{metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployments_pods_are_rewritten_by_the_real_api_server() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let ns = served.namespace(&client, "pw-deploy", &[]).await;
+    let template = engine_pod("unused");
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "qwen"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "qwen"}},
+            "template": {"metadata": {"labels": {"app": "qwen"}}, "spec": template.spec}
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let listed = eventually("3 pods of the Deployment", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            (list.items.len() == 3).then_some(list.items)
+        }
+    })
+    .await
+    .unwrap();
+    if listed
+        .iter()
+        .any(|p| !p.annotations().contains_key(BINDING_UID_ANNOTATION))
+    {
+        panic!(
+            "a pod was not rewritten; the webhook's log:\n{}",
+            served.log()
+        );
+    }
+    let refs: BTreeSet<(String, String)> = listed.iter().map(read_binding).collect();
+    assert_eq!(refs.len(), 1, "one binding for the three pods: {refs:?}");
+    let (name, uid) = refs.into_iter().next().unwrap();
+    let binding = served.bindings(&client).get(&name).await.unwrap();
+    assert_eq!(binding.uid().as_deref(), Some(uid.as_str()));
+    assert_eq!(binding.spec.identity.workflow, Workflow::RegularModelCache);
+    assert_eq!(binding.spec.resources.writer_namespace, ns);
+    assert!(
+        binding
+            .finalizers()
+            .iter()
+            .any(|f| f == warmcache_api_modelcache::FINALIZER)
+    );
+    let main = &listed[0].spec.as_ref().unwrap().containers[0];
+    let env: BTreeMap<_, _> = main
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
+        .collect();
+    assert_eq!(env.get("HF_HUB_OFFLINE"), Some(&"1"), "started offline");
+    let mounts = main.volume_mounts.iter().flatten();
+    for mount in mounts.filter(|m| m.name == MODEL_VOLUME) {
+        assert_eq!(mount.read_only, Some(true), "{}", mount.mount_path);
+    }
+
+    let metrics = served.metrics().await;
+    assert!(
+        counter(
+            &metrics,
+            "warmcache_webhook_pod_admissions_total{outcome=\"rewritten\",reason=\"none\"}"
+        ) >= 3.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        counter(
+            &metrics,
+            "warmcache_webhook_bindings_total{result=\"created\"}"
+        ),
+        1.0
+    );
+    served.stop(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_pods_across_twenty_namespaces_of_one_domain_make_one_binding() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let domain = unique("domain");
+    let mut namespaces = Vec::new();
+    for _ in 0..20 {
+        namespaces.push(
+            served
+                .namespace(
+                    &client,
+                    "pw-dom",
+                    &[(SHARING_DOMAIN_LABEL, domain.as_str())],
+                )
+                .await,
+        );
+    }
+    let pods: Vec<(String, Pod)> = namespaces
+        .iter()
+        .flat_map(|ns| (0..10).map(move |i| (ns.clone(), engine_pod(&format!("qwen-{i}")))))
+        .collect();
+    let created = create_pods(&client, pods).await;
+    assert_eq!(created.len(), 200);
+    let refs: BTreeSet<(String, String)> = created.iter().map(read_binding).collect();
+    assert_eq!(refs.len(), 1, "every pod reads the same binding: {refs:?}");
+    let list = served
+        .bindings(&client)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1, "exactly one binding");
+    let binding = &list.items[0];
+    assert_eq!(binding.spec.identity.workflow, Workflow::HelmModelCache);
+    assert!(namespaces.contains(&binding.spec.resources.writer_namespace));
+    let metrics = served.metrics().await;
+    assert_eq!(
+        counter(
+            &metrics,
+            "warmcache_webhook_bindings_total{result=\"created\"}"
+        ),
+        1.0,
+        "one create call succeeded"
+    );
+    served.stop(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_unlabelled_namespaces_get_twenty_bindings() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let mut pods = Vec::new();
+    for _ in 0..20 {
+        let ns = served.namespace(&client, "pw-alone", &[]).await;
+        pods.push((ns.clone(), engine_pod("qwen-a")));
+        pods.push((ns, engine_pod("qwen-b")));
+    }
+    let created = create_pods(&client, pods).await;
+    let mut by_namespace: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in &created {
+        by_namespace
+            .entry(pod.namespace().unwrap())
+            .or_default()
+            .insert(read_binding(pod).0);
+    }
+    assert_eq!(by_namespace.len(), 20);
+    assert!(
+        by_namespace.values().all(|b| b.len() == 1),
+        "{by_namespace:?}"
+    );
+    let names: BTreeSet<&String> = by_namespace.values().flatten().collect();
+    assert_eq!(names.len(), 20, "one binding per namespace");
+    let list = served
+        .bindings(&client)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 20);
+    for binding in &list.items {
+        let ns = &binding.spec.resources.writer_namespace;
+        assert_eq!(binding.spec.identity.workflow, Workflow::RegularModelCache);
+        assert!(
+            by_namespace[ns].contains(&binding.name_any()),
+            "the binding of {ns} is written by {ns}"
+        );
+    }
+    served.stop(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_outside_a_domain_never_gets_its_binding() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let (x, y) = (unique("x"), unique("y"));
+    let a = served
+        .namespace(&client, "pw-xa", &[(SHARING_DOMAIN_LABEL, &x)])
+        .await;
+    let b = served
+        .namespace(&client, "pw-xb", &[(SHARING_DOMAIN_LABEL, &x)])
+        .await;
+    let c = served
+        .namespace(&client, "pw-yc", &[(SHARING_DOMAIN_LABEL, &y)])
+        .await;
+    let d = served.namespace(&client, "pw-none", &[]).await;
+    let mut bindings = BTreeMap::new();
+    for ns in [&a, &b, &c, &d] {
+        let created = create_pods(&client, vec![(ns.clone(), engine_pod("qwen"))]).await;
+        bindings.insert(ns.clone(), read_binding(&created[0]).0);
+    }
+    assert_eq!(bindings[&a], bindings[&b], "one domain shares");
+    assert_ne!(bindings[&c], bindings[&a], "another domain does not");
+    assert_ne!(
+        bindings[&d], bindings[&a],
+        "an unlabelled namespace does not"
+    );
+    assert_ne!(bindings[&d], bindings[&c]);
+    let list = served
+        .bindings(&client)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 3);
+    served.stop(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_creates_nothing() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let ns = served.namespace(&client, "pw-dry", &[]).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let answered = pods.create(&dry_run(), &engine_pod("qwen")).await.unwrap();
+    assert!(
+        answered.annotations().contains_key(BINDING_ANNOTATION),
+        "the rewrite is shown"
+    );
+    assert!(
+        !answered.annotations().contains_key(BINDING_UID_ANNOTATION),
+        "no binding exists to record"
+    );
+    let skipped = pods
+        .create(&dry_run(), &literal_secret_pod("secret"))
+        .await
+        .unwrap();
+    assert_eq!(
+        skipped
+            .annotations()
+            .get(SKIP_REASON_ANNOTATION)
+            .map(String::as_str),
+        Some("secret-in-download-step")
+    );
+    // Give a wrong write time to land, then look.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let list = served
+        .bindings(&client)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(list.items.is_empty(), "no binding: {:?}", list.items);
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let list = events.list(&ListParams::default()).await.unwrap();
+    assert!(list.items.is_empty(), "no Event: {:?}", list.items);
+    let metrics = served.metrics().await;
+    assert_eq!(
+        counter(
+            &metrics,
+            "warmcache_webhook_bindings_total{result=\"created\"}"
+        ),
+        0.0
+    );
+    served.stop(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_left_alone_says_why_on_itself_and_its_controller() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let ns = served.namespace(&client, "pw-skip", &[]).await;
+    let created = create_pods(&client, vec![(ns.clone(), literal_secret_pod("secret"))]).await;
+    let pod = &created[0];
+    assert_eq!(
+        pod.annotations()
+            .get(SKIP_REASON_ANNOTATION)
+            .map(String::as_str),
+        Some("secret-in-download-step")
+    );
+    assert!(!pod.annotations().contains_key(BINDING_ANNOTATION));
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let find = |kind: &'static str, name: String| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.involved_object.kind.as_deref() == Some(kind)
+                    && e.involved_object.name.as_deref() == Some(name.as_str())
+                    && e.reason.as_deref() == Some("SecretInDownloadStep")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+        }
+    };
+    eventually("a Warning Event on the pod", TIMEOUT, || {
+        find("Pod", "secret".into())
+    })
+    .await
+    .unwrap();
+
+    // A Deployment's pod has no name at admission: the Event goes on its ReplicaSet.
+    let template = literal_secret_pod("unused");
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "llama"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "llama"}},
+            "template": {"metadata": {"labels": {"app": "llama"}}, "spec": template.spec}
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    let set = eventually("the ReplicaSet", TIMEOUT, || {
+        let sets = sets.clone();
+        async move {
+            sets.list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()
+        }
+    })
+    .await
+    .unwrap();
+    let event = eventually("a Warning Event on the ReplicaSet", TIMEOUT, || {
+        find("ReplicaSet", set.name_any())
+    })
+    .await
+    .unwrap();
+    let note = event.message.unwrap_or_default();
+    assert!(note.starts_with("pod \"llama-"), "{note}");
+    let metrics = served.metrics().await;
+    assert!(
+        counter(
+            &metrics,
+            "warmcache_webhook_pod_admissions_total{outcome=\"skipped\",reason=\"secret-in-download-step\"}"
+        ) >= 2.0
+    );
+    served.stop(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_that_is_down_does_not_block_pods() {
+    let client = client().await;
+    ensure_storage_class(&client).await;
+    let run = unique("down");
+    let pki = WebhookPki::generate().unwrap();
+    // Nothing listens there.
+    let port = free_port();
+    let configs = webhook_configurations()
+        .unwrap()
+        .with_url(&format!("https://127.0.0.1:{port}"), pki.ca_pem.as_bytes());
+    let mut config = configs.mutating.unwrap();
+    config.metadata.name = Some(format!("pw-{run}"));
+    for webhook in config.webhooks.iter_mut().flatten() {
+        webhook
+            .namespace_selector
+            .get_or_insert_with(Default::default)
+            .match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(LabelSelectorRequirement {
+                key: TEST_LABEL.to_owned(),
+                operator: "In".to_owned(),
+                values: Some(vec![run.clone()]),
+            });
+    }
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    configs
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    let ns = namespace(&client, "pw-down", &[(TEST_LABEL, &run)]).await;
+    let created = create_pods(&client, vec![(ns, engine_pod("qwen"))]).await;
+    assert!(
+        !created[0].annotations().contains_key(BINDING_ANNOTATION),
+        "admitted as written"
+    );
+    configs
+        .delete(&format!("pw-{run}"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reviews_over_https_get_a_clear_answer() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let review = |kind: Value, resource: &str, object: Value| {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "0d3f6a43-5e1c-4bd7-9f3a-2a6a7e1c0001",
+                "kind": kind,
+                "resource": {"group": "", "version": "v1", "resource": resource},
+                "namespace": "team-a",
+                "operation": "CREATE",
+                "userInfo": {"username": "test"},
+                "object": object,
+                "dryRun": false
+            }
+        }))
+        .unwrap()
+    };
+    let pod_kind = json!({"group": "", "version": "v1", "kind": "Pod"});
+    let mut deep = String::new();
+    for _ in 0..100_000 {
+        deep.push('[');
+    }
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("malformed JSON", b"{\"apiVersion\": ".to_vec()),
+        ("not a review", b"[1, 2, 3]".to_vec()),
+        ("deep nesting", deep.into_bytes()),
+        (
+            "a ConfigMap",
+            review(
+                json!({"group": "", "version": "v1", "kind": "ConfigMap"}),
+                "configmaps",
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
+            ),
+        ),
+        (
+            "a pod with no containers",
+            review(
+                pod_kind.clone(),
+                "pods",
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}),
+            ),
+        ),
+        (
+            "a pod that does not decode",
+            review(
+                pod_kind.clone(),
+                "pods",
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": "vllm"}}),
+            ),
+        ),
+        (
+            "a pod whose strings hold control characters",
+            review(
+                pod_kind,
+                "pods",
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p\u{0}\u{1b}[31m"},
+                    "spec": {"containers": [{"name": "c", "image": "i", "args": ["--model", "\u{202e}evil/../../x"],
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+            ),
+        ),
+    ];
+    for (case, body) in cases {
+        let mut https = HttpsClient::connect(served.listen, &served.ca_pem)
+            .await
+            .unwrap();
+        let reply =
+            tokio::time::timeout(Duration::from_secs(5), https.post_json(WEBHOOK_PATH, body))
+                .await
+                .unwrap_or_else(|_| panic!("{case}: no answer within the timeout"))
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(
+            reply.status == 200 || reply.status == 400,
+            "{case}: status {} {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body)
+        );
+        if reply.status == 200 {
+            let response = &reply.json().unwrap()["response"];
+            assert_eq!(
+                response["allowed"], true,
+                "{case}: never refused: {response}"
+            );
+        }
+    }
+    served.stop(&client).await;
+}
