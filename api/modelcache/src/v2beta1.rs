@@ -139,6 +139,37 @@ const MOUNT_OPTION_PATTERN: &str = "^\\S(.*\\S)?$";
         json_path = ".status.phase",
         description = "Active or Retiring"
     ),
+    printcolumn(
+        name = "Model",
+        type_ = "string",
+        json_path = ".status.modelUri",
+        description = "The model identity URI the cache holds (from the first reading pod)"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether readers can read the complete copy"
+    ),
+    printcolumn(
+        name = "Population",
+        type_ = "string",
+        json_path = ".status.realized.populationState",
+        description = "Pending, Populating, Ready or Failed"
+    ),
+    printcolumn(
+        name = "Bytes",
+        type_ = "integer",
+        json_path = ".status.realized.bytes",
+        description = "Bytes the download wrote, as measured by the writer"
+    ),
+    printcolumn(
+        name = "Readers",
+        type_ = "integer",
+        json_path = ".status.requestReferenceCount",
+        priority = 1,
+        description = "Number of workloads using the cache"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new(RULE_STATUS_KEPT).message(MSG_STATUS_KEPT)
 )]
@@ -472,7 +503,28 @@ pub struct ModelCacheBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = not_nullable)]
     pub realized: Option<RealizedStorage>,
-    /// Standard conditions, keyed by type.
+    /// Number of entries in requestReferences (for the printer column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0), transform = not_nullable)]
+    pub request_reference_count: Option<i64>,
+    /// When requestReferences last became empty; absent while it is not empty. The reaper
+    /// retires a binding that stayed unreferenced past the idle period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = not_nullable)]
+    pub unreferenced_since: Option<Time>,
+    /// The model identity URI the cache holds (for example hf://Qwen/Qwen3-0.6B@v1), copied
+    /// from a reading pod whose cache handle matches spec.identity.cacheHandleDigest. For
+    /// display only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024), transform = not_nullable)]
+    pub model_uri: Option<String>,
+    /// The metadata.generation the controller last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0), transform = not_nullable)]
+    pub observed_generation: Option<i64>,
+    /// Standard conditions, keyed by type: Ready (readers can read the complete copy),
+    /// Progressing (the controller is creating or waiting for something) and Degraded (a
+    /// failure that needs attention, with the reason).
     #[serde(default)]
     #[schemars(schema_with = "conditions_schema", transform = no_default)]
     pub conditions: Vec<Condition>,
@@ -543,6 +595,15 @@ pub struct RealizedStorage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = not_nullable)]
     pub population_state: Option<PopulationState>,
+    /// Bytes the download wrote, as the writer measured them (du -sb of the volume root) and
+    /// recorded in the completion marker and its termination message. Present once Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0), transform = not_nullable)]
+    pub bytes: Option<i64>,
+    /// Namespace the completed download was written from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), pattern(DNS1123_LABEL_PATTERN), transform = not_nullable)]
+    pub source_namespace: Option<String>,
     /// Per-namespace read-only views of the primary volume (a PersistentVolume derived from the
     /// primary's, pre-bound to a claim in the reader namespace). The controller records an entry
     /// here BEFORE it creates the view's objects, so retirement can always name and delete them,
@@ -820,6 +881,15 @@ mod tests {
                 ("Workflow", "string", ".spec.identity.workflow"),
                 ("Provider", "string", ".spec.decision.provider"),
                 ("Phase", "string", ".status.phase"),
+                ("Model", "string", ".status.modelUri"),
+                (
+                    "Ready",
+                    "string",
+                    ".status.conditions[?(@.type==\"Ready\")].status"
+                ),
+                ("Population", "string", ".status.realized.populationState"),
+                ("Bytes", "integer", ".status.realized.bytes"),
+                ("Readers", "integer", ".status.requestReferenceCount"),
                 ("Age", "date", ".metadata.creationTimestamp"),
             ]
         );

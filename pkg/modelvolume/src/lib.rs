@@ -56,3 +56,16 @@ pub use step::{DownloadStep, MAX_DOWNLOAD_STEP_BYTES, PodEnvRef, StepOrigin};
 pub fn wait_script() -> String {
     rewrite::wait_script()
 }
+
+pub mod lifecycle;
+#[cfg(test)]
+mod testing;
+pub mod view;
+pub mod volume_keys;
+pub mod writer;
+
+pub use lifecycle::{Action, LifecycleConfig, Observed, Reason, Step, StepSource, WantedCondition};
+pub use view::{
+    ViewError, read_only_view, reader_view, view_mount_options, view_size, writer_view,
+};
+pub use writer::{WriterError, WriterOptions, writer_job, writer_script};

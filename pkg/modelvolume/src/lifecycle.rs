@@ -1,0 +1,1385 @@
+//! The lifecycle of one binding as a pure step function: given what the controller observed
+//! (the binding, its primary claim and PV, the writer view, the writer Job and its pods, the
+//! namespaces and workloads of the pods that read it), what to write next.
+//!
+//! The controller writes [`Step::status`] first (when it differs from the stored one) and then
+//! runs [`Step::actions`] in order; every action is a create or an update of an object with a
+//! deterministic name, so a crash between any two calls is finished by the next step from what
+//! is stored. The rules it encodes:
+//!
+//! - **Request references**: the live workloads of the binding's pods are added only while the
+//!   binding is Active; stale ones (gone, or another UID) are dropped; when none is left the
+//!   time is recorded for the reaper ([`merge_references`]).
+//! - **One writer**: the primary claim `rw-pvc-<hash>` in the control namespace, then (RWX) the
+//!   writer view and the writer Job in the writer namespace, both under deterministic names, so
+//!   the API server's AlreadyExists is the election.
+//! - **Completion**: a succeeded Job makes the controller label the primary PV complete (with
+//!   bytes, identity and source namespace) and set Retain ([`Action::MarkComplete`], re-read
+//!   until stored); only a PV observed with both makes the cache Ready and releases the writer
+//!   claim. Ready is read from the PV, so it survives the Job's TTL.
+//! - **Views**: every namespace with a reading pod gets its view recorded in
+//!   `status.realized.views`; only views already in the *stored* status are created.
+//! - **Failure**: a failed Job sets population Failed with the download's last words, retires
+//!   the writer view, keeps the primary; once the Job is gone (its TTL, one hour) the next
+//!   request retries, and a later success clears the failure.
+//! - **Nothing is deleted** except the writer view's claim, and only after completion is
+//!   persisted or on failure; PVs and data are the reaper's.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{EnvVar, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use warmcache_api_modelcache::v2beta1::{
+    BindingPhase, ModelCacheBinding, ModelCacheBindingStatus, PopulationState, ReadOnlyView,
+    RealizedStorage, RequestReference, Transition,
+};
+use warmcache_api_modelcache::{identity_hash, writer_pvc_name};
+
+use crate::step::DownloadStep;
+use crate::view::{self, ViewError};
+use crate::volume_keys::{
+    BYTES_ANNOTATION, COMPLETE_LABEL, HANDLE_DIGEST_ANNOTATION, SOURCE_NAMESPACE_LABEL,
+    WRITER_CONTAINER,
+};
+use crate::writer::{self, WriterOptions, bytes_from_termination_message};
+
+/// Condition type: readers can read the complete copy.
+pub const READY: &str = "Ready";
+/// Condition type: the controller is creating or waiting for something.
+pub const PROGRESSING: &str = "Progressing";
+/// Condition type: a failure that needs attention.
+pub const DEGRADED: &str = "Degraded";
+
+/// Why a condition has its status (the `reason` of Ready, Progressing and Degraded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// No reading pod carries a download step in the writer namespace yet.
+    WaitingForDownloadStep,
+    /// The primary claim is being created.
+    CreatingPrimary,
+    /// The primary claim is not bound yet.
+    PrimaryClaimPending,
+    /// The writer view and Job are being created.
+    StartingDownload,
+    /// The writer Job is downloading.
+    Downloading,
+    /// The Job succeeded; completion labels and Retain are being persisted on the primary PV.
+    Completing,
+    /// The primary PV is complete and retained; readers can read it.
+    Downloaded,
+    /// Views of reading namespaces are being recorded or created.
+    CreatingViews,
+    /// Everything the binding needs exists.
+    Reconciled,
+    /// Nothing is wrong.
+    AsExpected,
+    /// The writer Job failed.
+    DownloadFailed,
+    /// The recorded download step cannot run as a writer Job.
+    InvalidDownloadStep,
+    /// The primary's PV cannot be viewed.
+    InvalidPrimaryVolume,
+    /// An object under one of the binding's names belongs to something else.
+    ForeignObject,
+    /// The binding is Retiring or being deleted: the reaper's.
+    Retiring,
+    /// roxReadOnly caches are written by the node agent's staged copy.
+    NodeAgentFlow,
+}
+
+impl Reason {
+    /// The CamelCase reason.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::WaitingForDownloadStep => "WaitingForDownloadStep",
+            Self::CreatingPrimary => "CreatingPrimary",
+            Self::PrimaryClaimPending => "PrimaryClaimPending",
+            Self::StartingDownload => "StartingDownload",
+            Self::Downloading => "Downloading",
+            Self::Completing => "Completing",
+            Self::Downloaded => "Downloaded",
+            Self::CreatingViews => "CreatingViews",
+            Self::Reconciled => "Reconciled",
+            Self::AsExpected => "AsExpected",
+            Self::DownloadFailed => "DownloadFailed",
+            Self::InvalidDownloadStep => "InvalidDownloadStep",
+            Self::InvalidPrimaryVolume => "InvalidPrimaryVolume",
+            Self::ForeignObject => "ForeignObject",
+            Self::Retiring => "Retiring",
+            Self::NodeAgentFlow => "NodeAgentFlow",
+        }
+    }
+}
+
+/// A condition the controller records (it keeps `lastTransitionTime` when the status did not
+/// change, and sets `observedGeneration`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WantedCondition {
+    /// [`READY`], [`PROGRESSING`] or [`DEGRADED`].
+    pub type_: &'static str,
+    /// Whether it holds.
+    pub status: bool,
+    /// Why.
+    pub reason: Reason,
+    /// In words.
+    pub message: String,
+}
+
+/// A write the controller makes, in order, after the status.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Create the primary claim in the control namespace.
+    CreatePrimaryClaim(PersistentVolumeClaim),
+    /// Create the writer view's PV, then its claim (each AlreadyExists is fine).
+    CreateWriterView(PersistentVolume, PersistentVolumeClaim),
+    /// The writer view's PV still names a released claim: clear `claimRef.uid` and
+    /// `claimRef.resourceVersion` (update with its resourceVersion) so the new claim binds.
+    RebindWriterView {
+        /// The PV.
+        pv: String,
+        /// Its resourceVersion as observed.
+        resource_version: String,
+    },
+    /// Create the writer Job (AlreadyExists: another replica or an earlier reconcile won).
+    CreateJob(Box<k8s_openapi::api::batch::v1::Job>),
+    /// Label the primary PV complete and set Retain with its resourceVersion, re-reading and
+    /// retrying on conflicts (bounded) until both are stored.
+    MarkComplete {
+        /// The primary PV.
+        pv: String,
+        /// Labels to add.
+        labels: BTreeMap<String, String>,
+        /// Annotations to add.
+        annotations: BTreeMap<String, String>,
+    },
+    /// Delete the writer view's claim in the writer namespace (with its UID as precondition):
+    /// only after a stored completion, or on failure.
+    ReleaseWriterClaim {
+        /// Writer namespace.
+        namespace: String,
+        /// `rw-pvc-<hash>`.
+        name: String,
+        /// The observed UID.
+        uid: String,
+    },
+    /// Create a read-only view (PV, then claim) recorded in the stored status.
+    CreateView(PersistentVolume, PersistentVolumeClaim),
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The status to store (the controller adds conditions from [`Step::conditions`]).
+    pub status: ModelCacheBindingStatus,
+    /// Ready, Progressing and Degraded.
+    pub conditions: Vec<WantedCondition>,
+    /// Writes to make after the status, in order.
+    pub actions: Vec<Action>,
+    /// Whether the controller should look again later although nothing it watches may change
+    /// (a Job it waits for is watched; nothing needs polling today).
+    pub requeue: bool,
+}
+
+/// A download step and the pod it was recorded on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepSource {
+    /// The step.
+    pub step: DownloadStep,
+    /// Values of the literal secrets the step copies from the pod.
+    pub pod_env: Vec<EnvVar>,
+}
+
+/// Operator settings of the lifecycle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LifecycleConfig {
+    /// Size of the RWX primary claim (nothing is measured before the download).
+    pub primary_size: Quantity,
+    /// Extra mount options of read-only views (those negating a required one are dropped).
+    pub extra_mount_options: Vec<String>,
+    /// Writer Job settings.
+    pub writer: WriterOptions,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        Self {
+            primary_size: Quantity("100Gi".to_owned()),
+            extra_mount_options: Vec::new(),
+            writer: WriterOptions::default(),
+        }
+    }
+}
+
+/// Everything the step reads. Objects are as observed (cache or fresh reads); `None` when not
+/// found.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    /// The binding.
+    pub binding: &'a ModelCacheBinding,
+    /// The time to record.
+    pub now: Time,
+    /// Live workloads of the binding's pods (top-level owners), not yet deduplicated.
+    pub seen_references: Vec<RequestReference>,
+    /// UIDs of stored references found stale (NotFound, or the name has another UID).
+    pub stale_references: BTreeSet<String>,
+    /// Namespaces with a live pod of the binding.
+    pub reader_namespaces: BTreeSet<String>,
+    /// The model URI of a pod whose handle matches the binding.
+    pub model_uri: Option<String>,
+    /// A download step recorded on a pod of the writer namespace.
+    pub step: Option<StepSource>,
+    /// The primary claim in the control namespace.
+    pub primary_claim: Option<&'a PersistentVolumeClaim>,
+    /// The PV the primary claim is bound to.
+    pub primary_pv: Option<&'a PersistentVolume>,
+    /// The writer view's PV.
+    pub writer_view_pv: Option<&'a PersistentVolume>,
+    /// The writer view's claim.
+    pub writer_view_claim: Option<&'a PersistentVolumeClaim>,
+    /// The writer Job.
+    pub job: Option<&'a Job>,
+    /// The writer Job's pods.
+    pub job_pods: Vec<&'a Pod>,
+    /// Namespaces whose view PV and claim both exist.
+    pub existing_views: BTreeSet<String>,
+    /// Settings.
+    pub config: &'a LifecycleConfig,
+}
+
+/// The stored references merged with the live ones seen: stale ones dropped, new ones added
+/// only while `active`, one per UID, ordered by (namespace, kind, name, uid) so the stored list
+/// does not churn.
+pub fn merge_references(
+    stored: &[RequestReference],
+    seen: &[RequestReference],
+    stale: &BTreeSet<String>,
+    active: bool,
+) -> Vec<RequestReference> {
+    let mut by_uid: BTreeMap<String, RequestReference> = BTreeMap::new();
+    for r in stored.iter().filter(|r| !stale.contains(&r.uid)) {
+        by_uid.insert(r.uid.clone(), r.clone());
+    }
+    if active {
+        for r in seen
+            .iter()
+            .filter(|r| !stale.contains(&r.uid) && !r.uid.is_empty())
+        {
+            by_uid.entry(r.uid.clone()).or_insert_with(|| r.clone());
+        }
+    }
+    let mut refs: Vec<RequestReference> = by_uid.into_values().collect();
+    refs.sort_by(|a, b| {
+        (&a.namespace, &a.kind, &a.name, &a.uid).cmp(&(&b.namespace, &b.kind, &b.name, &b.uid))
+    });
+    refs
+}
+
+fn job_condition(job: &Job, type_: &str) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+}
+
+/// The writer's last words: the termination message of the download container of the Job's
+/// most recent pod that ended, or the Job's own failure message.
+pub fn last_words(job: &Job, pods: &[&Pod]) -> String {
+    let mut ended: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|p| {
+            let status = p.status.as_ref()?;
+            let c = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .find(|c| c.name == WRITER_CONTAINER)?;
+            let t = c.state.as_ref()?.terminated.as_ref()?;
+            let at = t
+                .finished_at
+                .as_ref()
+                .map(|f| f.0.to_string())
+                .unwrap_or_default();
+            let words = t
+                .message
+                .clone()
+                .filter(|m| !m.trim().is_empty())
+                .unwrap_or_else(|| {
+                    format!(
+                        "exit code {}{}",
+                        t.exit_code,
+                        t.reason
+                            .as_deref()
+                            .map(|r| format!(" ({r})"))
+                            .unwrap_or_default()
+                    )
+                });
+            Some((at, words))
+        })
+        .collect();
+    ended.sort();
+    if let Some((_, words)) = ended.pop() {
+        return words.trim().to_owned();
+    }
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Failed"))
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default()
+            )
+        })
+        .unwrap_or_else(|| "the writer Job failed without a message".to_owned())
+}
+
+/// The byte count of the Job's succeeded pod, from its termination message.
+pub fn measured_bytes(pods: &[&Pod]) -> Option<u64> {
+    pods.iter().find_map(|p| {
+        p.status
+            .as_ref()?
+            .container_statuses
+            .iter()
+            .flatten()
+            .find(|c| c.name == WRITER_CONTAINER)?
+            .state
+            .as_ref()?
+            .terminated
+            .as_ref()
+            .filter(|t| t.exit_code == 0)?
+            .message
+            .as_deref()
+            .and_then(bytes_from_termination_message)
+    })
+}
+
+/// Whether the primary PV stores the completion labels and Retain.
+pub fn is_complete(binding: &ModelCacheBinding, pv: &PersistentVolume) -> bool {
+    let labels = pv.metadata.labels.as_ref();
+    let annotations = pv.metadata.annotations.as_ref();
+    labels
+        .and_then(|l| l.get(COMPLETE_LABEL))
+        .map(String::as_str)
+        == Some("true")
+        && annotations
+            .and_then(|a| a.get(HANDLE_DIGEST_ANNOTATION))
+            .is_some_and(|d| *d == binding.spec.identity.cache_handle_digest)
+        && pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+            == Some(view::RETAIN)
+}
+
+/// The bytes a complete primary PV records.
+pub fn recorded_bytes(pv: &PersistentVolume) -> Option<u64> {
+    pv.metadata
+        .annotations
+        .as_ref()?
+        .get(BYTES_ANNOTATION)?
+        .parse()
+        .ok()
+}
+
+/// The labels and annotations that mark `binding`'s primary complete.
+pub fn completion_marks(
+    binding: &ModelCacheBinding,
+    bytes: Option<u64>,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let labels = BTreeMap::from([
+        (COMPLETE_LABEL.to_owned(), "true".to_owned()),
+        (
+            crate::keys::MODEL_LABEL.to_owned(),
+            identity_hash(&binding.spec.identity),
+        ),
+        (
+            SOURCE_NAMESPACE_LABEL.to_owned(),
+            binding.spec.resources.writer_namespace.clone(),
+        ),
+    ]);
+    let mut annotations = BTreeMap::from([(
+        HANDLE_DIGEST_ANNOTATION.to_owned(),
+        binding.spec.identity.cache_handle_digest.clone(),
+    )]);
+    if let Some(b) = bytes {
+        annotations.insert(BYTES_ANNOTATION.to_owned(), b.to_string());
+    }
+    (labels, annotations)
+}
+
+fn is_bound(claim: &PersistentVolumeClaim) -> bool {
+    claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
+fn job_is_ours(binding: &ModelCacheBinding, job: &Job) -> bool {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::volume_keys::BINDING_UID_LABEL_ANNOTATION))
+        .is_some_and(|uid| Some(uid) == binding.metadata.uid.as_ref())
+}
+
+/// Whether the writer view's PV is bound (or pre-bound) to another claim than `claim`.
+fn writer_view_needs_rebind(pv: &PersistentVolume, claim: Option<&PersistentVolumeClaim>) -> bool {
+    let Some(claim_ref) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
+        return false;
+    };
+    match (&claim_ref.uid, claim.and_then(|c| c.metadata.uid.as_ref())) {
+        (None, _) => false,
+        (Some(bound), Some(current)) => bound != current,
+        (Some(_), None) => true,
+    }
+}
+
+struct Builder {
+    conditions: Vec<WantedCondition>,
+    actions: Vec<Action>,
+}
+
+impl Builder {
+    fn set(
+        &mut self,
+        type_: &'static str,
+        status: bool,
+        reason: Reason,
+        message: impl Into<String>,
+    ) {
+        self.conditions.retain(|c| c.type_ != type_);
+        self.conditions.push(WantedCondition {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        });
+    }
+}
+
+/// What to do next for `obs.binding` (see the module documentation).
+pub fn step(obs: &Observed<'_>) -> Step {
+    let b = obs.binding;
+    let stored = b.status.clone().unwrap_or_default();
+    let mut status = stored.clone();
+    let mut out = Builder {
+        conditions: Vec::new(),
+        actions: Vec::new(),
+    };
+    status.observed_generation = b.metadata.generation;
+    let retiring = b.is_retiring() || b.metadata.deletion_timestamp.is_some();
+    if status.phase.is_none() {
+        status.phase = Some(BindingPhase::Active);
+        status.last_phase_transition_time = Some(obs.now.clone());
+    }
+    let active = !retiring && status.phase == Some(BindingPhase::Active);
+
+    // References.
+    status.request_references = merge_references(
+        &stored.request_references,
+        &obs.seen_references,
+        &obs.stale_references,
+        active,
+    );
+    let count = i64::try_from(status.request_references.len()).unwrap_or(i64::MAX);
+    status.request_reference_count = Some(count);
+    if count == 0 {
+        if status.unreferenced_since.is_none() {
+            status.unreferenced_since = Some(obs.now.clone());
+        }
+    } else {
+        status.unreferenced_since = None;
+    }
+    if status.model_uri.is_none() {
+        status.model_uri.clone_from(&obs.model_uri);
+    }
+    let mut realized = status.realized.clone().unwrap_or_default();
+
+    if retiring {
+        out.set(
+            PROGRESSING,
+            false,
+            Reason::Retiring,
+            "the binding is Retiring or being deleted: the reaper deletes what it names; nothing is created for it",
+        );
+        status.realized = Some(realized).filter(|r| *r != RealizedStorage::default());
+        return finish(status, out, false);
+    }
+
+    if b.spec.decision.transition == Transition::RoxReadOnly {
+        realized
+            .population_state
+            .get_or_insert(PopulationState::Pending);
+        out.set(READY, realized.population_state == Some(PopulationState::Ready), Reason::NodeAgentFlow,
+            "roxReadOnly: the download is staged and copied into a primary sized from the measured bytes by the node agent (model-volume-controller); this controller keeps the references");
+        out.set(
+            PROGRESSING,
+            true,
+            Reason::NodeAgentFlow,
+            "waiting for the node agent's staged copy",
+        );
+        out.set(DEGRADED, false, Reason::AsExpected, "");
+        status.realized = Some(realized);
+        return finish(status, out, false);
+    }
+
+    rwx(obs, &mut realized, &mut out);
+    status.realized = Some(realized);
+    finish(status, out, false)
+}
+
+fn finish(status: ModelCacheBindingStatus, out: Builder, requeue: bool) -> Step {
+    let mut conditions = out.conditions;
+    conditions.sort_by_key(|c| match c.type_ {
+        READY => 0,
+        PROGRESSING => 1,
+        _ => 2,
+    });
+    Step {
+        status,
+        conditions,
+        actions: out.actions,
+        requeue,
+    }
+}
+
+fn degraded(out: &mut Builder, reason: Reason, message: String) {
+    out.set(READY, false, reason, message.clone());
+    out.set(PROGRESSING, false, reason, message.clone());
+    out.set(DEGRADED, true, reason, message);
+}
+
+fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
+    let b = obs.binding;
+    let claim_name = writer_pvc_name(&b.spec.identity);
+
+    // 1. The primary claim.
+    let Some(primary_claim) = obs.primary_claim else {
+        realized
+            .population_state
+            .get_or_insert(PopulationState::Pending);
+        out.actions
+            .push(Action::CreatePrimaryClaim(view::primary_claim(
+                b,
+                obs.config.primary_size.clone(),
+            )));
+        out.set(
+            READY,
+            false,
+            Reason::CreatingPrimary,
+            format!("creating the primary claim {claim_name}"),
+        );
+        out.set(
+            PROGRESSING,
+            true,
+            Reason::CreatingPrimary,
+            format!("creating the primary claim {claim_name}"),
+        );
+        out.set(DEGRADED, false, Reason::AsExpected, "");
+        return;
+    };
+    let primary = match obs.primary_pv {
+        Some(pv) if is_bound(primary_claim) => pv,
+        _ => {
+            realized
+                .population_state
+                .get_or_insert(PopulationState::Pending);
+            let m = format!(
+                "the primary claim {claim_name} is not bound yet (StorageClass {})",
+                b.spec.storage_class.name
+            );
+            out.set(READY, false, Reason::PrimaryClaimPending, m.clone());
+            out.set(PROGRESSING, true, Reason::PrimaryClaimPending, m);
+            out.set(DEGRADED, false, Reason::AsExpected, "");
+            return;
+        }
+    };
+    let pv_name = primary.metadata.name.clone().unwrap_or_default();
+    realized.bound_persistent_volume_name = Some(pv_name.clone()).filter(|n| !n.is_empty());
+    if let Err(e) = view::primary_capacity(primary).and_then(|_| {
+        view::read_only_view(b, primary, &b.spec.resources.writer_namespace, None, &[]).map(|_| ())
+    }) {
+        degraded(out, Reason::InvalidPrimaryVolume, e.to_string());
+        return;
+    }
+
+    // 2. Views of reading namespaces: recorded first, created once stored.
+    let stored_views: BTreeSet<String> = b
+        .status
+        .as_ref()
+        .and_then(|s| s.realized.as_ref())
+        .map(|r| r.views.iter().map(|v| v.namespace.clone()).collect())
+        .unwrap_or_default();
+    let failed_before = realized.population_state == Some(PopulationState::Failed);
+
+    // 3. Completion, read from the PV.
+    if is_complete(b, primary) {
+        let bytes = recorded_bytes(primary);
+        realized.population_state = Some(PopulationState::Ready);
+        realized.bytes = bytes.and_then(|n| i64::try_from(n).ok());
+        realized.source_namespace = primary
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SOURCE_NAMESPACE_LABEL))
+            .cloned();
+        if realized.provider_data_identity.is_none() {
+            realized.provider_data_identity = primary
+                .spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .map(|c| c.volume_handle.clone());
+        }
+        release_writer_claim(obs, out);
+        let pending = views(obs, primary, bytes, &stored_views, realized, out);
+        out.set(
+            READY,
+            true,
+            Reason::Downloaded,
+            format!(
+                "the model is complete on PersistentVolume {pv_name}{}",
+                bytes.map(|n| format!(" ({n} bytes)")).unwrap_or_default()
+            ),
+        );
+        if pending == 0 {
+            out.set(
+                PROGRESSING,
+                false,
+                Reason::Reconciled,
+                "every reading namespace has its view",
+            );
+        } else {
+            out.set(
+                PROGRESSING,
+                true,
+                Reason::CreatingViews,
+                format!("{pending} view(s) of reading namespaces are being recorded or created"),
+            );
+        }
+        out.set(DEGRADED, false, Reason::AsExpected, "");
+        return;
+    }
+
+    // 4. The writer Job.
+    if let Some(job) = obs.job {
+        if !job_is_ours(b, job) {
+            degraded(
+                out,
+                Reason::ForeignObject,
+                format!(
+                    "Job {}/{} exists but was not created for this binding (annotation {} differs); it is never adopted or deleted",
+                    b.spec.resources.writer_namespace,
+                    job.metadata.name.clone().unwrap_or_default(),
+                    crate::volume_keys::BINDING_UID_LABEL_ANNOTATION
+                ),
+            );
+            return;
+        }
+        if job_condition(job, "Complete") {
+            let bytes = measured_bytes(&obs.job_pods);
+            let (labels, annotations) = completion_marks(b, bytes);
+            out.actions.push(Action::MarkComplete {
+                pv: pv_name.clone(),
+                labels,
+                annotations,
+            });
+            realized.population_state = Some(PopulationState::Populating);
+            out.set(READY, false, Reason::Completing, format!("the download succeeded; labelling PersistentVolume {pv_name} complete and Retain"));
+            out.set(
+                PROGRESSING,
+                true,
+                Reason::Completing,
+                "persisting completion before the writer claim is released",
+            );
+            out.set(DEGRADED, false, Reason::AsExpected, "");
+            return;
+        }
+        if job_condition(job, "Failed") {
+            let words = last_words(job, &obs.job_pods);
+            realized.population_state = Some(PopulationState::Failed);
+            release_writer_claim(obs, out);
+            let m = format!(
+                "the writer Job {} failed: {words}",
+                job.metadata.name.clone().unwrap_or_default()
+            );
+            out.set(READY, false, Reason::DownloadFailed, m.clone());
+            out.set(PROGRESSING, false, Reason::DownloadFailed, "the primary claim is kept; the download is retried by the next reading pod once the failed Job is gone (its TTL)");
+            out.set(DEGRADED, true, Reason::DownloadFailed, m);
+            return;
+        }
+        realized.population_state = Some(PopulationState::Populating);
+        let pending = views(obs, primary, None, &stored_views, realized, out);
+        let m = format!(
+            "the writer Job {}/{} is downloading",
+            b.spec.resources.writer_namespace,
+            job.metadata.name.clone().unwrap_or_default()
+        );
+        out.set(READY, false, Reason::Downloading, m.clone());
+        out.set(
+            PROGRESSING,
+            true,
+            Reason::Downloading,
+            if pending == 0 {
+                m
+            } else {
+                format!("{m}; {pending} view(s) being created")
+            },
+        );
+        out.set(DEGRADED, false, Reason::AsExpected, "");
+        return;
+    }
+
+    // 5. No Job: start (or retry) the download.
+    let Some(source) = &obs.step else {
+        if !failed_before {
+            realized.population_state = Some(PopulationState::Pending);
+        }
+        let m = format!(
+            "no reading pod in the writer namespace {} carries a download step yet",
+            b.spec.resources.writer_namespace
+        );
+        out.set(READY, false, Reason::WaitingForDownloadStep, m.clone());
+        out.set(PROGRESSING, true, Reason::WaitingForDownloadStep, m);
+        if !failed_before {
+            out.set(DEGRADED, false, Reason::AsExpected, "");
+        }
+        return;
+    };
+    let job = match writer::writer_job(b, &source.step, &source.pod_env, &obs.config.writer) {
+        Ok(job) => job,
+        Err(e) => {
+            degraded(out, Reason::InvalidDownloadStep, e.to_string());
+            return;
+        }
+    };
+    match (obs.writer_view_pv, obs.writer_view_claim) {
+        (Some(pv), claim) if writer_view_needs_rebind(pv, claim) => {
+            if let (Some(name), Some(rv)) = (&pv.metadata.name, &pv.metadata.resource_version) {
+                out.actions.push(Action::RebindWriterView {
+                    pv: name.clone(),
+                    resource_version: rv.clone(),
+                });
+            }
+            if claim.is_none() {
+                match view::writer_view(b, primary) {
+                    Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
+                    Err(e) => return degraded(out, Reason::InvalidPrimaryVolume, e.to_string()),
+                }
+            }
+        }
+        (Some(_), Some(_)) => {}
+        _ => match view::writer_view(b, primary) {
+            Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
+            Err(e) => return degraded(out, Reason::InvalidPrimaryVolume, e.to_string()),
+        },
+    }
+    out.actions.push(Action::CreateJob(Box::new(job)));
+    realized.population_state = Some(PopulationState::Populating);
+    let m = format!(
+        "starting the writer Job in namespace {}",
+        b.spec.resources.writer_namespace
+    );
+    out.set(READY, false, Reason::StartingDownload, m.clone());
+    out.set(PROGRESSING, true, Reason::StartingDownload, m);
+    out.set(DEGRADED, false, Reason::AsExpected, "");
+}
+
+fn release_writer_claim(obs: &Observed<'_>, out: &mut Builder) {
+    let Some(claim) = obs.writer_view_claim else {
+        return;
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    if let (Some(ns), Some(name), Some(uid)) = (
+        &claim.metadata.namespace,
+        &claim.metadata.name,
+        &claim.metadata.uid,
+    ) {
+        out.actions.push(Action::ReleaseWriterClaim {
+            namespace: ns.clone(),
+            name: name.clone(),
+            uid: uid.clone(),
+        });
+    }
+}
+
+/// Records views of new reading namespaces in `realized` and queues the creation of stored
+/// ones that do not exist; returns how many are not complete yet.
+fn views(
+    obs: &Observed<'_>,
+    primary: &PersistentVolume,
+    bytes: Option<u64>,
+    stored: &BTreeSet<String>,
+    realized: &mut RealizedStorage,
+    out: &mut Builder,
+) -> usize {
+    let b = obs.binding;
+    let mut pending = 0;
+    for ns in &obs.reader_namespaces {
+        if !realized.views.iter().any(|v| &v.namespace == ns) {
+            realized.views.push(view::reader_view(b, ns));
+        }
+    }
+    realized.views.sort_by(|a, c| a.namespace.cmp(&c.namespace));
+    let recorded: Vec<ReadOnlyView> = realized.views.clone();
+    for v in &recorded {
+        if obs.existing_views.contains(&v.namespace) {
+            continue;
+        }
+        pending += 1;
+        if !stored.contains(&v.namespace) {
+            continue;
+        }
+        match view::read_only_view(
+            b,
+            primary,
+            &v.namespace,
+            bytes,
+            &obs.config.extra_mount_options,
+        ) {
+            Ok((pv, claim)) => out.actions.push(Action::CreateView(pv, claim)),
+            Err(e) => {
+                degraded(
+                    out,
+                    Reason::InvalidPrimaryVolume,
+                    view_error(&v.namespace, &e),
+                );
+                return pending;
+            }
+        }
+    }
+    pending
+}
+
+fn view_error(namespace: &str, e: &ViewError) -> String {
+    format!("the view of namespace {namespace}: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{binding, init_step, primary_pv};
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, ObjectReference,
+        PersistentVolumeClaimStatus, PodStatus,
+    };
+    use k8s_openapi::jiff::Timestamp;
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    fn reference(ns: &str, name: &str, uid: &str) -> RequestReference {
+        RequestReference {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    fn bound_claim(b: &ModelCacheBinding) -> PersistentVolumeClaim {
+        let mut c = view::primary_claim(b, Quantity("100Gi".into()));
+        c.metadata.uid = Some("primary-claim-uid".into());
+        c.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..PersistentVolumeClaimStatus::default()
+        });
+        c
+    }
+
+    fn job_with(b: &ModelCacheBinding, condition: Option<&str>) -> Job {
+        let mut job = writer::writer_job(b, &init_step(), &[], &WriterOptions::default()).unwrap();
+        job.status = condition.map(|c| JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: c.into(),
+                status: "True".into(),
+                ..JobCondition::default()
+            }]),
+            ..JobStatus::default()
+        });
+        job
+    }
+
+    fn pod_terminated(exit: i32, message: &str) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                container_statuses: Some(vec![ContainerStatus {
+                    name: WRITER_CONTAINER.into(),
+                    state: Some(ContainerState {
+                        terminated: Some(ContainerStateTerminated {
+                            exit_code: exit,
+                            message: Some(message.into()),
+                            ..ContainerStateTerminated::default()
+                        }),
+                        ..ContainerState::default()
+                    }),
+                    ..ContainerStatus::default()
+                }]),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn observed<'a>(b: &'a ModelCacheBinding, config: &'a LifecycleConfig) -> Observed<'a> {
+        Observed {
+            binding: b,
+            now: now(),
+            seen_references: Vec::new(),
+            stale_references: BTreeSet::new(),
+            reader_namespaces: BTreeSet::new(),
+            model_uri: None,
+            step: None,
+            primary_claim: None,
+            primary_pv: None,
+            writer_view_pv: None,
+            writer_view_claim: None,
+            job: None,
+            job_pods: Vec::new(),
+            existing_views: BTreeSet::new(),
+            config,
+        }
+    }
+
+    fn condition<'s>(s: &'s Step, type_: &str) -> &'s WantedCondition {
+        s.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    fn population(s: &Step) -> Option<PopulationState> {
+        s.status.realized.as_ref().and_then(|r| r.population_state)
+    }
+
+    #[test]
+    fn references_are_added_while_active_and_pruned_when_stale() {
+        let stored = vec![reference("a", "x", "1"), reference("a", "y", "2")];
+        let seen = vec![
+            reference("b", "z", "3"),
+            reference("a", "x", "1"),
+            reference("b", "z", "3"),
+        ];
+        let stale = BTreeSet::from(["2".to_owned()]);
+        let merged = merge_references(&stored, &seen, &stale, true);
+        let uids: Vec<&str> = merged.iter().map(|r| r.uid.as_str()).collect();
+        assert_eq!(uids, ["1", "3"]);
+        let retiring = merge_references(&stored, &seen, &stale, false);
+        let uids: Vec<&str> = retiring.iter().map(|r| r.uid.as_str()).collect();
+        assert_eq!(uids, ["1"], "a Retiring binding gains no reference");
+    }
+
+    #[test]
+    fn first_step_records_active_and_creates_the_primary_claim() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let mut obs = observed(&b, &config);
+        obs.seen_references = vec![reference("team-a", "vllm", "w-1")];
+        obs.model_uri = Some("hf://Qwen/Qwen3-0.6B@v1".into());
+        let s = step(&obs);
+        assert_eq!(s.status.phase, Some(BindingPhase::Active));
+        assert_eq!(s.status.observed_generation, Some(1));
+        assert_eq!(s.status.request_reference_count, Some(1));
+        assert_eq!(s.status.unreferenced_since, None);
+        assert_eq!(
+            s.status.model_uri.as_deref(),
+            Some("hf://Qwen/Qwen3-0.6B@v1")
+        );
+        assert!(matches!(
+            s.actions.as_slice(),
+            [Action::CreatePrimaryClaim(_)]
+        ));
+        assert_eq!(population(&s), Some(PopulationState::Pending));
+        assert_eq!(condition(&s, READY).reason, Reason::CreatingPrimary);
+        assert!(!condition(&s, DEGRADED).status);
+    }
+
+    #[test]
+    fn no_references_records_the_time_once() {
+        let mut b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let s = step(&observed(&b, &config));
+        assert_eq!(s.status.unreferenced_since, Some(now()));
+        let earlier = Time(Timestamp::from_second(1_700_000_000).unwrap());
+        b.status = Some(ModelCacheBindingStatus {
+            unreferenced_since: Some(earlier.clone()),
+            ..ModelCacheBindingStatus::default()
+        });
+        let s = step(&observed(&b, &config));
+        assert_eq!(s.status.unreferenced_since, Some(earlier));
+    }
+
+    #[test]
+    fn an_unbound_primary_waits() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let mut claim = bound_claim(&b);
+        claim.status = None;
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        let s = step(&obs);
+        assert!(s.actions.is_empty());
+        assert_eq!(
+            condition(&s, PROGRESSING).reason,
+            Reason::PrimaryClaimPending
+        );
+    }
+
+    #[test]
+    fn a_bound_primary_without_a_step_waits_for_one() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        let s = step(&obs);
+        assert!(s.actions.is_empty());
+        assert_eq!(condition(&s, READY).reason, Reason::WaitingForDownloadStep);
+        assert_eq!(
+            s.status
+                .realized
+                .as_ref()
+                .unwrap()
+                .bound_persistent_volume_name
+                .as_deref(),
+            Some("pvc-primary")
+        );
+    }
+
+    #[test]
+    fn a_step_starts_the_writer_view_then_the_job() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        match s.actions.as_slice() {
+            [
+                Action::CreateWriterView(vpv, vclaim),
+                Action::CreateJob(job),
+            ] => {
+                assert_eq!(vclaim.metadata.namespace.as_deref(), Some("team-a"));
+                assert_eq!(
+                    vpv.spec
+                        .as_ref()
+                        .unwrap()
+                        .csi
+                        .as_ref()
+                        .unwrap()
+                        .volume_handle,
+                    "handle-1"
+                );
+                assert_eq!(job.metadata.namespace.as_deref(), Some("team-a"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(population(&s), Some(PopulationState::Populating));
+        // An invalid step is reported, nothing created.
+        let mut bad = init_step();
+        bad.container.command = None;
+        obs.step = Some(StepSource {
+            step: bad,
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        assert!(s.actions.is_empty());
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::InvalidDownloadStep);
+        assert!(condition(&s, DEGRADED).status);
+    }
+
+    #[test]
+    fn views_are_recorded_before_they_are_created() {
+        let mut b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let job = job_with(&b, None);
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.job = Some(&job);
+        obs.reader_namespaces = BTreeSet::from(["team-a".to_owned(), "team-b".to_owned()]);
+        let s = step(&obs);
+        let views: Vec<&str> = s
+            .status
+            .realized
+            .as_ref()
+            .unwrap()
+            .views
+            .iter()
+            .map(|v| v.namespace.as_str())
+            .collect();
+        assert_eq!(views, ["team-a", "team-b"]);
+        assert!(s.actions.is_empty(), "not stored yet: {:?}", s.actions);
+        assert_eq!(condition(&s, READY).reason, Reason::Downloading);
+
+        // Stored: created, once per namespace; existing ones are not created again.
+        b.status = Some(s.status.clone());
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.job = Some(&job);
+        obs.reader_namespaces = BTreeSet::from(["team-a".to_owned(), "team-b".to_owned()]);
+        obs.existing_views = BTreeSet::from(["team-a".to_owned()]);
+        let s = step(&obs);
+        match s.actions.as_slice() {
+            [Action::CreateView(vpv, vclaim)] => {
+                assert_eq!(vclaim.metadata.namespace.as_deref(), Some("team-b"));
+                assert_eq!(
+                    vpv.spec.as_ref().unwrap().csi.as_ref().unwrap().read_only,
+                    Some(true)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A namespace whose pods are gone keeps its recorded view (the reaper's).
+        obs.reader_namespaces = BTreeSet::new();
+        let s = step(&obs);
+        assert_eq!(s.status.realized.as_ref().unwrap().views.len(), 2);
+    }
+
+    #[test]
+    fn success_marks_the_pv_then_ready_releases_the_writer_claim() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let job = job_with(&b, Some("Complete"));
+        let done = pod_terminated(0, "123456");
+        let (vpv, mut vclaim) = view::writer_view(&b, &pv).unwrap();
+        vclaim.metadata.uid = Some("writer-claim-uid".into());
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.job = Some(&job);
+        obs.job_pods = vec![&done];
+        obs.writer_view_pv = Some(&vpv);
+        obs.writer_view_claim = Some(&vclaim);
+        let s = step(&obs);
+        let (labels, annotations) = match s.actions.as_slice() {
+            [
+                Action::MarkComplete {
+                    pv,
+                    labels,
+                    annotations,
+                },
+            ] => {
+                assert_eq!(pv, "pvc-primary");
+                (labels.clone(), annotations.clone())
+            }
+            other => panic!("the writer claim is kept until completion is stored: {other:?}"),
+        };
+        assert_eq!(labels[COMPLETE_LABEL], "true");
+        assert_eq!(labels[SOURCE_NAMESPACE_LABEL], "team-a");
+        assert_eq!(annotations[BYTES_ANNOTATION], "123456");
+        assert_eq!(population(&s), Some(PopulationState::Populating));
+
+        // Labels stored but Retain not: still not complete.
+        let mut half = pv.clone();
+        half.metadata.labels = Some(labels.clone());
+        half.metadata.annotations = Some(annotations.clone());
+        half.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
+        obs.primary_pv = Some(&half);
+        let s = step(&obs);
+        assert!(matches!(
+            s.actions.as_slice(),
+            [Action::MarkComplete { .. }]
+        ));
+
+        // Both stored: Ready, bytes and identity recorded, the writer claim released; the Job
+        // may be gone by then.
+        let mut complete = half.clone();
+        complete
+            .spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_reclaim_policy = Some("Retain".into());
+        obs.primary_pv = Some(&complete);
+        obs.job = None;
+        obs.job_pods = Vec::new();
+        let s = step(&obs);
+        assert_eq!(population(&s), Some(PopulationState::Ready));
+        let r = s.status.realized.as_ref().unwrap();
+        assert_eq!(r.bytes, Some(123_456));
+        assert_eq!(r.provider_data_identity.as_deref(), Some("handle-1"));
+        assert_eq!(r.source_namespace.as_deref(), Some("team-a"));
+        assert!(matches!(
+            s.actions.as_slice(),
+            [Action::ReleaseWriterClaim { namespace, uid, .. }] if namespace == "team-a" && uid == "writer-claim-uid"
+        ));
+        assert!(condition(&s, READY).status);
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::Reconciled);
+        // Another cache's completion marks do not count.
+        let mut other = complete.clone();
+        other
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(HANDLE_DIGEST_ANNOTATION.into(), "sha256:other".into());
+        assert!(!is_complete(&b, &other));
+    }
+
+    #[test]
+    fn ready_views_are_sized_from_the_measured_bytes() {
+        let mut b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let mut pv = primary_pv();
+        let (labels, annotations) = completion_marks(&b, Some(3 << 30));
+        pv.metadata.labels = Some(labels);
+        pv.metadata.annotations = Some(annotations);
+        b.status = Some(ModelCacheBindingStatus {
+            realized: Some(RealizedStorage {
+                views: vec![view::reader_view(&b, "team-b")],
+                ..RealizedStorage::default()
+            }),
+            ..ModelCacheBindingStatus::default()
+        });
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        let s = step(&obs);
+        match s.actions.as_slice() {
+            [Action::CreateView(vpv, _)] => {
+                assert_eq!(
+                    vpv.spec.as_ref().unwrap().capacity.as_ref().unwrap()["storage"].0,
+                    "4Gi"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::CreatingViews);
+    }
+
+    #[test]
+    fn failure_records_last_words_retires_the_writer_view_and_retries_later() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let job = job_with(&b, Some("Failed"));
+        let failed = pod_terminated(1, "nvsnap: download exited 1: 401 Unauthorized");
+        let (mut vpv, mut vclaim) = view::writer_view(&b, &pv).unwrap();
+        vclaim.metadata.uid = Some("writer-claim-uid".into());
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.job = Some(&job);
+        obs.job_pods = vec![&failed];
+        obs.writer_view_pv = Some(&vpv);
+        obs.writer_view_claim = Some(&vclaim);
+        obs.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        assert_eq!(population(&s), Some(PopulationState::Failed));
+        let d = condition(&s, DEGRADED);
+        assert!(d.status);
+        assert_eq!(d.reason, Reason::DownloadFailed);
+        assert!(d.message.contains("401 Unauthorized"), "{}", d.message);
+        assert!(
+            matches!(s.actions.as_slice(), [Action::ReleaseWriterClaim { .. }]),
+            "{:?}",
+            s.actions
+        );
+
+        // The Job is gone (TTL) and the claim released: retry through the same view PV, whose
+        // claimRef still names the released claim.
+        let mut stored = b.clone();
+        stored.status = Some(s.status.clone());
+        vpv.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+            uid: Some("writer-claim-uid".into()),
+            ..ObjectReference::default()
+        });
+        vpv.metadata.resource_version = Some("77".into());
+        let mut obs = observed(&stored, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.writer_view_pv = Some(&vpv);
+        obs.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        match s.actions.as_slice() {
+            [
+                Action::RebindWriterView {
+                    resource_version, ..
+                },
+                Action::CreateWriterView(..),
+                Action::CreateJob(_),
+            ] => {
+                assert_eq!(resource_version, "77");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(population(&s), Some(PopulationState::Populating));
+        assert!(
+            !condition(&s, DEGRADED).status,
+            "a retry clears the failure"
+        );
+    }
+
+    #[test]
+    fn a_foreign_job_is_never_adopted() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let mut job = job_with(&b, Some("Complete"));
+        job.metadata.annotations.as_mut().unwrap().insert(
+            crate::volume_keys::BINDING_UID_LABEL_ANNOTATION.into(),
+            "someone-else".into(),
+        );
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.job = Some(&job);
+        let s = step(&obs);
+        assert!(s.actions.is_empty());
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::ForeignObject);
+    }
+
+    #[test]
+    fn retiring_bindings_create_nothing() {
+        let mut b = binding(Transition::RwxReadOnly);
+        b.status = Some(ModelCacheBindingStatus {
+            phase: Some(BindingPhase::Retiring),
+            request_references: vec![reference("a", "x", "1")],
+            ..ModelCacheBindingStatus::default()
+        });
+        let config = LifecycleConfig::default();
+        let mut obs = observed(&b, &config);
+        obs.seen_references = vec![reference("b", "y", "2")];
+        let s = step(&obs);
+        assert!(s.actions.is_empty());
+        assert_eq!(s.status.phase, Some(BindingPhase::Retiring));
+        assert_eq!(s.status.request_references.len(), 1);
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::Retiring);
+    }
+
+    #[test]
+    fn last_words_fall_back_to_the_exit_code_and_job_message() {
+        let b = binding(Transition::RwxReadOnly);
+        let mut job = job_with(&b, Some("Failed"));
+        let silent = pod_terminated(137, " ");
+        assert_eq!(last_words(&job, &[&silent]), "exit code 137");
+        job.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason =
+            Some("DeadlineExceeded".into());
+        assert!(last_words(&job, &[]).starts_with("DeadlineExceeded"));
+        assert_eq!(measured_bytes(&[&silent]), None);
+        assert_eq!(measured_bytes(&[&pod_terminated(0, "42\n")]), Some(42));
+    }
+}

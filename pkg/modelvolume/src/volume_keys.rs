@@ -1,0 +1,41 @@
+//! Labels and annotations the binding controller writes on the storage objects of a cache
+//! (primary PV and claim, views, the writer Job). Pod keys are in [`crate::keys`].
+
+/// Label on every storage object of a cache: its role (`primary`, `writer`, `reader-shared`,
+/// `reader`).
+pub const VOLUME_ROLE_LABEL: &str = "nvsnap.io/role";
+
+/// [`VOLUME_ROLE_LABEL`] of the primary claim and PV.
+pub const ROLE_PRIMARY: &str = "primary";
+
+/// [`VOLUME_ROLE_LABEL`] of the writer view and the writer Job.
+pub const ROLE_WRITER: &str = "writer";
+
+/// [`VOLUME_ROLE_LABEL`] of a read-only view PV (nvsnap's name).
+pub const ROLE_READER_SHARED: &str = "reader-shared";
+
+/// Label naming the binding an object belongs to (its name, `model-cache-<hash>`).
+pub const BINDING_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
+
+/// Label on a view PV: the name of the primary PV it was derived from.
+pub const SOURCE_PV_LABEL: &str = "nvsnap.io/source-pv";
+
+/// Label on the primary PV, `"true"` once the download completed (stored together with
+/// reclaim policy Retain before any claim is released).
+pub const COMPLETE_LABEL: &str = "nvsnap.io/model-complete";
+
+/// Label on the complete primary PV: the namespace the download was written from.
+pub const SOURCE_NAMESPACE_LABEL: &str = "nvsnap.io/model-source-namespace";
+
+/// Annotation on the complete primary PV: the bytes the writer measured.
+pub const BYTES_ANNOTATION: &str = "nvsnap.io/model-bytes";
+
+/// Annotation on the complete primary PV: the binding's `spec.identity.cacheHandleDigest`, the
+/// identity a later binding checks before adopting it.
+pub const HANDLE_DIGEST_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-handle-digest";
+
+/// Annotation on the writer Job: the UID of the binding it writes for.
+pub const BINDING_UID_LABEL_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-binding-uid";
+
+/// The download container of the writer Job.
+pub const WRITER_CONTAINER: &str = "download";

@@ -1,0 +1,666 @@
+//! The writer (download) Job of a cache, built from the [`DownloadStep`] the webhook recorded on
+//! a reading pod.
+//!
+//! The Job runs in the binding's writer namespace (where the step's credentials are), under the
+//! deterministic name [`writer_job_name`], so creating it is the election: a second create
+//! answers AlreadyExists. Its one container is the step's, with:
+//!
+//! - the command re-wrapped as `/bin/sh -c` [`writer_script`] `<dest> <original argv...>`: the
+//!   wrapper exits 0 at once when the completion marker exists, removes a stale failure marker,
+//!   runs the download, syncs, measures the bytes (`du -sb`, or `du -sk` times 1024 where `-b`
+//!   is missing) and writes them into the completion marker and the termination message; on a
+//!   failure it writes the last lines of the download's output into the failure marker and the
+//!   termination message and exits 1;
+//! - the landing volume replaced by the cache: the writer view claim `rw-pvc-<hash>` (RWX flow)
+//!   mounted read-write at the step's `dest`; the step's other volumes as they were;
+//! - hardening: no service-account token, every capability dropped, no privilege escalation,
+//!   seccomp `RuntimeDefault`, requests and limits (the step's, else [`WriterOptions`]'s), an
+//!   active deadline and a TTL;
+//! - the writer identity of the decision: `fsGroup` keeps the writer non-root (the step's user,
+//!   else [`crate::DEFAULT_NON_ROOT_USER`]) with the pod's `fsGroup` set, so a driver applying
+//!   fsGroup makes a fresh root-owned export writable; `root` runs the writer as uid 0 (still
+//!   without capabilities: it owns the fresh export, so it may write it).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition, WriterIdentity};
+use warmcache_api_modelcache::{identity_hash, writer_job_name, writer_pvc_name};
+
+use crate::keys::{
+    BINDING_ANNOTATION, COMPLETE_MARKER, FAILURE_MARKER, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
+    MODEL_VOLUME,
+};
+use crate::options::DEFAULT_NON_ROOT_USER;
+use crate::step::DownloadStep;
+use crate::volume_keys::{
+    BINDING_LABEL, BINDING_UID_LABEL_ANNOTATION, ROLE_WRITER, VOLUME_ROLE_LABEL, WRITER_CONTAINER,
+};
+
+/// The scratch volume the wrapper keeps the download's output in.
+pub const WRITER_TMP_VOLUME: &str = "nvsnap-writer-tmp";
+/// Where [`WRITER_TMP_VOLUME`] is mounted.
+pub const WRITER_TMP_PATH: &str = "/nvsnap-writer-tmp";
+
+/// Default active deadline of a writer Job: 6 hours (nvsnap's safety net).
+pub const DEFAULT_ACTIVE_DEADLINE_SECONDS: i64 = 6 * 3600;
+/// Default TTL of a finished writer Job: 1 hour, long enough for the controller to read the
+/// outcome and as long as a failure is remembered.
+pub const DEFAULT_TTL_SECONDS_AFTER_FINISHED: i32 = 3600;
+/// Default retries of a failed download pod.
+pub const DEFAULT_BACKOFF_LIMIT: i32 = 1;
+
+/// Operator settings of writer Jobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriterOptions {
+    /// Requests and limits when the step has none.
+    pub resources: ResourceRequirements,
+    /// `spec.activeDeadlineSeconds`.
+    pub active_deadline_seconds: i64,
+    /// `spec.ttlSecondsAfterFinished`.
+    pub ttl_seconds_after_finished: i32,
+    /// `spec.backoffLimit`.
+    pub backoff_limit: i32,
+}
+
+fn quantities(cpu: &str, memory: &str) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([
+        ("cpu".to_owned(), Quantity(cpu.to_owned())),
+        ("memory".to_owned(), Quantity(memory.to_owned())),
+    ])
+}
+
+impl Default for WriterOptions {
+    /// Requests 1 CPU / 1 GiB, limits 2 CPU / 4 GiB, 6 h deadline, 1 h TTL, one retry.
+    fn default() -> Self {
+        Self {
+            resources: ResourceRequirements {
+                requests: Some(quantities("1", "1Gi")),
+                limits: Some(quantities("2", "4Gi")),
+                ..ResourceRequirements::default()
+            },
+            active_deadline_seconds: DEFAULT_ACTIVE_DEADLINE_SECONDS,
+            ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+            backoff_limit: DEFAULT_BACKOFF_LIMIT,
+        }
+    }
+}
+
+/// Why no writer Job can be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriterError {
+    /// The step's container names no command: its image's entrypoint is unknown here, so the
+    /// wrapper cannot run it.
+    #[error(
+        "the download step of container {container} has no command (it relies on its image's entrypoint), so the writer cannot wrap it; give the init container an explicit command"
+    )]
+    NoCommand {
+        /// The step's source container.
+        container: String,
+    },
+    /// The block flow's writer is the node agent's staging Job, not this one.
+    #[error(
+        "the writer Job built here writes through a read-write view (rwxReadOnly); roxReadOnly caches are downloaded into a staging volume and copied by the node agent"
+    )]
+    NotRwx,
+    /// The step records another contract version.
+    #[error("the download step has contract version {0:?}, expected v1alpha1")]
+    Version(String),
+    /// The dest is not an absolute path.
+    #[error("the download step's dest {0:?} is not an absolute path")]
+    Dest(String),
+    /// A literal secret the step says to copy from the pod was not found there.
+    #[error(
+        "the download step copies {name} from container {container}, which the pod does not carry"
+    )]
+    MissingPodEnv {
+        /// The variable.
+        name: String,
+        /// The container.
+        container: String,
+    },
+}
+
+/// The wrapper the writer's container runs (`sh -c SCRIPT nvsnap-writer <dest> <argv...>`).
+/// Every value is a positional parameter, never parsed by the shell.
+pub fn writer_script() -> String {
+    format!(
+        r#"set -u
+dest="$1"; shift
+tmp={WRITER_TMP_PATH}
+words() {{ printf '%s\n' "$1" > /dev/termination-log 2>/dev/null || true; }}
+if [ -e "$dest/{COMPLETE_MARKER}" ]; then
+  echo "nvsnap: model already complete"
+  words "$(cat "$dest/{COMPLETE_MARKER}")"
+  exit 0
+fi
+rm -f "$dest/{FAILURE_MARKER}"
+( "$@"; echo "$?" > "$tmp/rc" ) 2>&1 | tee "$tmp/log"
+rc=$(cat "$tmp/rc" 2>/dev/null || echo 127)
+if [ "$rc" != 0 ]; then
+  last="nvsnap: download exited $rc: $(tail -n 20 "$tmp/log" | tail -c 2048)"
+  printf '%s\n' "$last" > "$dest/{FAILURE_MARKER}" 2>/dev/null || true
+  sync
+  words "$last"
+  exit 1
+fi
+sync
+n=$(du -sb "$dest" 2>/dev/null | cut -f1)
+case "$n" in ''|*[!0-9]*) n=$(( $(du -sk "$dest" | cut -f1) * 1024 ));; esac
+printf '%s' "$n" > "$dest/{COMPLETE_MARKER}.tmp" && mv "$dest/{COMPLETE_MARKER}.tmp" "$dest/{COMPLETE_MARKER}"
+sync
+words "$n"
+echo "nvsnap: model complete, $n bytes""#
+    )
+}
+
+/// The byte count a successful writer left in its termination message, if it is one.
+pub fn bytes_from_termination_message(message: &str) -> Option<u64> {
+    message.trim().parse().ok()
+}
+
+fn hardened(user: i64, non_root: bool) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".to_owned()]),
+        }),
+        privileged: Some(false),
+        run_as_non_root: Some(non_root),
+        run_as_user: Some(user),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The writer's user: the step's container user, else its pod's, when not root, else
+/// [`DEFAULT_NON_ROOT_USER`].
+fn non_root_user(step: &DownloadStep) -> i64 {
+    step.container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.run_as_user)
+        .or_else(|| {
+            step.pod_security_context
+                .as_ref()
+                .and_then(|s| s.run_as_user)
+        })
+        .filter(|u| *u != 0)
+        .unwrap_or(DEFAULT_NON_ROOT_USER)
+}
+
+/// The writer Job of `binding` running `step`; `pod_env` holds the values of the literal
+/// secrets the step copies from the pod ([`DownloadStep::env_from_pod`]), read by the caller
+/// from the pod's spec.
+///
+/// # Errors
+///
+/// [`WriterError`] when the step cannot be wrapped (no command, another contract version, a
+/// relative dest, a copied variable missing) or the binding is not RWX.
+pub fn writer_job(
+    binding: &ModelCacheBinding,
+    step: &DownloadStep,
+    pod_env: &[EnvVar],
+    options: &WriterOptions,
+) -> Result<Job, WriterError> {
+    if binding.spec.decision.transition != Transition::RwxReadOnly {
+        return Err(WriterError::NotRwx);
+    }
+    if step.version != crate::keys::DOWNLOAD_STEP_VERSION {
+        return Err(WriterError::Version(step.version.clone()));
+    }
+    if !step.dest.starts_with('/') {
+        return Err(WriterError::Dest(step.dest.clone()));
+    }
+    let source = &step.container;
+    let Some(command) = source.command.clone().filter(|c| !c.is_empty()) else {
+        return Err(WriterError::NoCommand {
+            container: step.source_container.clone(),
+        });
+    };
+    let mut args = vec!["nvsnap-writer".to_owned(), step.dest.clone()];
+    args.extend(command);
+    args.extend(source.args.clone().unwrap_or_default());
+
+    let mut env = source.env.clone().unwrap_or_default();
+    for r in &step.env_from_pod {
+        let Some(v) = pod_env.iter().find(|e| e.name == r.name) else {
+            return Err(WriterError::MissingPodEnv {
+                name: r.name.clone(),
+                container: r.container.clone(),
+            });
+        };
+        env.retain(|e| e.name != r.name);
+        env.push(v.clone());
+    }
+
+    let landing = step.landing_volume.as_deref();
+    let mut mounts: Vec<VolumeMount> = source
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| Some(m.name.as_str()) != landing && m.name != MODEL_VOLUME)
+        .cloned()
+        .collect();
+    mounts.push(VolumeMount {
+        name: MODEL_VOLUME.to_owned(),
+        mount_path: step.dest.clone(),
+        ..VolumeMount::default()
+    });
+    mounts.push(VolumeMount {
+        name: WRITER_TMP_VOLUME.to_owned(),
+        mount_path: WRITER_TMP_PATH.to_owned(),
+        ..VolumeMount::default()
+    });
+    let mut volumes: Vec<Volume> = step
+        .volumes
+        .iter()
+        .filter(|v| Some(v.name.as_str()) != landing && v.name != MODEL_VOLUME)
+        .cloned()
+        .collect();
+    volumes.push(Volume {
+        name: MODEL_VOLUME.to_owned(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: writer_pvc_name(&binding.spec.identity),
+            read_only: Some(false),
+        }),
+        ..Volume::default()
+    });
+    volumes.push(Volume {
+        name: WRITER_TMP_VOLUME.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("64Mi".to_owned())),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+
+    let identity = binding
+        .spec
+        .decision
+        .writer_identity
+        .unwrap_or(WriterIdentity::FsGroup);
+    let (security, pod_security) = match identity {
+        WriterIdentity::Root => (
+            hardened(0, false),
+            PodSecurityContext {
+                run_as_user: Some(0),
+                run_as_non_root: Some(false),
+                ..PodSecurityContext::default()
+            },
+        ),
+        WriterIdentity::FsGroup => {
+            let user = non_root_user(step);
+            let group = step
+                .pod_security_context
+                .as_ref()
+                .and_then(|s| s.fs_group)
+                .unwrap_or(user);
+            (
+                hardened(user, true),
+                PodSecurityContext {
+                    run_as_user: Some(user),
+                    run_as_non_root: Some(true),
+                    fs_group: Some(group),
+                    fs_group_change_policy: Some("OnRootMismatch".to_owned()),
+                    ..PodSecurityContext::default()
+                },
+            )
+        }
+    };
+    let mut pod_security = pod_security;
+    pod_security.seccomp_profile = Some(SeccompProfile {
+        type_: "RuntimeDefault".to_owned(),
+        localhost_profile: None,
+    });
+    let mut security = security;
+    security.run_as_group = source
+        .security_context
+        .as_ref()
+        .and_then(|s| s.run_as_group);
+
+    let resources = source
+        .resources
+        .clone()
+        .filter(|r| r.requests.is_some() || r.limits.is_some())
+        .unwrap_or_else(|| options.resources.clone());
+
+    let container = Container {
+        name: WRITER_CONTAINER.to_owned(),
+        image: source.image.clone(),
+        image_pull_policy: source.image_pull_policy.clone(),
+        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), writer_script()]),
+        args: Some(args),
+        env: Some(env).filter(|e| !e.is_empty()),
+        env_from: source.env_from.clone(),
+        working_dir: source.working_dir.clone(),
+        volume_mounts: Some(mounts),
+        resources: Some(resources),
+        security_context: Some(security),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        ..Container::default()
+    };
+
+    let name = binding.metadata.name.clone().unwrap_or_default();
+    let labels = BTreeMap::from([
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
+        (VOLUME_ROLE_LABEL.to_owned(), ROLE_WRITER.to_owned()),
+        (BINDING_LABEL.to_owned(), name.clone()),
+        (
+            "nvsnap.io/writer".to_owned(),
+            identity_hash(&binding.spec.identity),
+        ),
+    ]);
+    let annotations = BTreeMap::from([
+        (BINDING_ANNOTATION.to_owned(), name),
+        (
+            BINDING_UID_LABEL_ANNOTATION.to_owned(),
+            binding.metadata.uid.clone().unwrap_or_default(),
+        ),
+    ]);
+    Ok(Job {
+        metadata: ObjectMeta {
+            name: Some(writer_job_name(&binding.spec.identity)),
+            namespace: Some(binding.spec.resources.writer_namespace.clone()),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(options.backoff_limit),
+            active_deadline_seconds: Some(options.active_deadline_seconds),
+            ttl_seconds_after_finished: Some(options.ttl_seconds_after_finished),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".to_owned()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    service_account_name: step.service_account_name.clone(),
+                    image_pull_secrets: Some(step.image_pull_secrets.clone())
+                        .filter(|s| !s.is_empty()),
+                    security_context: Some(pod_security),
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::PodEnvRef;
+    use crate::testing::{binding, init_step};
+
+    fn pod_spec(job: &Job) -> &PodSpec {
+        job.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+    }
+
+    #[test]
+    fn the_job_is_hardened_and_deterministic() {
+        let b = binding(Transition::RwxReadOnly);
+        let job = writer_job(&b, &init_step(), &[], &WriterOptions::default()).unwrap();
+        assert_eq!(job.metadata.name, Some(writer_job_name(&b.spec.identity)));
+        assert_eq!(job.metadata.namespace.as_deref(), Some("team-a"));
+        let spec = job.spec.as_ref().unwrap();
+        assert_eq!(spec.active_deadline_seconds, Some(6 * 3600));
+        assert_eq!(spec.ttl_seconds_after_finished, Some(3600));
+        let pod = pod_spec(&job);
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(pod.service_account_name.as_deref(), Some("puller"));
+        let c = &pod.containers[0];
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.privileged, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop,
+            Some(vec!["ALL".to_owned()])
+        );
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        let r = c.resources.as_ref().unwrap();
+        assert!(r.requests.is_some() && r.limits.is_some());
+        // Built twice, the same Job.
+        assert_eq!(
+            job,
+            writer_job(&b, &init_step(), &[], &WriterOptions::default()).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_landing_is_replaced_by_the_writer_view() {
+        let b = binding(Transition::RwxReadOnly);
+        let job = writer_job(&b, &init_step(), &[], &WriterOptions::default()).unwrap();
+        let pod = pod_spec(&job);
+        let volumes = pod.volumes.as_ref().unwrap();
+        let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["certs", MODEL_VOLUME, WRITER_TMP_VOLUME]);
+        let model = volumes.iter().find(|v| v.name == MODEL_VOLUME).unwrap();
+        let claim = model.persistent_volume_claim.as_ref().unwrap();
+        assert_eq!(claim.claim_name, writer_pvc_name(&b.spec.identity));
+        assert_eq!(claim.read_only, Some(false));
+        let mounts = pod.containers[0].volume_mounts.as_ref().unwrap();
+        let at: Vec<(&str, &str)> = mounts
+            .iter()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                ("certs", "/certs"),
+                (MODEL_VOLUME, "/models/qwen3"),
+                (WRITER_TMP_VOLUME, WRITER_TMP_PATH)
+            ]
+        );
+        let args = pod.containers[0].args.as_ref().unwrap();
+        assert_eq!(
+            args,
+            &[
+                "nvsnap-writer",
+                "/models/qwen3",
+                "hf",
+                "download",
+                "Qwen/Qwen3-0.6B",
+                "--local-dir",
+                "/models/qwen3"
+            ]
+        );
+        assert_eq!(
+            pod.containers[0].command.as_ref().unwrap()[..2],
+            ["/bin/sh".to_owned(), "-c".to_owned()]
+        );
+    }
+
+    #[test]
+    fn writer_identity_decides_user_and_fs_group() {
+        let b = binding(Transition::RwxReadOnly);
+        let job = writer_job(&b, &init_step(), &[], &WriterOptions::default()).unwrap();
+        let pod = pod_spec(&job);
+        let psc = pod.security_context.as_ref().unwrap();
+        assert_eq!(psc.fs_group, Some(DEFAULT_NON_ROOT_USER));
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert_eq!(
+            pod.containers[0]
+                .security_context
+                .as_ref()
+                .unwrap()
+                .run_as_user,
+            Some(DEFAULT_NON_ROOT_USER)
+        );
+        // The step's own non-root user and fsGroup are kept.
+        let mut step = init_step();
+        step.pod_security_context = Some(PodSecurityContext {
+            run_as_user: Some(1000),
+            fs_group: Some(2000),
+            ..PodSecurityContext::default()
+        });
+        let job = writer_job(&b, &step, &[], &WriterOptions::default()).unwrap();
+        let pod = pod_spec(&job);
+        assert_eq!(pod.security_context.as_ref().unwrap().fs_group, Some(2000));
+        assert_eq!(
+            pod.security_context.as_ref().unwrap().run_as_user,
+            Some(1000)
+        );
+
+        let mut root = binding(Transition::RwxReadOnly);
+        root.spec.decision.writer_identity = Some(WriterIdentity::Root);
+        let job = writer_job(&root, &init_step(), &[], &WriterOptions::default()).unwrap();
+        let pod = pod_spec(&job);
+        let psc = pod.security_context.as_ref().unwrap();
+        assert_eq!(psc.run_as_user, Some(0));
+        assert_eq!(psc.run_as_non_root, Some(false));
+        assert_eq!(psc.fs_group, None);
+        let sc = pod.containers[0].security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_user, Some(0));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop,
+            Some(vec!["ALL".to_owned()]),
+            "root without capabilities"
+        );
+    }
+
+    #[test]
+    fn steps_that_cannot_be_wrapped_are_refused() {
+        let b = binding(Transition::RwxReadOnly);
+        let mut step = init_step();
+        step.container.command = None;
+        assert!(matches!(
+            writer_job(&b, &step, &[], &WriterOptions::default()),
+            Err(WriterError::NoCommand { .. })
+        ));
+        assert_eq!(
+            writer_job(
+                &binding(Transition::RoxReadOnly),
+                &init_step(),
+                &[],
+                &WriterOptions::default()
+            ),
+            Err(WriterError::NotRwx)
+        );
+        let mut step = init_step();
+        step.dest = "models".into();
+        assert!(matches!(
+            writer_job(&b, &step, &[], &WriterOptions::default()),
+            Err(WriterError::Dest(_))
+        ));
+        let mut step = init_step();
+        step.env_from_pod = vec![PodEnvRef {
+            name: "HF_TOKEN".into(),
+            container: "vllm".into(),
+        }];
+        assert!(matches!(
+            writer_job(&b, &step, &[], &WriterOptions::default()),
+            Err(WriterError::MissingPodEnv { .. })
+        ));
+        let token = EnvVar {
+            name: "HF_TOKEN".into(),
+            value: Some("hf_x".into()),
+            value_from: None,
+        };
+        let job = writer_job(
+            &b,
+            &step,
+            std::slice::from_ref(&token),
+            &WriterOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            pod_spec(&job).containers[0].env.as_ref().unwrap(),
+            &vec![token]
+        );
+    }
+
+    #[test]
+    fn termination_messages_carry_bytes() {
+        assert_eq!(bytes_from_termination_message("1234\n"), Some(1234));
+        assert_eq!(
+            bytes_from_termination_message("nvsnap: download exited 1: boom"),
+            None
+        );
+    }
+
+    /// The wrapper, run for real by /bin/sh: success writes the byte count into the marker and
+    /// the termination message; failure writes the failure marker with the last words; a
+    /// complete cache is not downloaded again.
+    #[test]
+    fn the_wrapper_script_runs() {
+        use std::process::Command;
+        let Ok(dir) = std::env::temp_dir().canonicalize() else {
+            return;
+        };
+        let root = dir.join(format!("writer-script-{}", std::process::id()));
+        let dest = root.join("dest");
+        let tmp = root.join("tmp");
+        std::fs::create_dir_all(&dest).unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+        let script = writer_script()
+            .replace(WRITER_TMP_PATH, tmp.to_str().unwrap())
+            .replace("/dev/termination-log", root.join("term").to_str().unwrap());
+        let run = |argv: &[&str]| {
+            Command::new("/bin/sh")
+                .arg("-c")
+                .arg(&script)
+                .arg("nvsnap-writer")
+                .arg(&dest)
+                .args(argv)
+                .output()
+                .unwrap()
+        };
+        std::fs::write(dest.join(FAILURE_MARKER), "old").unwrap();
+        let fail = run(&[
+            "sh",
+            "-c",
+            "echo fetching; echo 'HTTP 401 unauthorized' >&2; exit 3",
+        ]);
+        assert_eq!(fail.status.code(), Some(1));
+        let words = std::fs::read_to_string(dest.join(FAILURE_MARKER)).unwrap();
+        assert!(
+            words.contains("exited 3") && words.contains("401 unauthorized"),
+            "{words}"
+        );
+        assert_eq!(std::fs::read_to_string(root.join("term")).unwrap(), words);
+        assert!(!dest.join(COMPLETE_MARKER).exists());
+
+        let ok = run(&[
+            "sh",
+            "-c",
+            "head -c 5000 /dev/zero > \"$0/model.bin\"",
+            dest.to_str().unwrap(),
+        ]);
+        assert!(ok.status.success(), "{ok:?}");
+        assert!(
+            !dest.join(FAILURE_MARKER).exists(),
+            "a retry clears the failure marker"
+        );
+        let marker = std::fs::read_to_string(dest.join(COMPLETE_MARKER)).unwrap();
+        let bytes: u64 = marker.parse().unwrap();
+        assert!(bytes >= 5000, "{marker}");
+        assert_eq!(
+            bytes_from_termination_message(&std::fs::read_to_string(root.join("term")).unwrap()),
+            Some(bytes)
+        );
+        // Complete: the download does not run again.
+        let again = run(&["sh", "-c", "exit 9"]);
+        assert!(again.status.success());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
