@@ -10,6 +10,7 @@
 //! itself admits the pod unchanged with a warning (`OnHandlerError::Allow`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,11 @@ pub const TIMEOUT_SECONDS: i32 = 5;
 /// warning); below [`TIMEOUT_SECONDS`] so the answer arrives before the API server gives up.
 pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// What one admission may spend in all, API calls included: it answers (with
+/// `binding-unavailable` when the binding call ran out of time) half a second before the server
+/// would answer for it.
+pub const ADMISSION_BUDGET: Duration = Duration::from_millis(3500);
+
 /// Longest wait for one API call an admission makes (reading a namespace or a
 /// LeaderWorkerSet missing from the caches, creating a binding). The first ModelCacheBinding
 /// written through a freshly started kube-apiserver takes about 2 s (measured on the test
@@ -86,6 +92,12 @@ pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Events waiting to be recorded; past this, Events are dropped (and counted), never waited
 /// for.
 const EVENT_QUEUE: usize = 512;
+
+/// Longest wait for recording one Event.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a call that ran out of the admission's time reports.
+const NO_ANSWER: &str = "no answer within the admission's time";
 
 /// The label every namespace carries with its own name.
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -228,6 +240,17 @@ async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         csi_drivers: runtime.watch(None, watcher::Config::default())?,
         catalogs: runtime.watch(Some(&args.namespace), by_name(CONFIG_MAP_NAME))?,
     };
+    let synced = Arc::new(AtomicBool::new(false));
+    {
+        let synced = Arc::clone(&synced);
+        let caches = caches.clone();
+        runtime.spawn("cache sync", async move {
+            caches.wait_until_ready().await?;
+            synced.store(true, Ordering::Release);
+            tracing::info!("caches synced: admitting pods");
+            Ok::<(), RuntimeError>(())
+        });
+    }
     let (events, queue) = mpsc::channel(EVENT_QUEUE);
     if let Some(recorder) = runtime.recorder().cloned() {
         let stop = runtime.shutdown_token();
@@ -238,6 +261,7 @@ async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         gates: args.rewrite.feature_gates.0,
         webhook_namespace: args.namespace.clone(),
         caches,
+        synced,
         catalog: CatalogMemo::default(),
         creating: Mutex::new(HashMap::new()),
         metrics,
@@ -285,15 +309,16 @@ async fn record_events(
             event = queue.recv() => event,
         };
         let Some(event) = event else { return Ok(()) };
-        recorder
-            .publish(
-                &event.regarding,
-                EventType::Warning,
-                &event.reason,
-                "Admit",
-                Some(&event.note),
-            )
-            .await;
+        let publish = recorder.publish(
+            &event.regarding,
+            EventType::Warning,
+            &event.reason,
+            "Admit",
+            Some(&event.note),
+        );
+        if tokio::time::timeout(EVENT_TIMEOUT, publish).await.is_err() {
+            tracing::warn!(reason = %event.reason, "an Event was not recorded in time; dropped");
+        }
     }
 }
 
@@ -356,7 +381,14 @@ struct PodMetrics {
 }
 
 /// Outcomes of an admission (metric label `outcome`).
-const OUTCOMES: [&str; 5] = ["rewritten", "unchanged", "skipped", "out_of_scope", "error"];
+const OUTCOMES: [&str; 6] = [
+    "rewritten",
+    "unchanged",
+    "skipped",
+    "out_of_scope",
+    "error",
+    "cancelled",
+];
 
 impl PodMetrics {
     fn register(metrics: &warmcache_telemetry::Metrics) -> Result<Self, TelemetryError> {
@@ -370,7 +402,7 @@ impl PodMetrics {
         };
         let admissions = counter(
             "pod_admissions_total",
-            "Pod admissions by outcome (rewritten, unchanged, skipped, out_of_scope, error) and skip reason (none unless skipped or out of scope).",
+            "Pod admissions by outcome (rewritten, unchanged, skipped, out_of_scope, error: admitted unchanged with a warning, cancelled: the server answered for it at its timeout) and skip reason (none unless skipped or out of scope).",
             &["outcome", "reason"],
         )?;
         let duration = HistogramVec::new(
@@ -406,7 +438,7 @@ impl PodMetrics {
             };
             admissions.with_label_values(&[outcome, reason.code()]);
         }
-        for outcome in ["rewritten", "unchanged", "error"] {
+        for outcome in ["rewritten", "unchanged", "error", "cancelled"] {
             admissions.with_label_values(&[outcome, "none"]);
         }
         for outcome in OUTCOMES {
@@ -432,12 +464,23 @@ impl PodMetrics {
 }
 
 /// The caches admission reads.
+#[derive(Clone)]
 struct Caches {
     bindings: Cache<ModelCacheBinding>,
     namespaces: Cache<PartialObjectMeta<Namespace>>,
     storage_classes: Cache<StorageClass>,
     csi_drivers: Cache<CSIDriver>,
     catalogs: Cache<ConfigMap>,
+}
+
+impl Caches {
+    async fn wait_until_ready(&self) -> Result<(), RuntimeError> {
+        self.bindings.wait_until_ready().await?;
+        self.namespaces.wait_until_ready().await?;
+        self.storage_classes.wait_until_ready().await?;
+        self.csi_drivers.wait_until_ready().await?;
+        self.catalogs.wait_until_ready().await
+    }
 }
 
 /// The catalog loaded from the cached ConfigMap, kept while the ConfigMap (by UID and
@@ -463,15 +506,13 @@ impl CatalogMemo {
                 c.metadata.resource_version.clone().unwrap_or_default(),
             )
         });
-        let mut last = match self.last.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some(memo) = last.as_ref()
+        if let Some(memo) = lock(&self.last).as_ref()
             && memo.version == version
         {
             return memo.snapshot.clone();
         }
+        // Parsed without the lock: admissions of other pods go on meanwhile (two admissions
+        // seeing a new version at once both parse it; the result is the same).
         let snapshot = match CatalogSnapshot::from_config_map(config_map) {
             Ok(s) => {
                 tracing::info!(
@@ -486,7 +527,7 @@ impl CatalogMemo {
                 None
             }
         };
-        *last = Some(Memo {
+        *lock(&self.last) = Some(Memo {
             version,
             snapshot: snapshot.clone(),
         });
@@ -497,6 +538,10 @@ impl CatalogMemo {
 /// Why an admission could not be decided (the pod is admitted unchanged, with a warning).
 #[derive(Debug, thiserror::Error)]
 pub enum AdmitError {
+    /// The caches have not completed their first list: a decision now could be wrong (no
+    /// StorageClass, no binding yet seen).
+    #[error("the webhook's caches are not synced yet")]
+    NotSynced,
     /// The pod's namespace is neither cached nor readable.
     #[error("reading namespace {namespace}: {why}")]
     Namespace {
@@ -519,12 +564,53 @@ pub enum AdmitError {
 
 type Created = Result<Arc<ModelCacheBinding>, String>;
 
+/// Records one admission's outcome and duration exactly once, as `cancelled` when dropped
+/// before it finished.
+struct Pending<'a> {
+    metrics: &'a PodMetrics,
+    started: Instant,
+    done: bool,
+}
+
+impl Pending<'_> {
+    fn finish(&mut self, ending: &Ending) {
+        self.record(ending.outcome, ending.reason);
+        self.done = true;
+    }
+
+    fn record(&self, outcome: &str, reason: &str) {
+        self.metrics
+            .admissions
+            .with_label_values(&[outcome, reason])
+            .inc();
+        self.metrics
+            .duration
+            .with_label_values(&[outcome])
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.record("cancelled", "none");
+        }
+    }
+}
+
+/// When an API call must end: [`API_CALL_TIMEOUT`] from now, or `deadline` if sooner.
+fn call_deadline(deadline: tokio::time::Instant) -> tokio::time::Instant {
+    deadline.min(tokio::time::Instant::now() + API_CALL_TIMEOUT)
+}
+
 struct Admitter {
     client: Client,
     options: Options,
     gates: Gates,
     webhook_namespace: String,
     caches: Caches,
+    /// Whether every cache completed its first list.
+    synced: Arc<AtomicBool>,
     catalog: CatalogMemo,
     /// Creates in flight by binding name: concurrent admissions of one model share one call.
     creating: Mutex<HashMap<String, Arc<OnceCell<Created>>>>,
@@ -604,21 +690,24 @@ impl Admitter {
             decision = field::Empty,
             reason = field::Empty,
         );
-        let result = self.review(request).instrument(span.clone()).await;
+        // Counted as cancelled unless it ends here: the server answered for it at its timeout.
+        let mut pending = Pending {
+            metrics: &self.metrics,
+            started,
+            done: false,
+        };
+        let deadline = tokio::time::Instant::from_std(started) + ADMISSION_BUDGET;
+        let result = self
+            .review(request, deadline)
+            .instrument(span.clone())
+            .await;
         let ending = match &result {
             Ok((ending, _)) => ending,
             Err(_) => &Ending::new("error"),
         };
         span.record("decision", ending.outcome);
         span.record("reason", ending.reason);
-        self.metrics
-            .admissions
-            .with_label_values(&[ending.outcome, ending.reason])
-            .inc();
-        self.metrics
-            .duration
-            .with_label_values(&[ending.outcome])
-            .observe(started.elapsed().as_secs_f64());
+        pending.finish(ending);
         if let Err(error) = &result {
             span.in_scope(
                 || tracing::warn!(%error, "pod admitted unchanged: admission could not be decided"),
@@ -630,6 +719,7 @@ impl Admitter {
     async fn review(
         &self,
         request: TypedRequest<Pod>,
+        deadline: tokio::time::Instant,
     ) -> Result<(Ending, Reply<Mutation<Pod>>), AdmitError> {
         let allow = |ending| Ok((ending, Reply::new(Mutation::Allow)));
         let Some(pod) = request.object.as_ref() else {
@@ -650,8 +740,11 @@ impl Admitter {
             .clone()
             .or_else(|| pod.metadata.namespace.clone())
             .unwrap_or_default();
-        let labels = self.namespace_labels(&namespace).await?;
-        let group = self.leader_worker_set(pod, &namespace).await?;
+        if !self.synced.load(Ordering::Acquire) {
+            return Err(AdmitError::NotSynced);
+        }
+        let labels = self.namespace_labels(&namespace, deadline).await?;
+        let group = self.leader_worker_set(pod, &namespace, deadline).await?;
         let mut carrier = BTreeMap::new();
         warmcache_telemetry::inject_current(&mut carrier);
         let traceparent = carrier.get(warmcache_telemetry::TRACE_PARENT_ANNOTATION);
@@ -729,7 +822,7 @@ impl Admitter {
                             Reply::new(Mutation::Mutated(rewrite.pod)).warning(note),
                         )
                     }
-                    Some(wanted) => match self.create_binding(&wanted).await {
+                    Some(wanted) => match self.create_binding(&wanted, deadline).await {
                         Err(why) => {
                             let skip = rewrite.unavailable(why);
                             self.skipped(pod, &namespace, &skip, false)
@@ -760,10 +853,12 @@ impl Admitter {
         if !skip.reason.in_scope() {
             return (ending, Reply::new(Mutation::Allow));
         }
-        let mut reply = Reply::new(match skip.annotate(pod) {
-            Some(annotated) => Mutation::Mutated(annotated),
-            None => Mutation::Allow,
-        });
+        let Some(annotated) = skip.annotate(pod) else {
+            // The pod records this skip already: a reinvocation (another webhook changed the
+            // pod after us). It was counted, warned about and sent as an Event the first time.
+            return (Ending::new("unchanged"), Reply::new(Mutation::Allow));
+        };
+        let mut reply = Reply::new(Mutation::Mutated(annotated));
         if skip.reason.warrants_event() {
             reply = reply.warning(bounded(
                 &format!(
@@ -794,6 +889,7 @@ impl Admitter {
     async fn namespace_labels(
         &self,
         namespace: &str,
+        deadline: tokio::time::Instant,
     ) -> Result<BTreeMap<String, String>, AdmitError> {
         if let Some(meta) = self
             .caches
@@ -808,10 +904,11 @@ impl Admitter {
             namespace: namespace.to_owned(),
             why,
         };
-        match tokio::time::timeout(API_CALL_TIMEOUT, api.get_metadata(namespace)).await {
+        let call = api.get_metadata(namespace);
+        match tokio::time::timeout_at(call_deadline(deadline), call).await {
             Ok(Ok(meta)) => Ok(meta.metadata.labels.unwrap_or_default()),
             Ok(Err(e)) => Err(error(e.to_string())),
-            Err(_) => Err(error(format!("no answer within {API_CALL_TIMEOUT:?}"))),
+            Err(_) => Err(error(NO_ANSWER.to_owned())),
         }
     }
 
@@ -821,6 +918,7 @@ impl Admitter {
         &self,
         pod: &Pod,
         namespace: &str,
+        deadline: tokio::time::Instant,
     ) -> Result<Option<LeaderWorkerSet>, AdmitError> {
         let Some(name) = leader_worker_set_name(pod) else {
             return Ok(None);
@@ -832,10 +930,11 @@ impl Admitter {
         };
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), namespace, &lws_resource());
-        let found = match tokio::time::timeout(API_CALL_TIMEOUT, api.get_opt(name)).await {
+        let found = match tokio::time::timeout_at(call_deadline(deadline), api.get_opt(name)).await
+        {
             Ok(Ok(found)) => found,
             Ok(Err(e)) => return Err(error(e.to_string())),
-            Err(_) => return Err(error(format!("no answer within {API_CALL_TIMEOUT:?}"))),
+            Err(_) => return Err(error(NO_ANSWER.to_owned())),
         };
         let Some(object) = found else {
             return Ok(None);
@@ -847,49 +946,64 @@ impl Admitter {
     }
 
     /// Creates `wanted` or reads the binding that won (`create_or_get`), at most
-    /// [`API_CALL_TIMEOUT`]; concurrent admissions of one binding share one call.
-    async fn create_binding(&self, wanted: &ModelCacheBinding) -> Created {
+    /// [`API_CALL_TIMEOUT`]; concurrent admissions of one binding share one call, each waiting
+    /// at most until its own `deadline`.
+    async fn create_binding(
+        &self,
+        wanted: &ModelCacheBinding,
+        deadline: tokio::time::Instant,
+    ) -> Created {
         let namespace = wanted.metadata.namespace.clone().unwrap_or_default();
         let key = format!(
             "{namespace}/{}",
             wanted.metadata.name.as_deref().unwrap_or_default()
         );
         let cell = Arc::clone(lock(&self.creating).entry(key.clone()).or_default());
-        let result = cell
-            .get_or_init(|| async {
-                let api: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), &namespace);
-                let call = warmcache_kube::create_or_get(&api, wanted);
-                let (result, created) = match tokio::time::timeout(API_CALL_TIMEOUT, call).await {
+        let shared = cell.get_or_init(|| async {
+            let api: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), &namespace);
+            let call = warmcache_kube::create_or_get(&api, wanted);
+            let (result, created) =
+                match tokio::time::timeout_at(call_deadline(deadline), call).await {
                     Ok(Ok(created)) => {
                         let was_created = created.was_created();
                         (Ok(Arc::new(created.into_inner())), Some(was_created))
                     }
                     Ok(Err(e)) => (Err(e.to_string()), None),
-                    Err(_) => (Err(format!("no answer within {API_CALL_TIMEOUT:?}")), None),
+                    Err(_) => (Err(NO_ANSWER.to_owned()), None),
                 };
-                let label = match created {
-                    Some(true) => "created",
-                    Some(false) => "existing",
-                    None => "failed",
-                };
-                self.metrics.bindings.with_label_values(&[label]).inc();
-                match &result {
-                    Ok(_) if created == Some(true) => {
-                        tracing::info!(binding = %key, "ModelCacheBinding created")
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(binding = %key, %error, "ModelCacheBinding not created")
-                    }
+            let label = match created {
+                Some(true) => "created",
+                Some(false) => "existing",
+                None => "failed",
+            };
+            self.metrics.bindings.with_label_values(&[label]).inc();
+            match &result {
+                Ok(_) if created == Some(true) => {
+                    tracing::info!(binding = %key, "ModelCacheBinding created")
                 }
-                result
-            })
-            .await
-            .clone();
-        // The call is done: the next admission reads the binding from the cache (or, before the
-        // watch delivers it, gets AlreadyExists and reads it back).
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(binding = %key, %error, "ModelCacheBinding not created")
+                }
+            }
+            result
+        });
+        let result = match tokio::time::timeout_at(deadline, shared).await {
+            Ok(result) => result.clone(),
+            Err(_) => Err(
+                "another admission's create of it did not finish in this admission's time"
+                    .to_owned(),
+            ),
+        };
+        // Done (or this admission stopped waiting): the next admission reads the binding from
+        // the cache (or, before the watch delivers it, gets AlreadyExists and reads it back).
+        // The cell goes once initialised, or once no admission holds it any more (every waiter
+        // gave up: the next one starts a new call).
         let mut creating = lock(&self.creating);
-        if creating.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+        let last_holder = Arc::strong_count(&cell) <= 2;
+        if (cell.initialized() || last_holder)
+            && creating.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell))
+        {
             creating.remove(&key);
         }
         result
@@ -931,6 +1045,9 @@ mod tests {
         assert_eq!(ns[1]["key"], OPT_OUT);
         let objects = &webhook["objectSelector"]["matchExpressions"];
         assert_eq!(objects[1]["key"], MANAGED_BY_LABEL);
+        // Each layer answers before the one above gives up.
+        assert!(API_CALL_TIMEOUT < ADMISSION_BUDGET);
+        assert!(ADMISSION_BUDGET < HANDLER_TIMEOUT);
         assert!((HANDLER_TIMEOUT + Duration::from_secs(1)).as_secs() <= TIMEOUT_SECONDS as u64);
     }
 
