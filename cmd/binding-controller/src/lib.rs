@@ -1,5 +1,6 @@
-//! The binding controller binary: today its offline storage capability catalog commands
-//! (`catalog validate`, `catalog explain`), which users and CI run on a catalog edit.
+//! The binding controller binary: `controller` reconciles ModelCacheBindings on the component
+//! runtime (leader-elected, see [`controller`]); the offline storage capability catalog
+//! commands (`catalog validate`, `catalog explain`) are what users and CI run on a catalog edit.
 //!
 //! The input is `-f FILE` (`-`: standard input), at most [`warmcache_cli::input::MAX_INPUT_BYTES`].
 //! Exit codes ([`warmcache_cli::exit`], the same for every warmcache command): 0 when the
@@ -7,6 +8,9 @@
 //! `<field path>: <reason>` line per refusal on stdout); 2 when the input cannot be used
 //! (unreadable, too large, not text, not YAML), the command line is wrong, or the output cannot
 //! be written (a message on stderr).
+
+pub mod controller;
+pub mod metrics;
 
 use std::io::Write;
 
@@ -31,6 +35,38 @@ pub enum Command {
     /// Offline checks of a storage capability catalog (no cluster access).
     #[command(subcommand)]
     Catalog(CatalogCommand),
+    /// Reconcile the ModelCacheBindings of the control namespace (leader-elected), until
+    /// SIGTERM or SIGINT.
+    Controller(Box<ControllerArgs>),
+}
+
+/// Arguments of `controller`: the shared flags of every component, leader election, and the
+/// lifecycle settings.
+#[derive(Debug, clap::Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub runtime: warmcache_runtime::RuntimeArgs,
+    #[command(flatten)]
+    pub leader: warmcache_runtime::LeaderElectionArgs,
+    /// The control namespace: bindings and primary claims live here.
+    #[arg(long, default_value = warmcache_api_modelcache::DEFAULT_CONTROL_NAMESPACE)]
+    pub control_namespace: String,
+    /// Size of the ReadWriteMany primary claim (nothing is measured before the download).
+    #[arg(long, default_value = "100Gi", value_name = "QUANTITY")]
+    pub primary_size: String,
+    /// Extra mount options of read-only views (comma-separated); those negating a required one
+    /// (recovery vs norecovery, rw, ...) are dropped.
+    #[arg(long, value_delimiter = ',', value_name = "OPTION")]
+    pub view_mount_option: Vec<String>,
+    /// activeDeadlineSeconds of writer Jobs.
+    #[arg(long, default_value_t = warmcache_modelvolume::writer::DEFAULT_ACTIVE_DEADLINE_SECONDS)]
+    pub writer_deadline_seconds: i64,
+    /// ttlSecondsAfterFinished of writer Jobs (also how long a failure is remembered).
+    #[arg(long, default_value_t = warmcache_modelvolume::writer::DEFAULT_TTL_SECONDS_AFTER_FINISHED)]
+    pub writer_ttl_seconds: i32,
+    /// How many bindings are reconciled at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u16,
 }
 
 /// `catalog` subcommands.
@@ -99,6 +135,12 @@ pub enum Error {
     /// Standard output cannot be written.
     #[error("cannot write the output: {0}")]
     Output(#[from] std::io::Error),
+    /// A controller setting is not usable.
+    #[error("{0}")]
+    Setting(String),
+    /// The controller failed.
+    #[error(transparent)]
+    Controller(#[from] warmcache_runtime::RuntimeError),
 }
 
 impl Error {
@@ -111,6 +153,10 @@ impl Error {
 /// Runs a command, writing its result to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Status, Error> {
     match cli.command {
+        Command::Controller(args) => {
+            serve(*args)?;
+            Ok(Status::Ok)
+        }
         Command::Catalog(CatalogCommand::Validate { input }) => match load(&input)? {
             Ok(_) => {
                 writeln!(out, "ok")?;
@@ -153,4 +199,68 @@ fn load(input: &InputFile) -> Result<Result<CatalogFile, FieldErrors>, Error> {
             source,
         }),
     }
+}
+
+/// The settings of `controller`, checked.
+pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
+    let size = k8s_openapi::apimachinery::pkg::api::resource::Quantity(args.primary_size.clone());
+    let valid_size = {
+        let s = args
+            .primary_size
+            .trim_end_matches(['K', 'M', 'G', 'T', 'P', 'E', 'i']);
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+    };
+    if !valid_size {
+        return Err(Error::Setting(format!(
+            "--primary-size {:?} is not a quantity such as 100Gi",
+            args.primary_size
+        )));
+    }
+    let ns = &args.control_namespace;
+    let valid_ns = !ns.is_empty()
+        && ns.len() <= 63
+        && ns
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
+        && !ns.starts_with('-')
+        && !ns.ends_with('-');
+    if !valid_ns {
+        return Err(Error::Setting(format!(
+            "--control-namespace {ns:?} is not a namespace name"
+        )));
+    }
+    if args.writer_deadline_seconds <= 0 || args.writer_ttl_seconds < 0 {
+        return Err(Error::Setting(
+            "--writer-deadline-seconds must be positive and --writer-ttl-seconds not negative"
+                .to_owned(),
+        ));
+    }
+    let writer = warmcache_modelvolume::WriterOptions {
+        active_deadline_seconds: args.writer_deadline_seconds,
+        ttl_seconds_after_finished: args.writer_ttl_seconds,
+        ..warmcache_modelvolume::WriterOptions::default()
+    };
+    Ok(controller::Settings {
+        control_namespace: ns.clone(),
+        concurrency: args.concurrency,
+        lifecycle: warmcache_modelvolume::LifecycleConfig {
+            primary_size: size,
+            extra_mount_options: args.view_mount_option.clone(),
+            writer,
+        },
+    })
+}
+
+fn serve(args: ControllerArgs) -> Result<(), Error> {
+    let settings = settings(&args)?;
+    warmcache_runtime::block_on(async move {
+        let mut runtime = warmcache_runtime::Runtime::builder("binding-controller", args.runtime)
+            .version(env!("CARGO_PKG_VERSION"))
+            .with_leader_election(args.leader)
+            .build()
+            .await?;
+        controller::start(&mut runtime, &settings)?;
+        runtime.run().await
+    })?;
+    Ok(())
 }

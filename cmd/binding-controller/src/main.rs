@@ -7,7 +7,8 @@ use warmcache_binding_controller::{Cli, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let mut stdout = std::io::stdout().lock();
+    // Not locked: the controller logs to standard output while it runs.
+    let mut stdout = std::io::stdout();
     match run(cli, &mut stdout) {
         Ok(status) => ExitCode::from(status.code()),
         Err(error) => {

@@ -1,0 +1,862 @@
+//! The ModelCacheBinding controller (`binding-controller controller`): drives each binding of the
+//! control namespace to Ready on the component runtime, leader-elected.
+//!
+//! One reconcile = dereference (caches, plus a fresh GET of the primary PV and of stale-looking
+//! references) -> the pure step [`warmcache_modelvolume::lifecycle::step`] -> status (PUT to
+//! `/status` with the cached resourceVersion: a conflict re-reads and re-decides) -> the step's
+//! actions in order (creates under deterministic names, the completion update re-read until
+//! stored, the writer claim's delete with a UID precondition). Each part runs in its own span
+//! inside the runtime's reconcile span.
+//!
+//! # API calls (the ClusterRole `config/rbac/binding-controller` must grant exactly these)
+//!
+//! | resource | verbs | where | why |
+//! |---|---|---|---|
+//! | `modelcachebindings` | list, watch | control namespace | the bindings |
+//! | `modelcachebindings/status` | update | control namespace | status, references, views |
+//! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces, the download step |
+//! | `pods` | get | writer namespace | literal secrets a derived step copies from its pod |
+//! | `pods` | list | writer namespace, label `batch.kubernetes.io/job-name` | the writer's last words and bytes |
+//! | `namespaces` | list, watch (metadata) | cluster | sharing-domain labels (tenancy check) |
+//! | `persistentvolumeclaims` | list, watch | all, label `app.kubernetes.io/managed-by=warmcache` | primary, writer view, views |
+//! | `persistentvolumeclaims` | create | control, writer and reader namespaces | primary claim, writer view claim, view claims |
+//! | `persistentvolumeclaims` | delete | writer namespace | releasing the writer view claim (UID precondition) |
+//! | `persistentvolumes` | list, watch | label `app.kubernetes.io/managed-by=warmcache` | views |
+//! | `persistentvolumes` | get, update | cluster | the primary PV: completion labels and Retain; rebinding the writer view |
+//! | `persistentvolumes` | create | cluster | writer view and read-only views |
+//! | `jobs` | list, watch | all, label `nvsnap.io/role=writer` | the writer Job |
+//! | `jobs` | create | writer namespace | the writer Job |
+//! | workload kinds (`replicasets`, `deployments`, `statefulsets`, `jobs`, `cronjobs`, `leaderworkersets`, ...) | get | reader namespaces | top-level owners and stale references |
+//! | `leases` | get, create, update | the runtime's namespace | leader election |
+//! | `events` | create | | Events on bindings |
+//!
+//! No `delete` on PersistentVolumes, Jobs or bindings: deleting data is the reaper's.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use kube::{Client, Resource, ResourceExt};
+use tracing::Instrument;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, RequestReference, Workflow};
+use warmcache_api_modelcache::{
+    SHARING_DOMAIN_LABEL, sha256_digest, writer_job_name, writer_pvc_name,
+};
+use warmcache_kube::{
+    ConditionStatus, Decision, EventRecorder, Leadership, NewCondition, OwnerResolver,
+    set_condition, update_with_retry,
+};
+use warmcache_modelvolume::DownloadStep;
+use warmcache_modelvolume::keys::{
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, URI_ANNOTATION,
+};
+use warmcache_modelvolume::lifecycle::{self, Action, LifecycleConfig, Observed, StepSource};
+use warmcache_modelvolume::view;
+use warmcache_modelvolume::volume_keys::{BINDING_LABEL, ROLE_WRITER, VOLUME_ROLE_LABEL};
+use warmcache_runtime::{Cache, ObjectRef, ReconcileError, Reconciler, WatcherConfig};
+
+use crate::metrics::Metrics;
+
+/// Requeue while something outside the watched objects may change (a claim binding).
+pub const REQUEUE_WAITING: Duration = Duration::from_secs(5);
+/// Requeue once settled: references of workloads deleted without a pod event are pruned then.
+pub const REQUEUE_SETTLED: Duration = Duration::from_secs(300);
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// A Kubernetes API call failed.
+    #[error(transparent)]
+    Kube(#[from] warmcache_kube::Error),
+    /// The owner walk of a pod failed (a guess would be worse than a retry).
+    #[error("resolving the workload of pod {pod}: {source}")]
+    Owner {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        source: Box<warmcache_kube::OwnerError>,
+    },
+    /// This replica lost the Lease mid-reconcile.
+    #[error("not the leader any more")]
+    NotLeader,
+    /// The completion labels or Retain were not found on the re-read primary PV.
+    #[error(
+        "PersistentVolume {pv}: the completion labels and Retain were written but the re-read does not show them; the writer claim is kept"
+    )]
+    CompletionNotStored {
+        /// The primary PV.
+        pv: String,
+    },
+    /// An object under one of the binding's names belongs to something else.
+    #[error(
+        "{what} exists but does not belong to ModelCacheBinding {binding}; it is never adopted"
+    )]
+    Foreign {
+        /// The object.
+        what: String,
+        /// The binding.
+        binding: String,
+    },
+    /// A condition could not be recorded (a bug: the reasons are fixed words).
+    #[error("condition: {0}")]
+    Condition(#[from] warmcache_kube::ConditionError),
+}
+
+impl ReconcileError for Failure {
+    fn category(&self) -> &'static str {
+        match self {
+            Self::Kube(err) => ReconcileError::category(err),
+            Self::Owner { .. } => "owner",
+            Self::NotLeader => "not_leader",
+            Self::CompletionNotStored { .. } => "completion_not_stored",
+            Self::Foreign { .. } => "foreign_object",
+            Self::Condition(_) => "condition",
+        }
+    }
+
+    fn is_permanent(&self) -> bool {
+        match self {
+            Self::Kube(err) => ReconcileError::is_permanent(err),
+            Self::Foreign { .. } | Self::Condition(_) => true,
+            Self::Owner { .. } | Self::NotLeader | Self::CompletionNotStored { .. } => false,
+        }
+    }
+}
+
+/// What the controller is started with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The control namespace (bindings and primary claims).
+    pub control_namespace: String,
+    /// Bindings reconciled at once.
+    pub concurrency: u16,
+    /// Sizes, mount options and writer Job settings.
+    pub lifecycle: LifecycleConfig,
+}
+
+/// What the reconciler reads and writes with.
+pub struct Bindings {
+    client: Client,
+    settings: Settings,
+    leadership: Leadership,
+    owners: OwnerResolver,
+    bindings: Cache<ModelCacheBinding>,
+    pods: Cache<PartialObjectMeta<Pod>>,
+    namespaces: Cache<PartialObjectMeta<Namespace>>,
+    claims: Cache<PersistentVolumeClaim>,
+    volumes: Cache<PersistentVolume>,
+    jobs: Cache<Job>,
+    recorder: Option<EventRecorder>,
+    metrics: Metrics,
+}
+
+fn api_error(verb: &'static str, resource: &str, name: &str, err: kube::Error) -> Failure {
+    Failure::Kube(warmcache_kube::Error::from_kube(verb, resource, name, err))
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+impl Bindings {
+    fn ensure_leader(&self) -> Result<(), Failure> {
+        self.leadership
+            .ensure_leader()
+            .map_err(|_| Failure::NotLeader)
+    }
+
+    /// Whether `namespace` belongs to the binding's sharing domain: the namespace itself for
+    /// regularModelCache, the namespaces labelled with the domain for helmModelCache. A pod
+    /// elsewhere carrying the binding's annotations gets nothing.
+    fn in_domain(&self, binding: &ModelCacheBinding, namespace: &str) -> bool {
+        let digest = &binding.spec.identity.sharing_domain_digest;
+        match binding.spec.identity.workflow {
+            Workflow::RegularModelCache => sha256_digest(namespace) == *digest,
+            Workflow::HelmModelCache => self
+                .namespaces
+                .store()
+                .get(&ObjectRef::new(namespace))
+                .and_then(|ns| ns.labels().get(SHARING_DOMAIN_LABEL).cloned())
+                .is_some_and(|domain| sha256_digest(&domain) == *digest),
+        }
+    }
+
+    /// The live pods of `binding`: annotated with its name (and UID, when set), not terminating,
+    /// in its sharing domain.
+    fn pods_of(&self, binding: &ModelCacheBinding) -> Vec<Arc<PartialObjectMeta<Pod>>> {
+        let name = binding.name_any();
+        let uid = binding.uid();
+        let mut pods: Vec<_> = self
+            .pods
+            .store()
+            .state()
+            .into_iter()
+            .filter(|p| {
+                let a = p.annotations();
+                a.get(BINDING_ANNOTATION) == Some(&name)
+                    && a.get(BINDING_UID_ANNOTATION)
+                        .is_none_or(|u| Some(u) == uid.as_ref())
+                    && p.metadata.deletion_timestamp.is_none()
+                    && p.labels().get(MANAGED_BY_LABEL).map(String::as_str)
+                        != Some(MANAGED_BY_VALUE)
+                    && p.namespace().is_some_and(|ns| self.in_domain(binding, &ns))
+            })
+            .collect();
+        pods.sort_by_key(|p| (p.namespace(), p.name_any()));
+        pods
+    }
+
+    fn claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        self.claims
+            .store()
+            .get(&ObjectRef::new(name).within(namespace))
+    }
+
+    fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.volumes.store().get(&ObjectRef::new(name))
+    }
+
+    /// Workloads of the pods, and the stored references found stale.
+    async fn references(
+        &self,
+        binding: &ModelCacheBinding,
+        pods: &[Arc<PartialObjectMeta<Pod>>],
+    ) -> Result<(Vec<RequestReference>, BTreeSet<String>), Failure> {
+        let mut seen = Vec::new();
+        for pod in pods {
+            let node = warmcache_kube::owner::Node::from_meta("v1", "Pod", &pod.metadata);
+            let resolution =
+                self.owners
+                    .resolve_node(node)
+                    .await
+                    .map_err(|source| Failure::Owner {
+                        pod: format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
+                        source: Box::new(source),
+                    })?;
+            let top = resolution.top;
+            if top.uid.is_empty() || top.name.is_empty() {
+                continue;
+            }
+            seen.push(RequestReference {
+                api_version: top.api_version,
+                kind: top.kind,
+                namespace: top.namespace.unwrap_or_default(),
+                name: top.name,
+                uid: top.uid,
+            });
+        }
+        let seen_uids: BTreeSet<&str> = seen.iter().map(|r| r.uid.as_str()).collect();
+        let mut stale = BTreeSet::new();
+        let stored = binding
+            .status
+            .as_ref()
+            .map(|s| s.request_references.clone())
+            .unwrap_or_default();
+        for r in stored
+            .iter()
+            .filter(|r| !seen_uids.contains(r.uid.as_str()))
+        {
+            if self.is_stale(r).await? {
+                stale.insert(r.uid.clone());
+            }
+        }
+        Ok((seen, stale))
+    }
+
+    /// A reference is stale when its object is NotFound or has another UID; any other answer
+    /// keeps it (only NotFound means gone).
+    async fn is_stale(&self, r: &RequestReference) -> Result<bool, Failure> {
+        let (group, version) = match r.api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", r.api_version.as_str()),
+        };
+        let gvk = GroupVersionKind::gvk(group, version, &r.kind);
+        let resource = match kube::discovery::pinned_kind(&self.client, &gvk).await {
+            Ok((resource, _)) => resource,
+            // A kind the API server does not serve any more: its objects are gone.
+            Err(kube::Error::Discovery(_)) => return Ok(true),
+            Err(err) => {
+                return Err(api_error("discover", &r.kind, &r.name, err));
+            }
+        };
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &r.namespace, &resource_of(&resource));
+        match api.get_metadata_opt(&r.name).await {
+            Ok(None) => Ok(true),
+            Ok(Some(object)) => Ok(object.metadata.uid.as_deref() != Some(r.uid.as_str())),
+            Err(err) => Err(api_error("get", &r.kind, &r.name, err)),
+        }
+    }
+
+    /// The download step of the first pod in the writer namespace that records one, with the
+    /// literal secrets it copies from that pod.
+    async fn step_source(
+        &self,
+        binding: &ModelCacheBinding,
+        pods: &[Arc<PartialObjectMeta<Pod>>],
+    ) -> Result<Option<StepSource>, Failure> {
+        let writer_ns = &binding.spec.resources.writer_namespace;
+        for pod in pods
+            .iter()
+            .filter(|p| p.namespace().as_ref() == Some(writer_ns))
+        {
+            let Some(text) = pod.annotations().get(DOWNLOAD_STEP_ANNOTATION) else {
+                continue;
+            };
+            let Ok(step) = DownloadStep::from_annotation(text) else {
+                tracing::warn!(pod = %pod.name_any(), "the download step annotation does not decode; trying the next pod");
+                continue;
+            };
+            let mut pod_env = Vec::new();
+            if !step.env_from_pod.is_empty() {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), writer_ns);
+                let name = pod.name_any();
+                let Some(full) = api
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| api_error("get", "pods", &name, e))?
+                else {
+                    continue;
+                };
+                let containers = full.spec.iter().flat_map(|s| {
+                    s.containers
+                        .iter()
+                        .chain(s.init_containers.iter().flatten())
+                });
+                let containers: Vec<_> = containers.collect();
+                for r in &step.env_from_pod {
+                    if let Some(e) = containers
+                        .iter()
+                        .filter(|c| c.name == r.container)
+                        .flat_map(|c| c.env.iter().flatten())
+                        .rev()
+                        .find(|e| e.name == r.name)
+                    {
+                        pod_env.push(e.clone());
+                    }
+                }
+            }
+            return Ok(Some(StepSource { step, pod_env }));
+        }
+        Ok(None)
+    }
+
+    async fn job_pods(&self, job: &Job) -> Result<Vec<Pod>, Failure> {
+        let (Some(ns), Some(name)) = (job.namespace(), job.metadata.name.clone()) else {
+            return Ok(Vec::new());
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let params = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"));
+        api.list(&params)
+            .await
+            .map(|l| l.items)
+            .map_err(|e| api_error("list", "pods", &name, e))
+    }
+
+    async fn create<K>(&self, api: &Api<K>, object: &K) -> Result<bool, Failure>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    {
+        self.ensure_leader()?;
+        let name = object.meta().name.clone().unwrap_or_default();
+        match api.create(&PostParams::default(), object).await {
+            Ok(_) => Ok(true),
+            Err(err) if warmcache_kube::is_already_exists(&err) => Ok(false),
+            Err(err) => Err(api_error("create", api.resource_url(), &name, err)),
+        }
+    }
+
+    /// Creates `pv` unless a PV of that name exists; an existing one must carry this binding's
+    /// label, or it is someone else's.
+    async fn create_pv(
+        &self,
+        binding: &ModelCacheBinding,
+        pv: &PersistentVolume,
+    ) -> Result<bool, Failure> {
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        if self.create(&api, pv).await? {
+            return Ok(true);
+        }
+        let name = pv.name_any();
+        let existing = api
+            .get(&name)
+            .await
+            .map_err(|e| api_error("get", "persistentvolumes", &name, e))?;
+        if existing.labels().get(BINDING_LABEL) != Some(&binding.name_any()) {
+            return Err(Failure::Foreign {
+                what: format!("PersistentVolume {name}"),
+                binding: binding.name_any(),
+            });
+        }
+        Ok(false)
+    }
+
+    async fn run_action(
+        &self,
+        binding: &ModelCacheBinding,
+        action: &Action,
+    ) -> Result<(), Failure> {
+        let span = tracing::info_span!("action", kind = action_label(action));
+        async {
+            match action {
+                Action::CreatePrimaryClaim(claim) => {
+                    let api = Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+                    if self.create(&api, claim).await? {
+                        tracing::info!(claim = %claim.name_any(), "created the primary claim");
+                    }
+                }
+                Action::CreateWriterView(pv, claim) => {
+                    self.create_pv(binding, pv).await?;
+                    let api = Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+                    self.create(&api, claim).await?;
+                }
+                Action::RebindWriterView { pv, resource_version } => {
+                    self.ensure_leader()?;
+                    let api: Api<PersistentVolume> = Api::all(self.client.clone());
+                    let wanted = resource_version.clone();
+                    update_with_retry(&api, pv, |current| {
+                        if current.metadata.resource_version.as_ref() != Some(&wanted) {
+                            // Changed since observed: the next reconcile decides again.
+                            return Decision::Unchanged;
+                        }
+                        let mut next = current.clone();
+                        if let Some(r) = next.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+                            r.uid = None;
+                            r.resource_version = None;
+                        }
+                        Decision::Update(next)
+                    })
+                    .await?;
+                }
+                Action::CreateJob(job) => {
+                    let api = Api::namespaced(self.client.clone(), &job.namespace().unwrap_or_default());
+                    if self.create(&api, job.as_ref()).await? {
+                        self.metrics.download_started();
+                        tracing::info!(job = %job.name_any(), namespace = ?job.namespace(), "created the writer Job");
+                        if let Some(recorder) = &self.recorder {
+                            recorder
+                                .normal(binding, "DownloadStarted", "CreateWriterJob", Some(&format!("writer Job {} in namespace {}", job.name_any(), job.namespace().unwrap_or_default())))
+                                .await;
+                        }
+                    }
+                }
+                Action::MarkComplete { pv, labels, annotations } => {
+                    self.mark_complete(binding, pv, labels, annotations).await?;
+                }
+                Action::ReleaseWriterClaim { namespace, name, uid } => {
+                    self.ensure_leader()?;
+                    let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: Some(uid.clone()),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(name, &params).await {
+                        Ok(_) => tracing::info!(claim = %name, namespace, "released the writer view claim"),
+                        Err(err) if warmcache_kube::is_not_found(&err) => {}
+                        Err(err) if warmcache_kube::is_conflict(&err) => {}
+                        Err(err) => return Err(api_error("delete", api.resource_url(), name, err)),
+                    }
+                }
+                Action::CreateView(pv, claim) => {
+                    self.create_pv(binding, pv).await?;
+                    let api = Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+                    if self.create(&api, claim).await? {
+                        self.metrics.view_created();
+                        tracing::info!(namespace = ?claim.namespace(), pv = %pv.name_any(), "created a read-only view");
+                    }
+                }
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Labels the primary PV complete and sets Retain (conflicts retried against a fresh read,
+    /// bounded), then re-reads it and fails unless both are stored.
+    async fn mark_complete(
+        &self,
+        binding: &ModelCacheBinding,
+        pv: &str,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<(), Failure> {
+        self.ensure_leader()?;
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        update_with_retry(&api, pv, |current| {
+            let mut next = current.clone();
+            next.metadata
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .extend(labels.clone());
+            next.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(annotations.clone());
+            if let Some(spec) = next.spec.as_mut() {
+                spec.persistent_volume_reclaim_policy = Some(view::RETAIN.to_owned());
+            }
+            if next == *current {
+                Decision::Unchanged
+            } else {
+                Decision::Update(next)
+            }
+        })
+        .await?;
+        let stored = api
+            .get(pv)
+            .await
+            .map_err(|e| api_error("get", "persistentvolumes", pv, e))?;
+        if !lifecycle::is_complete(binding, &stored) {
+            return Err(Failure::CompletionNotStored { pv: pv.to_owned() });
+        }
+        self.metrics.download_succeeded(binding);
+        tracing::info!(pv, "the primary is complete and retained");
+        if let Some(recorder) = &self.recorder {
+            recorder
+                .normal(
+                    binding,
+                    "DownloadComplete",
+                    "MarkComplete",
+                    Some(&format!(
+                        "PersistentVolume {pv} labelled complete, reclaim policy Retain"
+                    )),
+                )
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn write_status(
+        &self,
+        binding: &ModelCacheBinding,
+        step: &lifecycle::Step,
+    ) -> Result<bool, Failure> {
+        let mut status = step.status.clone();
+        let at = now();
+        for c in &step.conditions {
+            set_condition(
+                &mut status.conditions,
+                NewCondition::new(
+                    c.type_,
+                    ConditionStatus::from(c.status),
+                    c.reason.as_str(),
+                    c.message.clone(),
+                )
+                .observed_generation(binding.metadata.generation),
+                at.clone(),
+            )?;
+        }
+        if binding.status.as_ref() == Some(&status) {
+            return Ok(false);
+        }
+        self.ensure_leader()?;
+        let api: Api<ModelCacheBinding> =
+            Api::namespaced(self.client.clone(), &self.settings.control_namespace);
+        let mut next = binding.clone();
+        next.status = Some(status);
+        let name = binding.name_any();
+        api.replace_status(&name, &PostParams::default(), &next)
+            .await
+            .map_err(|e| api_error("replace_status", api.resource_url(), &name, e))?;
+        Ok(true)
+    }
+}
+
+fn resource_of(r: &ApiResource) -> ApiResource {
+    r.clone()
+}
+
+fn action_label(action: &Action) -> &'static str {
+    match action {
+        Action::CreatePrimaryClaim(_) => "create_primary_claim",
+        Action::CreateWriterView(..) => "create_writer_view",
+        Action::RebindWriterView { .. } => "rebind_writer_view",
+        Action::CreateJob(_) => "create_job",
+        Action::MarkComplete { .. } => "mark_complete",
+        Action::ReleaseWriterClaim { .. } => "release_writer_claim",
+        Action::CreateView(..) => "create_view",
+    }
+}
+
+impl Reconciler<ModelCacheBinding> for Bindings {
+    type Error = Failure;
+
+    async fn reconcile(
+        &self,
+        binding: Arc<ModelCacheBinding>,
+    ) -> Result<warmcache_runtime::Action, Failure> {
+        let b = binding.as_ref();
+        let identity = &b.spec.identity;
+        let writer_ns = b.spec.resources.writer_namespace.clone();
+
+        // Dereference.
+        let observed = async {
+            let pods = self.pods_of(b);
+            let (seen, stale) = self.references(b, &pods).await?;
+            let reader_namespaces: BTreeSet<String> =
+                pods.iter().filter_map(|p| p.namespace()).collect();
+            let model_uri = pods.iter().find_map(|p| {
+                let a = p.annotations();
+                let handle = a.get(HANDLE_ANNOTATION)?;
+                (sha256_digest(handle) == identity.cache_handle_digest)
+                    .then(|| a.get(URI_ANNOTATION).cloned())
+                    .flatten()
+            });
+            let step = self.step_source(b, &pods).await?;
+            let primary_claim =
+                self.claim(&self.settings.control_namespace, &writer_pvc_name(identity));
+            let primary_pv = match primary_claim
+                .as_ref()
+                .and_then(|c| c.spec.as_ref())
+                .and_then(|s| s.volume_name.clone())
+            {
+                Some(name) => {
+                    let api: Api<PersistentVolume> = Api::all(self.client.clone());
+                    api.get_opt(&name)
+                        .await
+                        .map_err(|e| api_error("get", "persistentvolumes", &name, e))?
+                }
+                None => None,
+            };
+            let writer_view_pv = self.volume(&view::writer_view_pv_name(b));
+            let writer_view_claim = self.claim(&writer_ns, &writer_pvc_name(identity));
+            let job = self
+                .jobs
+                .store()
+                .get(&ObjectRef::new(&writer_job_name(identity)).within(&writer_ns));
+            let finished = job.as_ref().is_some_and(|j| {
+                j.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                        })
+                    })
+            });
+            let job_pods = match (&job, finished) {
+                (Some(j), true) => self.job_pods(j).await?,
+                _ => Vec::new(),
+            };
+            let recorded: Vec<_> = b
+                .status
+                .as_ref()
+                .and_then(|s| s.realized.as_ref())
+                .map(|r| r.views.clone())
+                .unwrap_or_default();
+            let existing_views: BTreeSet<String> = recorded
+                .iter()
+                .filter(|v| {
+                    self.volume(&v.persistent_volume_name).is_some()
+                        && self
+                            .claim(&v.namespace, &v.persistent_volume_claim_name)
+                            .is_some()
+                })
+                .map(|v| v.namespace.clone())
+                .collect();
+            Ok::<_, Failure>((
+                seen,
+                stale,
+                reader_namespaces,
+                model_uri,
+                step,
+                primary_claim,
+                primary_pv,
+                writer_view_pv,
+                writer_view_claim,
+                job,
+                job_pods,
+                existing_views,
+            ))
+        }
+        .instrument(tracing::info_span!("dereference"))
+        .await?;
+        let (
+            seen,
+            stale,
+            reader_namespaces,
+            model_uri,
+            step_source,
+            primary_claim,
+            primary_pv,
+            writer_view_pv,
+            writer_view_claim,
+            job,
+            job_pods,
+            existing_views,
+        ) = observed;
+
+        // Decide (pure).
+        let step = {
+            let _span = tracing::info_span!("decide").entered();
+            lifecycle::step(&Observed {
+                binding: b,
+                now: now(),
+                seen_references: seen,
+                stale_references: stale,
+                reader_namespaces,
+                model_uri,
+                step: step_source,
+                primary_claim: primary_claim.as_deref(),
+                primary_pv: primary_pv.as_ref(),
+                writer_view_pv: writer_view_pv.as_deref(),
+                writer_view_claim: writer_view_claim.as_deref(),
+                job: job.as_deref(),
+                job_pods: job_pods.iter().collect(),
+                existing_views,
+                config: &self.settings.lifecycle,
+            })
+        };
+        let failed_now = step.conditions.iter().any(|c| {
+            c.type_ == lifecycle::DEGRADED
+                && c.status
+                && c.reason == lifecycle::Reason::DownloadFailed
+        });
+        let failed_before = b
+            .status
+            .as_ref()
+            .and_then(|s| s.realized.as_ref())
+            .and_then(|r| r.population_state)
+            == Some(warmcache_api_modelcache::v2beta1::PopulationState::Failed);
+
+        // Status first (views recorded before they are created).
+        let wrote = self
+            .write_status(b, &step)
+            .instrument(tracing::info_span!("status"))
+            .await?;
+        if failed_now && !failed_before {
+            self.metrics.download_failed();
+            if let Some(recorder) = &self.recorder {
+                let message = step
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == lifecycle::DEGRADED)
+                    .map(|c| c.message.clone());
+                recorder
+                    .warning(b, "DownloadFailed", "WatchWriterJob", message.as_deref())
+                    .await;
+            }
+        }
+
+        // Then the actions, in order.
+        for action in &step.actions {
+            self.metrics.action(action_label(action));
+            self.run_action(b, action).await?;
+        }
+        self.metrics.observe_bindings(&self.bindings);
+        let waiting = step.conditions.iter().any(|c| {
+            c.type_ == lifecycle::PROGRESSING
+                && c.status
+                && c.reason == lifecycle::Reason::PrimaryClaimPending
+        });
+        Ok(if waiting || (!wrote && !step.actions.is_empty()) {
+            warmcache_runtime::Action::requeue(REQUEUE_WAITING)
+        } else {
+            warmcache_runtime::Action::requeue(REQUEUE_SETTLED)
+        })
+    }
+}
+
+/// The binding a pod reads (its [`BINDING_ANNOTATION`]), in the control namespace.
+fn binding_of_pod(
+    control: &str,
+    pod: &PartialObjectMeta<Pod>,
+) -> Vec<ObjectRef<ModelCacheBinding>> {
+    pod.annotations()
+        .get(BINDING_ANNOTATION)
+        .map(|name| ObjectRef::new(name).within(control))
+        .into_iter()
+        .collect()
+}
+
+/// The binding a storage object or Job belongs to (its [`BINDING_LABEL`]).
+fn binding_of<K: Resource>(control: &str, object: &K) -> Vec<ObjectRef<ModelCacheBinding>> {
+    object
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(BINDING_LABEL))
+        .map(|name| ObjectRef::new(name).within(control))
+        .into_iter()
+        .collect()
+}
+
+/// Registers the watches and starts the controller on `runtime` (reconciling while leading).
+pub fn start(
+    runtime: &mut warmcache_runtime::Runtime,
+    settings: &Settings,
+) -> Result<(), warmcache_runtime::RuntimeError> {
+    let control = settings.control_namespace.clone();
+    let ours = WatcherConfig::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+    let bindings = runtime.watch::<ModelCacheBinding>(Some(&control), WatcherConfig::default())?;
+    let pods = runtime.watch_metadata::<Pod>(None, WatcherConfig::default().labels(MODEL_LABEL))?;
+    let namespaces = runtime.watch_cluster_metadata::<Namespace>(WatcherConfig::default())?;
+    let claims = runtime.watch::<PersistentVolumeClaim>(None, ours.clone())?;
+    let volumes = runtime.watch::<PersistentVolume>(None, ours.clone())?;
+    let jobs = runtime.watch::<Job>(
+        None,
+        WatcherConfig::default().labels(&format!(
+            "{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{VOLUME_ROLE_LABEL}={ROLE_WRITER}"
+        )),
+    )?;
+    let metrics = Metrics::register(runtime.metrics().registry()).map_err(|err| {
+        warmcache_runtime::RuntimeError::Task {
+            task: "controller metrics".to_owned(),
+            message: err.to_string(),
+        }
+    })?;
+    let client = runtime.client()?;
+    let reconciler = Bindings {
+        owners: OwnerResolver::new(client.clone()),
+        client,
+        settings: settings.clone(),
+        leadership: runtime.leadership(),
+        bindings: bindings.clone(),
+        pods: pods.clone(),
+        namespaces: namespaces.clone(),
+        claims: claims.clone(),
+        volumes: volumes.clone(),
+        jobs: jobs.clone(),
+        recorder: runtime.recorder().cloned(),
+        metrics,
+    };
+    let (c1, c2, c3, c4, c5) = (
+        control.clone(),
+        control.clone(),
+        control.clone(),
+        control.clone(),
+        control,
+    );
+    let controller = runtime
+        .controller("modelcachebinding", &bindings, reconciler)
+        .watches(&pods, move |p| binding_of_pod(&c1, p))
+        .watches(&claims, move |c| binding_of(&c2, c))
+        .watches(&volumes, move |v| binding_of(&c3, v))
+        .watches(&jobs, move |j| binding_of(&c4, j))
+        .watches(&namespaces, {
+            let bindings = bindings.clone();
+            move |_ns: &PartialObjectMeta<Namespace>| {
+                // A sharing-domain label changed: every binding may gain or lose a namespace.
+                bindings
+                    .store()
+                    .state()
+                    .iter()
+                    .map(|b| ObjectRef::new(&b.name_any()).within(&c5))
+                    .collect()
+            }
+        })
+        .concurrency(settings.concurrency);
+    runtime.start_controller(controller);
+    Ok(())
+}

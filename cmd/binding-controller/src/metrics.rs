@@ -1,0 +1,200 @@
+//! The controller's own metrics, in the runtime's registry (exposed as
+//! `warmcache_binding_controller_<name>` on the admin port, beside the runtime's
+//! `reconcile_runs_total`, `reconcile_failures_total{category}` and
+//! `reconcile_duration_seconds`).
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `bindings` | `population` (`Unknown`, `Pending`, `Populating`, `Ready`, `Failed`) | bindings of the control namespace per `status.realized.populationState`, counted from the watch cache after each reconcile |
+//! | `downloads_started_total` | | writer Jobs this controller created |
+//! | `downloads_succeeded_total` | | primaries labelled complete and Retain (re-read) |
+//! | `downloads_failed_total` | | bindings that went to population Failed |
+//! | `views_created_total` | | read-only view claims created |
+//! | `actions_total` | `action` (the fixed [`warmcache_modelvolume::Action`] kinds) | writes the lifecycle asked for |
+//! | `time_to_ready_seconds` | | from a binding's creation to its primary stored complete (buckets up to 12 h) |
+//!
+//! Every label value is a fixed word; no binding, namespace or model is a label.
+
+use k8s_openapi::jiff::Timestamp;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState};
+use warmcache_runtime::Cache;
+use warmcache_telemetry::prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+/// Label values of `bindings`.
+pub const POPULATIONS: [&str; 5] = ["Unknown", "Pending", "Populating", "Ready", "Failed"];
+
+/// Label values of `actions_total`.
+pub const ACTIONS: [&str; 7] = [
+    "create_primary_claim",
+    "create_writer_view",
+    "rebind_writer_view",
+    "create_job",
+    "mark_complete",
+    "release_writer_claim",
+    "create_view",
+];
+
+/// A metric could not be created or registered.
+#[derive(Debug, thiserror::Error)]
+#[error("metric {name}: {source}")]
+pub struct MetricsError {
+    name: &'static str,
+    source: warmcache_telemetry::prometheus::Error,
+}
+
+/// The controller's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    bindings: IntGaugeVec,
+    started: IntCounter,
+    succeeded: IntCounter,
+    failed: IntCounter,
+    views: IntCounter,
+    actions: IntCounterVec,
+    time_to_ready: Histogram,
+}
+
+fn reg<M>(
+    registry: &Registry,
+    name: &'static str,
+    metric: Result<M, warmcache_telemetry::prometheus::Error>,
+) -> Result<M, MetricsError>
+where
+    M: warmcache_telemetry::prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric.map_err(|source| MetricsError { name, source })?;
+    registry
+        .register(Box::new(metric.clone()))
+        .map_err(|source| MetricsError { name, source })?;
+    Ok(metric)
+}
+
+impl Metrics {
+    /// Creates and registers the metrics, every label value exported with 0.
+    pub fn register(registry: &Registry) -> Result<Self, MetricsError> {
+        let bindings = reg(
+            registry,
+            "bindings",
+            IntGaugeVec::new(
+                Opts::new("bindings", "ModelCacheBindings by population state."),
+                &["population"],
+            ),
+        )?;
+        let started = reg(
+            registry,
+            "downloads_started_total",
+            IntCounter::new("downloads_started_total", "Writer Jobs created."),
+        )?;
+        let succeeded = reg(
+            registry,
+            "downloads_succeeded_total",
+            IntCounter::new(
+                "downloads_succeeded_total",
+                "Primary volumes stored complete and retained.",
+            ),
+        )?;
+        let failed = reg(
+            registry,
+            "downloads_failed_total",
+            IntCounter::new("downloads_failed_total", "Downloads that failed."),
+        )?;
+        let views = reg(
+            registry,
+            "views_created_total",
+            IntCounter::new("views_created_total", "Read-only view claims created."),
+        )?;
+        let actions = reg(
+            registry,
+            "actions_total",
+            IntCounterVec::new(
+                Opts::new("actions_total", "Writes the binding lifecycle asked for."),
+                &["action"],
+            ),
+        )?;
+        let time_to_ready = reg(
+            registry,
+            "time_to_ready_seconds",
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "time_to_ready_seconds",
+                    "Seconds from a binding's creation to its primary stored complete.",
+                )
+                .buckets(vec![
+                    10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0,
+                    28800.0, 43200.0,
+                ]),
+            ),
+        )?;
+        for p in POPULATIONS {
+            bindings.with_label_values(&[p]);
+        }
+        for a in ACTIONS {
+            actions.with_label_values(&[a]);
+        }
+        Ok(Self {
+            bindings,
+            started,
+            succeeded,
+            failed,
+            views,
+            actions,
+            time_to_ready,
+        })
+    }
+
+    /// A writer Job was created.
+    pub fn download_started(&self) {
+        self.started.inc();
+    }
+
+    /// A primary was stored complete; `binding` gives the creation time.
+    pub fn download_succeeded(&self, binding: &ModelCacheBinding) {
+        self.succeeded.inc();
+        if let Some(created) = &binding.metadata.creation_timestamp {
+            let seconds = Timestamp::now().duration_since(created.0).as_secs_f64();
+            if seconds >= 0.0 {
+                self.time_to_ready.observe(seconds);
+            }
+        }
+    }
+
+    /// A download failed.
+    pub fn download_failed(&self) {
+        self.failed.inc();
+    }
+
+    /// A view claim was created.
+    pub fn view_created(&self) {
+        self.views.inc();
+    }
+
+    /// The lifecycle asked for `action`.
+    pub fn action(&self, action: &'static str) {
+        self.actions.with_label_values(&[action]).inc();
+    }
+
+    /// Counts the bindings of `cache` by population state.
+    pub fn observe_bindings(&self, cache: &Cache<ModelCacheBinding>) {
+        let mut counts = [0_i64; 5];
+        for b in cache.store().state() {
+            let index = match b
+                .status
+                .as_ref()
+                .and_then(|s| s.realized.as_ref())
+                .and_then(|r| r.population_state)
+            {
+                None => 0,
+                Some(PopulationState::Pending) => 1,
+                Some(PopulationState::Populating) => 2,
+                Some(PopulationState::Ready) => 3,
+                Some(PopulationState::Failed) => 4,
+            };
+            counts[index] += 1;
+        }
+        for (p, n) in POPULATIONS.iter().zip(counts) {
+            self.bindings.with_label_values(&[p]).set(n);
+        }
+    }
+}

@@ -1,0 +1,571 @@
+//! The binding controller against a real API server (and the real PV, Job and garbage
+//! controllers of kube-controller-manager; pod status is written by the kubelet simulation):
+//! a binding and a reading pod become one primary claim in the control namespace, a writer view
+//! and a hardened writer Job in the writer namespace, a read-only view recorded before it is
+//! created; the Job's success labels the primary PV complete with Retain before the writer claim
+//! is released, and the binding reports Ready with the measured bytes; a failed Job reports the
+//! download's last words and keeps the primary claim.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use warmcache_api_modelcache::v2beta1::{
+    BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
+    ModelCacheBindingSpec, PopulationState, ReclaimPolicy, Transition, Workflow, WriterIdentity,
+};
+use warmcache_api_modelcache::{
+    FINALIZER, binding_name, identity_hash, reader_pvc_name, sha256_digest, writer_job_name,
+    writer_pvc_name,
+};
+use warmcache_binding_controller::controller::{Settings, start};
+use warmcache_modelvolume::keys::{
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
+    MODEL_LABEL, URI_ANNOTATION,
+};
+use warmcache_modelvolume::volume_keys::{BYTES_ANNOTATION, COMPLETE_LABEL};
+use warmcache_modelvolume::{LifecycleConfig, WriterOptions};
+use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
+use warmcache_testkit::{ControlPlane, Kubelet, TestNamespace, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+const HANDLE: &str = "hf://Qwen/Qwen3-0.6B@v1";
+
+async fn running_controller(
+    plane: &ControlPlane,
+    control: &str,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+) {
+    let args = RuntimeArgs {
+        kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
+        kube_context: None,
+        log_level: None,
+        log_format: LogFormat::Plain,
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        shutdown_grace: Duration::from_secs(5),
+        shutdown_delay: Duration::ZERO,
+    };
+    let mut runtime = Runtime::builder("binding-controller", args)
+        .without_global_telemetry()
+        .with_client()
+        .build()
+        .await
+        .unwrap();
+    start(
+        &mut runtime,
+        &Settings {
+            control_namespace: control.to_owned(),
+            concurrency: 2,
+            lifecycle: LifecycleConfig {
+                writer: WriterOptions {
+                    backoff_limit: 0,
+                    ..WriterOptions::default()
+                },
+                ..LifecycleConfig::default()
+            },
+        },
+    )
+    .unwrap();
+    let stop = runtime.shutdown_token();
+    (stop, tokio::spawn(runtime.run()))
+}
+
+fn binding(control: &str, app: &str) -> ModelCacheBinding {
+    let identity = BindingIdentity::new(Workflow::RegularModelCache, app, HANDLE);
+    let name = binding_name(&identity);
+    let spec = ModelCacheBindingSpec {
+        identity: identity.clone(),
+        decision: BindingDecision {
+            provider: "weka".into(),
+            provisioner: "fake.csi.warmcache.io".into(),
+            transition: Transition::RwxReadOnly,
+            required_access_modes: Transition::RwxReadOnly.required_access_modes().to_vec(),
+            required_mount_options: Vec::new(),
+            catalog_digest: sha256_digest("profile"),
+            encryption_required: false,
+            writer_identity: Some(WriterIdentity::FsGroup),
+        },
+        storage_class: BindingStorageClass {
+            name: "nvcf-sc".into(),
+            uid: "sc-uid".into(),
+            reclaim_policy: ReclaimPolicy::Retain,
+            configuration_digest: format!("v1:{}", sha256_digest("sc")),
+        },
+        resources: BindingResources {
+            writer_namespace: app.into(),
+            persistent_volume_claim_names: vec![
+                writer_pvc_name(&identity),
+                reader_pvc_name(&identity),
+            ],
+            job_names: vec![writer_job_name(&identity)],
+            ..BindingResources::default()
+        },
+    };
+    let mut b = ModelCacheBinding::new(&name, spec);
+    b.metadata.namespace = Some(control.into());
+    b.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    b
+}
+
+fn step_json() -> String {
+    json!({
+        "version": "v1alpha1",
+        "origin": "init",
+        "sourceContainer": "fetch",
+        "container": {
+            "name": "fetch",
+            "image": "tools:1",
+            "command": ["sh", "-c", "echo downloading > /models/qwen3/config.json"],
+            "volumeMounts": [{ "name": "models", "mountPath": "/models" }],
+        },
+        "dest": "/models/qwen3",
+        "landingVolume": "models",
+        "volumes": [{ "name": "models", "emptyDir": {} }],
+    })
+    .to_string()
+}
+
+/// A reading pod as the webhook leaves it (metadata only matters here).
+fn reader_pod(name: &str, b: &ModelCacheBinding) -> Pod {
+    let hash = identity_hash(&b.spec.identity);
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": { MODEL_LABEL: hash },
+            "annotations": {
+                BINDING_ANNOTATION: b.name_any(),
+                BINDING_UID_ANNOTATION: b.uid().unwrap(),
+                HANDLE_ANNOTATION: HANDLE,
+                URI_ANNOTATION: HANDLE,
+                DOWNLOAD_STEP_ANNOTATION: step_json(),
+            },
+        },
+        "spec": { "containers": [{ "name": "vllm", "image": "vllm:1" }] },
+    }))
+    .unwrap()
+}
+
+/// The PV a provisioner would create for the primary claim (there is none on the test control
+/// plane): pre-bound to it, so the real PV controller binds the pair.
+fn primary_pv(name: &str, control: &str, claim: &str) -> PersistentVolume {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": { "name": name },
+        "spec": {
+            "capacity": { "storage": "100Gi" },
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "nvcf-sc",
+            "claimRef": { "namespace": control, "name": claim },
+            "csi": { "driver": "fake.csi.warmcache.io", "volumeHandle": format!("{name}-handle") },
+        },
+    }))
+    .unwrap()
+}
+
+async fn stored(api: &Api<ModelCacheBinding>, name: &str) -> ModelCacheBinding {
+    api.get(name).await.unwrap()
+}
+
+fn condition<'b>(b: &'b ModelCacheBinding, type_: &str) -> Option<(&'b str, &'b str, &'b str)> {
+    b.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
+}
+
+fn population(b: &ModelCacheBinding) -> Option<PopulationState> {
+    b.status.as_ref()?.realized.as_ref()?.population_state
+}
+
+async fn job_pod(client: &Client, ns: &str, job: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    eventually("the writer Job's pod", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()
+        }
+    })
+    .await
+    .unwrap()
+}
+
+struct Setup {
+    client: Client,
+    control: TestNamespace,
+    app: TestNamespace,
+    bindings: Api<ModelCacheBinding>,
+    binding: ModelCacheBinding,
+    pv_name: String,
+}
+
+async fn setup(prefix: &str) -> (Setup, tokio_util::sync::CancellationToken) {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new(&format!("{prefix}-ctl")).await.unwrap();
+    let app = TestNamespace::new(&format!("{prefix}-app")).await.unwrap();
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(&PostParams::default(), &binding(&control.name, &app.name))
+        .await
+        .unwrap();
+    let (stop, _task) = running_controller(plane, &control.name).await;
+    let pv_name = format!("{}-primary", control.name);
+    (
+        Setup {
+            client,
+            control,
+            app,
+            bindings,
+            binding: created,
+            pv_name,
+        },
+        stop,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_becomes_one_download_and_a_read_only_view() {
+    let (s, stop) = setup("mcb-ok").await;
+    let name = s.binding.name_any();
+    let identity = s.binding.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+
+    // Active, the primary claim in the control namespace, waiting for it to bind.
+    let primary_claims: Api<PersistentVolumeClaim> = s.control.api();
+    let claim = eventually("the primary claim", WAIT, || {
+        let api = primary_claims.clone();
+        let claim_name = claim_name.clone();
+        async move { api.get_opt(&claim_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    let spec = claim.spec.unwrap();
+    assert_eq!(spec.storage_class_name.as_deref(), Some("nvcf-sc"));
+    assert_eq!(spec.access_modes, Some(vec!["ReadWriteMany".to_owned()]));
+    let b = stored(&s.bindings, &name).await;
+    assert_eq!(
+        b.status
+            .as_ref()
+            .and_then(|st| st.phase)
+            .map(|p| p.as_str()),
+        Some("Active")
+    );
+    assert_eq!(b.status.as_ref().unwrap().observed_generation, Some(1));
+    assert!(
+        b.status.as_ref().unwrap().unreferenced_since.is_some(),
+        "no pod yet: unreferenced"
+    );
+
+    // The primary's PV (a provisioner's job), and a reading pod in the writer namespace.
+    let pvs: Api<PersistentVolume> = Api::all(s.client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&s.pv_name, &s.control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = s.app.api();
+    let pod = pods
+        .create(&PostParams::default(), &reader_pod("reader-0", &b))
+        .await
+        .unwrap();
+
+    // The writer Job, hardened, in the writer namespace, writing through the writer view.
+    let jobs: Api<Job> = s.app.api();
+    let job_name = writer_job_name(&identity);
+    let job = eventually("the writer Job", WAIT, || {
+        let jobs = jobs.clone();
+        let job_name = job_name.clone();
+        async move { jobs.get_opt(&job_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    let template = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(template.automount_service_account_token, Some(false));
+    let c = &template.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop,
+        Some(vec!["ALL".to_owned()])
+    );
+    let model = template
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "nvsnap-model")
+        .unwrap();
+    assert_eq!(
+        model.persistent_volume_claim.as_ref().unwrap().claim_name,
+        claim_name,
+        "the Job mounts the writer view claim of its namespace"
+    );
+    let writer_claims: Api<PersistentVolumeClaim> = s.app.api();
+    let writer_claim =
+        eventually("the writer view claim bound", WAIT, || {
+            let api = writer_claims.clone();
+            let claim_name = claim_name.clone();
+            async move {
+                api.get_opt(&claim_name).await.ok().flatten().filter(|c| {
+                    c.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Bound")
+                })
+            }
+        })
+        .await
+        .unwrap();
+    let writer_pv = pvs
+        .get(
+            writer_claim
+                .spec
+                .as_ref()
+                .unwrap()
+                .volume_name
+                .as_ref()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        writer_pv
+            .spec
+            .as_ref()
+            .unwrap()
+            .csi
+            .as_ref()
+            .unwrap()
+            .volume_handle,
+        format!("{}-handle", s.pv_name),
+        "the writer view reaches the primary's data"
+    );
+
+    // The reference, and the view recorded and created while the download runs.
+    let view_claim = reader_pvc_name(&identity);
+    let b = eventually("the reference and the view", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            let st = b.status.as_ref()?;
+            (st.request_references.len() == 1
+                && st.realized.as_ref().is_some_and(|r| r.views.len() == 1))
+            .then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let st = b.status.as_ref().unwrap();
+    assert_eq!(st.request_references[0].kind, "Pod");
+    assert_eq!(st.request_references[0].uid, pod.uid().unwrap());
+    assert_eq!(st.request_reference_count, Some(1));
+    assert_eq!(st.unreferenced_since, None);
+    assert_eq!(st.model_uri.as_deref(), Some(HANDLE));
+    assert_eq!(population(&b), Some(PopulationState::Populating));
+    let view = &st.realized.as_ref().unwrap().views[0];
+    assert_eq!(view.namespace, s.app.name);
+    assert_eq!(view.persistent_volume_claim_name, view_claim);
+    let view_claims: Api<PersistentVolumeClaim> = s.app.api();
+    eventually("the read-only view bound", WAIT, || {
+        let api = view_claims.clone();
+        let view_claim = view_claim.clone();
+        async move {
+            api.get_opt(&view_claim)
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| c.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Bound"))
+        }
+    })
+    .await
+    .unwrap();
+    let view_pv = pvs.get(&view.persistent_volume_name).await.unwrap();
+    let vspec = view_pv.spec.unwrap();
+    assert_eq!(vspec.csi.as_ref().unwrap().read_only, Some(true));
+    // "" and absent are the same for a PV (the API server omits the empty class).
+    assert_eq!(vspec.storage_class_name.unwrap_or_default(), "");
+    assert_eq!(
+        vspec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    assert_eq!(vspec.access_modes, Some(vec!["ReadOnlyMany".to_owned()]));
+
+    // The download succeeds: the primary is labelled complete with Retain (it was Delete),
+    // the writer claim released only after that, and the binding is Ready with the bytes.
+    let kubelet = Kubelet::new(s.client.clone());
+    let jp = job_pod(&s.client, &s.app.name, &job_name).await;
+    kubelet
+        .terminate_container(&s.app.name, &jp.name_any(), "download", 0, "12345")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&s.app.name, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+    let b = eventually("Ready", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let primary = pvs.get(&s.pv_name).await.unwrap();
+    assert_eq!(
+        primary.labels().get(COMPLETE_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        primary
+            .annotations()
+            .get(BYTES_ANNOTATION)
+            .map(String::as_str),
+        Some("12345")
+    );
+    assert_eq!(
+        primary
+            .spec
+            .as_ref()
+            .unwrap()
+            .persistent_volume_reclaim_policy
+            .as_deref(),
+        Some("Retain")
+    );
+    let realized = b.status.as_ref().unwrap().realized.as_ref().unwrap();
+    assert_eq!(realized.bytes, Some(12345));
+    assert_eq!(
+        realized.provider_data_identity.as_deref(),
+        Some(format!("{}-handle", s.pv_name).as_str())
+    );
+    assert_eq!(
+        realized.bound_persistent_volume_name.as_ref(),
+        Some(&s.pv_name)
+    );
+    let (status, reason, _) = condition(&b, "Ready").unwrap();
+    assert_eq!((status, reason), ("True", "Downloaded"));
+    assert!(
+        b.status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1)),
+        "{:?}",
+        b.status
+    );
+    eventually("the writer view claim released", WAIT, || {
+        let api = writer_claims.clone();
+        let claim_name = claim_name.clone();
+        async move {
+            match api.get_opt(&claim_name).await {
+                Ok(None) => Some(()),
+                Ok(Some(c)) if c.metadata.deletion_timestamp.is_some() => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    // Nothing else was deleted: the primary claim and the view stay.
+    assert!(primary_claims.get_opt(&claim_name).await.unwrap().is_some());
+    assert!(view_claims.get_opt(&view_claim).await.unwrap().is_some());
+    assert!(pvs.get_opt(&writer_pv.name_any()).await.unwrap().is_some());
+
+    // Only one Job ever: the name is the election.
+    let all = jobs.list(&ListParams::default()).await.unwrap();
+    assert_eq!(all.items.len(), 1);
+
+    stop.cancel();
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_download_reports_its_last_words_and_keeps_the_primary() {
+    let (s, stop) = setup("mcb-fail").await;
+    let name = s.binding.name_any();
+    let identity = s.binding.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+    let pvs: Api<PersistentVolume> = Api::all(s.client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&s.pv_name, &s.control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = s.app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &s.binding))
+        .await
+        .unwrap();
+    let job_name = writer_job_name(&identity);
+    let jp = job_pod(&s.client, &s.app.name, &job_name).await;
+    let kubelet = Kubelet::new(s.client.clone());
+    kubelet
+        .terminate_container(
+            &s.app.name,
+            &jp.name_any(),
+            "download",
+            1,
+            "nvsnap: download exited 1: 401 Client Error: Unauthorized for url",
+        )
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&s.app.name, &jp.name_any(), "Failed")
+        .await
+        .unwrap();
+    let b = eventually("Failed", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Failed)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let (status, reason, message) = condition(&b, "Degraded").unwrap();
+    assert_eq!((status, reason), ("True", "DownloadFailed"));
+    assert!(message.contains("401 Client Error"), "{message}");
+    let (ready, _, _) = condition(&b, "Ready").unwrap();
+    assert_eq!(ready, "False");
+    // The primary claim is kept for a retry and never labelled complete; the writer view claim
+    // is retired.
+    let primary_claims: Api<PersistentVolumeClaim> = s.control.api();
+    assert!(primary_claims.get_opt(&claim_name).await.unwrap().is_some());
+    let primary = pvs.get(&s.pv_name).await.unwrap();
+    assert!(!primary.labels().contains_key(COMPLETE_LABEL));
+    let writer_claims: Api<PersistentVolumeClaim> = s.app.api();
+    eventually("the writer view claim retired", WAIT, || {
+        let api = writer_claims.clone();
+        let claim_name = claim_name.clone();
+        async move {
+            match api.get_opt(&claim_name).await {
+                Ok(None) => Some(()),
+                Ok(Some(c)) if c.metadata.deletion_timestamp.is_some() => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    stop.cancel();
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}
