@@ -95,6 +95,12 @@ async fn a_deployments_pods_are_rewritten_by_the_real_api_server() {
     }
 
     let metrics = served.metrics().await;
+    // Kept for `promtool check metrics` (docs/operations.md).
+    std::fs::write(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("webhook-metrics.prom"),
+        &metrics,
+    )
+    .unwrap();
     assert!(
         counter(
             &metrics,
