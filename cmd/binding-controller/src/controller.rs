@@ -8,7 +8,7 @@
 //! stored, the writer claim's delete with a UID precondition). Each part runs in its own span
 //! inside the runtime's reconcile span.
 //!
-//! # API calls (the ClusterRole `config/rbac/binding-controller` must grant exactly these)
+//! # API calls (the ClusterRole of the controller must grant exactly these; not written yet)
 //!
 //! | resource | verbs | where | why |
 //! |---|---|---|---|
@@ -846,12 +846,18 @@ pub fn start(
         .watches(&jobs, move |j| binding_of(&c4, j))
         .watches(&namespaces, {
             let bindings = bindings.clone();
-            move |_ns: &PartialObjectMeta<Namespace>| {
-                // A sharing-domain label changed: every binding may gain or lose a namespace.
+            move |ns: &PartialObjectMeta<Namespace>| {
+                // A namespace of a sharing domain changed: the helmModelCache bindings may gain
+                // or lose it (a label removed is caught by the settled requeue). Namespaces
+                // without the label map to nothing, so a resync costs nothing for them.
+                if !ns.labels().contains_key(SHARING_DOMAIN_LABEL) {
+                    return Vec::new();
+                }
                 bindings
                     .store()
                     .state()
                     .iter()
+                    .filter(|b| b.spec.identity.workflow == Workflow::HelmModelCache)
                     .map(|b| ObjectRef::new(&b.name_any()).within(&c5))
                     .collect()
             }
