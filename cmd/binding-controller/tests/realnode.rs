@@ -1,0 +1,448 @@
+//! The binding controller on the REAL node (kubelet, containerd, the test CSI driver's
+//! shared-filesystem profile): a vLLM reader pod rendered by the webhook's pure function
+//! (`warmcache_modelvolume::admit`) joins a binding; the REAL controller creates the primary
+//! claim (provisioned by the test driver), the writer view and the writer Job, which really runs
+//! and writes the model through the wrapper; the controller labels the primary complete with
+//! Retain, releases the writer claim and creates the namespace's read-only view; the reader's
+//! wait container sees the marker, and the engine reads the bytes the Job wrote and cannot write
+//! them (EROFS on every kind of write).
+//!
+//! What the node needs and the rendered objects cannot give it, and nothing else: images become
+//! the tools image with `imagePullPolicy: Never` (no registry is reachable), the download step
+//! recorded on the pod runs a script writing the model files instead of `pip install && hf
+//! download` (no network), the GPU request is removed from the rendered pod, and the engine's
+//! `vllm serve` becomes a script reporting what it can read and write.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    Container, Namespace, PersistentVolume, Pod, ResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::Api;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition};
+use warmcache_binding_controller::controller::{Settings, start};
+use warmcache_catalog::{CatalogInput, CatalogSnapshot, Gates};
+use warmcache_modelvolume::keys::{
+    COMPLETE_MARKER, DOWNLOAD_STEP_ANNOTATION, MODEL_VOLUME, WAIT_CONTAINER,
+};
+use warmcache_modelvolume::volume_keys::COMPLETE_LABEL;
+use warmcache_modelvolume::{
+    BindingAction, DownloadStep, LifecycleConfig, Options, Request, StorageInputs, Verdict,
+    WriterOptions, admit,
+};
+use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
+use warmcache_testkit::{
+    ControlPlane, RealNode, TOOLS_IMAGE, TestCsiDriver, TestNamespace, eventually,
+    termination_message, wait_pod_finished,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(240);
+const DRIVER: TestCsiDriver = TestCsiDriver::SharedFs;
+
+const VLLM_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: qwen3
+spec:
+  initContainers:
+    - name: download-model
+      image: python:3.12-slim
+      command: ["sh", "-c", "pip install -q 'huggingface_hub[cli]' && hf download Qwen/Qwen3-0.6B --local-dir /models/qwen3"]
+      volumeMounts:
+        - {name: models, mountPath: /models}
+  containers:
+    - name: vllm
+      image: vllm/vllm-openai:v0.20.0
+      command: ["vllm", "serve", "/models/qwen3"]
+      resources:
+        requests: {nvidia.com/gpu: "1"}
+        limits: {nvidia.com/gpu: "1"}
+      volumeMounts:
+        - {name: models, mountPath: /models}
+  volumes:
+    - {name: models, emptyDir: {}}
+"#;
+
+const TEST_CATALOG: &str = r#"
+apiVersion: storage.nvcf.nvidia.com/v1alpha1
+kind: StorageCapabilityCatalog
+drivers:
+  - name: shared-fs.csi-test.warmcache.io
+    provider: testSharedFs
+    accessModes: [ReadWriteMany]
+    readerMountOptions: []
+"#;
+
+/// What the download writes (in place of `hf download --local-dir /models/qwen3`).
+const DOWNLOAD_SCRIPT: &str = r#"set -eu
+d=/models/qwen3
+printf '%s\n' '{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3"}' > "$d/config.json"
+printf '%s\n' '{"version":"1.0"}' > "$d/tokenizer.json"
+printf '%s\n' '{"model_max_length":4096}' > "$d/tokenizer_config.json"
+head -c 65536 /dev/zero > "$d/model.safetensors"
+echo "downloaded as $(id -u):$(id -g)"
+"#;
+
+const CONFIG_JSON: &str = r#"{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3"}"#;
+
+/// Stands in for `vllm serve` (as in the webhook's real-node test): reads the copy, reports the
+/// mount, tries every kind of write through the landing.
+const ENGINE_SCRIPT: &str = r#"
+L="$1"
+try() { op=$1; shift; err=$("$@" 2>&1 >/dev/null); echo "$op rc=$? $err"; }
+{
+  echo "read=$(cat "$L/config.json")"
+  echo "mount=$(awk -v p="$L" '$2 == p { o = $4 } END { print o }' /proc/mounts)"
+  try create touch "$L/written-by-reader"
+  try append sh -c 'echo more >> "$0/config.json"' "$L"
+  try rename mv "$L/tokenizer.json" "$L/tokenizer.json.moved"
+  try chmod chmod 600 "$L/model.safetensors"
+  try truncate truncate -s 0 "$L/config.json"
+  try delete rm "$L/tokenizer_config.json"
+} > /dev/termination-log 2>&1
+"#;
+
+fn small() -> ResourceRequirements {
+    let q = |cpu: &str, mem: &str| {
+        BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(mem.to_owned())),
+        ])
+    };
+    ResourceRequirements {
+        requests: Some(q("10m", "16Mi")),
+        limits: Some(q("500m", "128Mi")),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn all_containers_mut(pod: &mut Pod) -> impl Iterator<Item = &mut Container> {
+    let spec = pod.spec.as_mut().unwrap();
+    spec.init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut())
+}
+
+/// The rendered pod adapted to the node (see the module documentation); the recorded download
+/// step runs [`DOWNLOAD_SCRIPT`] on the tools image.
+fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str) -> Pod {
+    let mut pod = rendered.clone();
+    let spec = pod.spec.as_mut().unwrap();
+    spec.restart_policy = Some("Never".to_owned());
+    spec.termination_grace_period_seconds = Some(1);
+    for c in all_containers_mut(&mut pod) {
+        c.image = Some(TOOLS_IMAGE.to_owned());
+        c.image_pull_policy = Some("Never".to_owned());
+        if let Some(r) = c.resources.as_mut() {
+            for list in [r.requests.as_mut(), r.limits.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                list.remove("nvidia.com/gpu");
+            }
+        }
+        if c.name == engine {
+            c.command = Some(vec![
+                "sh".into(),
+                "-c".into(),
+                ENGINE_SCRIPT.into(),
+                "vllm".into(),
+                landing.into(),
+            ]);
+            c.args = None;
+        }
+    }
+    let annotations = pod.metadata.annotations.as_mut().unwrap();
+    let mut step = DownloadStep::from_annotation(&annotations[DOWNLOAD_STEP_ANNOTATION]).unwrap();
+    step.container.image = Some(TOOLS_IMAGE.to_owned());
+    step.container.image_pull_policy = Some("Never".to_owned());
+    step.container.command = Some(vec!["sh".into(), "-c".into(), DOWNLOAD_SCRIPT.into()]);
+    annotations.insert(
+        DOWNLOAD_STEP_ANNOTATION.to_owned(),
+        step.to_annotation().unwrap(),
+    );
+    pod
+}
+
+fn state_exit(pod: &Pod, container: &str) -> Option<i32> {
+    let status = pod.status.as_ref()?;
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find(|c| c.name == container)?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|t| t.exit_code)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_it() {
+    let node = RealNode::shared().await.unwrap();
+    let plane = ControlPlane::shared().await.unwrap();
+    let app = TestNamespace::new("mcb-node-app").await.unwrap();
+    let control = TestNamespace::new("mcb-node-ctl").await.unwrap();
+    let client = app.client.clone();
+
+    // nvcf-sc on the test driver (created here unless another test left one of the same
+    // provisioner), its CSIDriver and a catalog entry: the decision is rwxReadOnly, fsGroup.
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let test_class = classes.get(DRIVER.storage_class()).await.unwrap();
+    let wanted_class: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": { "name": MODEL_CACHE_STORAGE_CLASS },
+        "provisioner": test_class.provisioner,
+        "parameters": test_class.parameters,
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+    }))
+    .unwrap();
+    let (nvcf_sc, created_class) = match classes.create(&PostParams::default(), &wanted_class).await
+    {
+        Ok(sc) => (sc, true),
+        Err(_) => {
+            let sc = classes.get(MODEL_CACHE_STORAGE_CLASS).await.unwrap();
+            assert_eq!(
+                sc.provisioner, test_class.provisioner,
+                "a foreign nvcf-sc exists"
+            );
+            (sc, false)
+        }
+    };
+    let csi_driver = Api::<CSIDriver>::all(client.clone())
+        .get(DRIVER.driver_name())
+        .await
+        .unwrap();
+    let catalog = CatalogSnapshot::from_payload(TEST_CATALOG).unwrap();
+    let storage = StorageInputs {
+        storage_class: Some(&nvcf_sc),
+        csi_driver: Some(&csi_driver),
+        catalog: CatalogInput::Loaded(&catalog),
+        gates: Gates {
+            caching_support: true,
+            helm_model_caching: true,
+            model_cache_encryption: false,
+        },
+    };
+
+    // The real controller, in process, on this test's control namespace.
+    let args = RuntimeArgs {
+        kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
+        kube_context: None,
+        log_level: None,
+        log_format: LogFormat::Plain,
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        shutdown_grace: Duration::from_secs(5),
+        shutdown_delay: Duration::ZERO,
+    };
+    let mut runtime = Runtime::builder("binding-controller", args)
+        .without_global_telemetry()
+        .with_client()
+        .build()
+        .await
+        .unwrap();
+    start(
+        &mut runtime,
+        &Settings {
+            control_namespace: control.name.clone(),
+            concurrency: 2,
+            lifecycle: LifecycleConfig {
+                primary_size: Quantity("64Mi".into()),
+                writer: WriterOptions {
+                    resources: small(),
+                    backoff_limit: 0,
+                    ..WriterOptions::default()
+                },
+                ..LifecycleConfig::default()
+            },
+        },
+    )
+    .unwrap();
+    let stop = runtime.shutdown_token();
+    let task = tokio::spawn(runtime.run());
+
+    // The first admission creates the binding (what the webhook stores); the reader is the
+    // rewrite of the next admission, which joins it.
+    let source: Pod = serde_saphyr::from_str(VLLM_POD).unwrap();
+    let namespace_labels: BTreeMap<String, String> = Api::<Namespace>::all(client.clone())
+        .get(&app.name)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    let options = Options {
+        control_namespace: control.name.clone(),
+        ..Options::default()
+    };
+    let req = Request {
+        pod: &source,
+        namespace: &app.name,
+        namespace_labels: &namespace_labels,
+        leader_worker_set: None,
+        traceparent: None,
+        options: &options,
+    };
+    let Verdict::Rewrite(first) = admit(&req, |_, _| None, &storage) else {
+        panic!("the vLLM pod was not rewritten");
+    };
+    assert_eq!(first.transition, Transition::RwxReadOnly);
+    let BindingAction::Create(wanted) = first.binding.clone() else {
+        panic!("no binding exists yet");
+    };
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let stored = bindings
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    let binding_name = stored.name_any();
+    let Verdict::Rewrite(reader) = admit(&req, |_, _| Some(&stored), &storage) else {
+        panic!("the reader was not rewritten");
+    };
+    let rendered = reader.pod.clone();
+    let engine = rendered.spec.as_ref().unwrap().containers[reader.plan.main_container()]
+        .name
+        .clone();
+    let landing = reader.plan.landing().to_owned();
+    let pods = app.api::<Pod>();
+    let mut pod = for_the_test_node(&rendered, &engine, &landing);
+    pod.metadata.name = Some("qwen3-reader".into());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    // The controller does the rest: Ready, with the bytes the writer measured.
+    let ready = eventually("the binding Ready", TIMEOUT, || {
+        let bindings = bindings.clone();
+        let name = binding_name.clone();
+        async move {
+            let b = bindings.get(&name).await.ok()?;
+            let r = b.status.as_ref()?.realized.as_ref()?;
+            match r.population_state {
+                Some(PopulationState::Ready) => Some(Ok(b)),
+                Some(PopulationState::Failed) => Some(Err(b)),
+                _ => None,
+            }
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|b| panic!("the download failed: {:?}", b.status));
+    let realized = ready.status.as_ref().unwrap().realized.clone().unwrap();
+    let bytes = realized.bytes.unwrap();
+    assert!(bytes >= 65536, "{realized:?}");
+    let pv_name = realized.bound_persistent_volume_name.clone().unwrap();
+    let primary = Api::<PersistentVolume>::all(client.clone())
+        .get(&pv_name)
+        .await
+        .unwrap();
+    assert_eq!(
+        primary.labels().get(COMPLETE_LABEL).map(String::as_str),
+        Some("true")
+    );
+    let handle = primary
+        .spec
+        .as_ref()
+        .unwrap()
+        .csi
+        .as_ref()
+        .unwrap()
+        .volume_handle
+        .clone();
+    let volume_dir = node.csi_volume_dir(DRIVER, &handle);
+    assert_eq!(
+        std::fs::read_to_string(volume_dir.join(COMPLETE_MARKER)).unwrap(),
+        bytes.to_string(),
+        "the wrapper wrote the byte count into the marker"
+    );
+
+    // The reader: the wait exits 0 on the marker, the engine reads the Job's bytes, and every
+    // write through the landing fails with EROFS.
+    let done = wait_pod_finished(&pods, "qwen3-reader", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(
+        state_exit(&done, WAIT_CONTAINER),
+        Some(0),
+        "{:?}",
+        done.status
+    );
+    let report = termination_message(&done, &engine).unwrap();
+    eprintln!("reader report:\n{report}");
+    let read = report
+        .lines()
+        .find_map(|l| l.strip_prefix("read="))
+        .unwrap();
+    assert_eq!(
+        read, CONFIG_JSON,
+        "the engine reads what the writer Job wrote"
+    );
+    let mount = report
+        .lines()
+        .find_map(|l| l.strip_prefix("mount="))
+        .unwrap();
+    assert!(mount.split(',').any(|o| o == "ro"), "{mount}");
+    let attempts: Vec<&str> = report.lines().filter(|l| l.contains(" rc=")).collect();
+    assert_eq!(attempts.len(), 6, "{report}");
+    for line in attempts {
+        assert!(
+            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
+            "a write through the landing was not refused with EROFS: {line}\n{report}"
+        );
+    }
+    assert!(!volume_dir.join("written-by-reader").exists());
+    assert_eq!(
+        std::fs::read_to_string(volume_dir.join("config.json"))
+            .unwrap()
+            .trim_end(),
+        CONFIG_JSON
+    );
+    let claim = rendered
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == MODEL_VOLUME)
+        .and_then(|v| v.persistent_volume_claim.clone())
+        .unwrap();
+    assert_eq!(
+        Some(&claim.claim_name),
+        realized
+            .views
+            .first()
+            .map(|v| &v.persistent_volume_claim_name),
+        "the pod reads the view the controller recorded"
+    );
+
+    stop.cancel();
+    let _ = task.await;
+    bindings
+        .patch(
+            &binding_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    if created_class {
+        let _ = classes
+            .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
+            .await;
+    }
+    app.cleanup().await;
+    control.cleanup().await;
+}
