@@ -28,7 +28,9 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
-use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition};
+use warmcache_api_modelcache::v2beta1::{
+    ModelCacheBinding, PopulationState, Transition, WriterIdentity,
+};
 use warmcache_binding_controller::controller::{Settings, start};
 use warmcache_catalog::{CatalogInput, CatalogSnapshot, Gates};
 use warmcache_modelvolume::keys::{
@@ -46,7 +48,9 @@ use warmcache_testkit::{
 };
 
 const TIMEOUT: Duration = Duration::from_secs(240);
-const DRIVER: TestCsiDriver = TestCsiDriver::SharedFs;
+
+/// One test at a time: both use the cluster-wide StorageClass nvcf-sc, on different drivers.
+static ONE_CLASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const VLLM_POD: &str = r#"
 apiVersion: v1
@@ -73,15 +77,19 @@ spec:
     - {name: models, emptyDir: {}}
 "#;
 
-const TEST_CATALOG: &str = r#"
-apiVersion: storage.nvcf.nvidia.com/v1alpha1
-kind: StorageCapabilityCatalog
-drivers:
-  - name: shared-fs.csi-test.warmcache.io
-    provider: testSharedFs
-    accessModes: [ReadWriteMany]
-    readerMountOptions: []
-"#;
+/// A catalog qualifying `driver` for ReadWriteMany (what `pkg/testkit/tests/csi_driver.rs`
+/// proves on both shared-filesystem profiles), with no reader mount options and no writer
+/// identity: the decision takes it from the CSIDriver's fsGroupPolicy.
+fn catalog(driver: TestCsiDriver, writer_identity: Option<&str>) -> String {
+    let mut text = format!(
+        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\ndrivers:\n  - name: {}\n    provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n",
+        driver.driver_name()
+    );
+    if let Some(identity) = writer_identity {
+        text.push_str(&format!("    writerIdentity: {identity}\n"));
+    }
+    text
+}
 
 /// What the download writes (in place of `hf download --local-dir /models/qwen3`).
 const DOWNLOAD_SCRIPT: &str = r#"set -eu
@@ -190,8 +198,56 @@ fn state_exit(pod: &Pod, container: &str) -> Option<i32> {
         .map(|t| t.exit_code)
 }
 
+/// fsGroupPolicy File: the kubelet hands the fresh export to the writer's fsGroup; the writer
+/// stays non-root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_it() {
+    end_to_end(
+        TestCsiDriver::SharedFs,
+        None,
+        WriterIdentity::FsGroup,
+        Some("65532"),
+    )
+    .await;
+}
+
+/// Seed 002's failure: a ReadWriteMany driver that applies no fsGroup leaves a fresh export
+/// owned by root (0755), where a non-root writer gets EACCES; the decision's writer identity
+/// `root` runs the writer as uid 0 (capabilities still dropped: it owns the export) and the
+/// download lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_writer_fills_a_root_owned_export() {
+    end_to_end(
+        TestCsiDriver::RootOwnedFs,
+        None,
+        WriterIdentity::Root,
+        Some("0"),
+    )
+    .await;
+}
+
+/// The negative control of the one above: a catalog that (wrongly) says fsGroup for the
+/// root-owned export makes the non-root writer fail with EACCES, and the binding reports the
+/// download's own words (the writer cannot even leave a failure marker there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_root_writer_on_a_root_owned_export_fails_with_its_last_words() {
+    end_to_end(
+        TestCsiDriver::RootOwnedFs,
+        Some("fsGroup"),
+        WriterIdentity::FsGroup,
+        None,
+    )
+    .await;
+}
+
+/// `writer_uid`: the uid the writer must run as and succeed; `None`: the download must fail.
+async fn end_to_end(
+    driver: TestCsiDriver,
+    catalog_identity: Option<&str>,
+    identity: WriterIdentity,
+    writer_uid: Option<&str>,
+) {
+    let _one = ONE_CLASS.lock().await;
     let node = RealNode::shared().await.unwrap();
     let plane = ControlPlane::shared().await.unwrap();
     let app = TestNamespace::new("mcb-node-app").await.unwrap();
@@ -201,7 +257,7 @@ async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_i
     // nvcf-sc on the test driver (created here unless another test left one of the same
     // provisioner), its CSIDriver and a catalog entry: the decision is rwxReadOnly, fsGroup.
     let classes: Api<StorageClass> = Api::all(client.clone());
-    let test_class = classes.get(DRIVER.storage_class()).await.unwrap();
+    let test_class = classes.get(driver.storage_class()).await.unwrap();
     let wanted_class: StorageClass = serde_json::from_value(json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
         "metadata": { "name": MODEL_CACHE_STORAGE_CLASS },
@@ -224,10 +280,10 @@ async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_i
         }
     };
     let csi_driver = Api::<CSIDriver>::all(client.clone())
-        .get(DRIVER.driver_name())
+        .get(driver.driver_name())
         .await
         .unwrap();
-    let catalog = CatalogSnapshot::from_payload(TEST_CATALOG).unwrap();
+    let catalog = CatalogSnapshot::from_payload(&catalog(driver, catalog_identity)).unwrap();
     let storage = StorageInputs {
         storage_class: Some(&nvcf_sc),
         csi_driver: Some(&csi_driver),
@@ -301,6 +357,9 @@ async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_i
         panic!("the vLLM pod was not rewritten");
     };
     assert_eq!(first.transition, Transition::RwxReadOnly);
+    if let BindingAction::Create(b) = &first.binding {
+        assert_eq!(b.spec.decision.writer_identity, Some(identity));
+    }
     let BindingAction::Create(wanted) = first.binding.clone() else {
         panic!("no binding exists yet");
     };
@@ -338,8 +397,55 @@ async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_i
         }
     })
     .await
-    .unwrap()
-    .unwrap_or_else(|b| panic!("the download failed: {:?}", b.status));
+    .unwrap();
+    let Some(writer_uid) = writer_uid else {
+        let failed = ready.expect_err("the download must fail");
+        let degraded = failed
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "DownloadFailed")
+        );
+        assert!(
+            degraded.message.contains("Permission denied"),
+            "the last words of the download: {}",
+            degraded.message
+        );
+        let pv = failed
+            .status
+            .as_ref()
+            .unwrap()
+            .realized
+            .as_ref()
+            .unwrap()
+            .bound_persistent_volume_name
+            .clone()
+            .unwrap();
+        let primary = Api::<PersistentVolume>::all(client.clone())
+            .get(&pv)
+            .await
+            .unwrap();
+        assert!(!primary.labels().contains_key(COMPLETE_LABEL));
+        finish(
+            stop,
+            task,
+            &bindings,
+            &binding_name,
+            &classes,
+            created_class,
+            app,
+            control,
+        )
+        .await;
+        return;
+    };
+    let ready = ready.unwrap_or_else(|b| panic!("the download failed: {:?}", b.status));
     let realized = ready.status.as_ref().unwrap().realized.clone().unwrap();
     let bytes = realized.bytes.unwrap();
     assert!(bytes >= 65536, "{realized:?}");
@@ -361,11 +467,26 @@ async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_i
         .unwrap()
         .volume_handle
         .clone();
-    let volume_dir = node.csi_volume_dir(DRIVER, &handle);
+    let volume_dir = node.csi_volume_dir(driver, &handle);
     assert_eq!(
         std::fs::read_to_string(volume_dir.join(COMPLETE_MARKER)).unwrap(),
         bytes.to_string(),
         "the wrapper wrote the byte count into the marker"
+    );
+
+    // The writer ran as the decision's identity.
+    let jobs_pods = Api::<Pod>::namespaced(client.clone(), &app.name)
+        .list(&kube::api::ListParams::default().labels("nvsnap.io/role=writer"))
+        .await
+        .unwrap();
+    let writer = jobs_pods.items.first().expect("the writer Job's pod");
+    let log = Api::<Pod>::namespaced(client.clone(), &app.name)
+        .logs(&writer.name_any(), &kube::api::LogParams::default())
+        .await
+        .unwrap();
+    assert!(
+        log.contains(&format!("downloaded as {writer_uid}:")),
+        "the writer runs as uid {writer_uid}:\n{log}"
     );
 
     // The reader: the wait exits 0 on the marker, the engine reads the Job's bytes, and every
@@ -428,11 +549,35 @@ async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_i
         "the pod reads the view the controller recorded"
     );
 
+    finish(
+        stop,
+        task,
+        &bindings,
+        &binding_name,
+        &classes,
+        created_class,
+        app,
+        control,
+    )
+    .await;
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+    bindings: &Api<ModelCacheBinding>,
+    binding_name: &str,
+    classes: &Api<StorageClass>,
+    created_class: bool,
+    app: TestNamespace,
+    control: TestNamespace,
+) {
     stop.cancel();
     let _ = task.await;
     bindings
         .patch(
-            &binding_name,
+            binding_name,
             &PatchParams::default(),
             &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
         )
