@@ -78,7 +78,11 @@ async fn running_controller(
 }
 
 fn binding(control: &str, app: &str) -> ModelCacheBinding {
-    let identity = BindingIdentity::new(Workflow::RegularModelCache, app, HANDLE);
+    binding_for(control, app, Workflow::RegularModelCache, app)
+}
+
+fn binding_for(control: &str, app: &str, workflow: Workflow, domain: &str) -> ModelCacheBinding {
+    let identity = BindingIdentity::new(workflow, domain, HANDLE);
     let name = binding_name(&identity);
     let spec = ModelCacheBindingSpec {
         identity: identity.clone(),
@@ -100,10 +104,11 @@ fn binding(control: &str, app: &str) -> ModelCacheBinding {
         },
         resources: BindingResources {
             writer_namespace: app.into(),
-            persistent_volume_claim_names: vec![
-                writer_pvc_name(&identity),
-                reader_pvc_name(&identity),
-            ],
+            persistent_volume_claim_names: if workflow == Workflow::RegularModelCache {
+                vec![writer_pvc_name(&identity), reader_pvc_name(&identity)]
+            } else {
+                vec![writer_pvc_name(&identity)]
+            },
             job_names: vec![writer_job_name(&identity)],
             ..BindingResources::default()
         },
@@ -565,6 +570,327 @@ async fn a_failed_download_reports_its_last_words_and_keeps_the_primary() {
     })
     .await
     .unwrap();
+    stop.cancel();
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}
+
+async fn label_domain(client: &Client, ns: &str, domain: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "metadata": { "labels": {
+                warmcache_api_modelcache::SHARING_DOMAIN_LABEL: domain,
+            } } })),
+        )
+        .await
+        .unwrap();
+}
+
+async fn wait_gone(api: &Api<PersistentVolumeClaim>, name: &str) {
+    eventually(&format!("claim {name} released"), WAIT, || {
+        let api = api.clone();
+        let name = name.to_owned();
+        async move {
+            match api.get_opt(&name).await {
+                Ok(None) => Some(()),
+                Ok(Some(c)) if c.metadata.deletion_timestamp.is_some() => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// helmModelCache across two namespaces of one domain, a third namespace outside it whose pod
+/// forges the binding's annotations, and a controller restarted in the middle: one primary, one
+/// Job, views for exactly the two domain namespaces, references only from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharing_domain_gets_one_download_and_a_view_per_namespace_across_a_restart() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-dom-ctl").await.unwrap();
+    let a = TestNamespace::new("mcb-dom-a").await.unwrap();
+    let b_ns = TestNamespace::new("mcb-dom-b").await.unwrap();
+    let outsider = TestNamespace::new("mcb-dom-x").await.unwrap();
+    let domain = format!("domain-{}", control.name);
+    label_domain(&client, &a.name, &domain).await;
+    label_domain(&client, &b_ns.name, &domain).await;
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(
+            &PostParams::default(),
+            &binding_for(&control.name, &a.name, Workflow::HelmModelCache, &domain),
+        )
+        .await
+        .unwrap();
+    let name = created.name_any();
+    let identity = created.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pv_name = format!("{}-primary", control.name);
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&pv_name, &control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    for ns in [&a, &b_ns, &outsider] {
+        ns.api::<Pod>()
+            .create(&PostParams::default(), &reader_pod("reader-0", &created))
+            .await
+            .unwrap();
+    }
+
+    // First controller: up to the Job, then stopped.
+    let (stop, task) = running_controller(plane, &control.name).await;
+    let jobs: Api<Job> = a.api();
+    let job_name = writer_job_name(&identity);
+    eventually("the writer Job", WAIT, || {
+        let jobs = jobs.clone();
+        let job_name = job_name.clone();
+        async move { jobs.get_opt(&job_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    stop.cancel();
+    let _ = task.await;
+
+    // Second controller finishes from what is stored.
+    let (stop, task) = running_controller(plane, &control.name).await;
+    let jp = job_pod(&client, &a.name, &job_name).await;
+    let kubelet = Kubelet::new(client.clone());
+    kubelet
+        .terminate_container(&a.name, &jp.name_any(), "download", 0, "777")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&a.name, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+    let view_claim = reader_pvc_name(&identity);
+    let done = eventually("Ready with both views bound", WAIT, || {
+        let bindings = bindings.clone();
+        let name = name.clone();
+        let (a, b_ns) = (
+            a.api::<PersistentVolumeClaim>(),
+            b_ns.api::<PersistentVolumeClaim>(),
+        );
+        let view_claim = view_claim.clone();
+        async move {
+            let b = bindings.get(&name).await.ok()?;
+            if population(&b) != Some(PopulationState::Ready) {
+                return None;
+            }
+            for api in [a, b_ns] {
+                let c = api.get_opt(&view_claim).await.ok()??;
+                (c.status?.phase.as_deref() == Some("Bound")).then_some(())?;
+            }
+            Some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let st = done.status.as_ref().unwrap();
+    let mut view_namespaces: Vec<&str> = st
+        .realized
+        .as_ref()
+        .unwrap()
+        .views
+        .iter()
+        .map(|v| v.namespace.as_str())
+        .collect();
+    view_namespaces.sort_unstable();
+    let mut expected = vec![a.name.as_str(), b_ns.name.as_str()];
+    expected.sort_unstable();
+    assert_eq!(view_namespaces, expected, "no view outside the domain");
+    let mut ref_namespaces: Vec<&str> = st
+        .request_references
+        .iter()
+        .map(|r| r.namespace.as_str())
+        .collect();
+    ref_namespaces.sort_unstable();
+    assert_eq!(
+        ref_namespaces, expected,
+        "no reference from outside the domain"
+    );
+    assert_eq!(realized_bytes(&done), Some(777));
+    // The forged pod's namespace got nothing.
+    assert!(
+        outsider
+            .api::<PersistentVolumeClaim>()
+            .get_opt(&view_claim)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // One primary claim, one Job, in all.
+    assert_eq!(
+        jobs.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+    for ns in [&b_ns, &outsider] {
+        assert!(
+            ns.api::<Job>()
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+        );
+    }
+    assert!(
+        control
+            .api::<PersistentVolumeClaim>()
+            .get_opt(&claim_name)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The two views reach the same data.
+    for v in &st.realized.as_ref().unwrap().views {
+        let pv = pvs.get(&v.persistent_volume_name).await.unwrap();
+        assert_eq!(
+            pv.spec.unwrap().csi.unwrap().volume_handle,
+            format!("{pv_name}-handle")
+        );
+    }
+    stop.cancel();
+    let _ = task.await;
+    let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
+}
+
+fn realized_bytes(b: &ModelCacheBinding) -> Option<i64> {
+    b.status.as_ref()?.realized.as_ref()?.bytes
+}
+
+/// A failed download is retried once its Job is gone (its TTL): the released writer view PV is
+/// rebound to a new writer claim, a new Job runs, and its success clears the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_download_is_retried_after_its_job_is_gone_and_success_clears_it() {
+    let (s, stop) = setup("mcb-retry").await;
+    let name = s.binding.name_any();
+    let identity = s.binding.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+    let pvs: Api<PersistentVolume> = Api::all(s.client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&s.pv_name, &s.control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = s.app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &s.binding))
+        .await
+        .unwrap();
+    let job_name = writer_job_name(&identity);
+    let kubelet = Kubelet::new(s.client.clone());
+    let jp = job_pod(&s.client, &s.app.name, &job_name).await;
+    kubelet
+        .terminate_container(
+            &s.app.name,
+            &jp.name_any(),
+            "download",
+            1,
+            "nvsnap: download exited 1: disk full",
+        )
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&s.app.name, &jp.name_any(), "Failed")
+        .await
+        .unwrap();
+    eventually("Failed", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Failed)).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let writer_claims: Api<PersistentVolumeClaim> = s.app.api();
+    wait_gone(&writer_claims, &claim_name).await;
+
+    // The Job's TTL: gone (with its pods).
+    let jobs: Api<Job> = s.app.api();
+    let old_uid = jobs.get(&job_name).await.unwrap().uid().unwrap();
+    jobs.delete(
+        &job_name,
+        &DeleteParams {
+            propagation_policy: Some(kube::api::PropagationPolicy::Foreground),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let _ = pods.delete(&jp.name_any(), &DeleteParams::default()).await;
+
+    // A new Job and a new writer claim bound to the same writer view PV.
+    let new_job = eventually("a new writer Job", WAIT, || {
+        let jobs = jobs.clone();
+        let job_name = job_name.clone();
+        let old_uid = old_uid.clone();
+        async move {
+            jobs.get_opt(&job_name).await.ok().flatten().filter(|j| {
+                j.uid().as_ref() != Some(&old_uid) && j.metadata.deletion_timestamp.is_none()
+            })
+        }
+    })
+    .await
+    .unwrap();
+    let rebound = eventually("the new writer claim bound", WAIT, || {
+        let api = writer_claims.clone();
+        let claim_name = claim_name.clone();
+        async move {
+            api.get_opt(&claim_name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .filter(|c| c.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Bound"))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        rebound
+            .spec
+            .unwrap()
+            .volume_name
+            .unwrap()
+            .starts_with(&claim_name)
+    );
+    let jp = job_pod(&s.client, &s.app.name, &new_job.name_any()).await;
+    kubelet
+        .terminate_container(&s.app.name, &jp.name_any(), "download", 0, "4096")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&s.app.name, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+    let b = eventually("Ready after the retry", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let (degraded, reason, _) = condition(&b, "Degraded").unwrap();
+    assert_eq!(
+        (degraded, reason),
+        ("False", "AsExpected"),
+        "success clears the failure"
+    );
+    assert_eq!(realized_bytes(&b), Some(4096));
     stop.cancel();
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
