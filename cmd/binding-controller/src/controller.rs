@@ -348,6 +348,61 @@ impl Bindings {
         Ok(None)
     }
 
+    /// The first object under one of `binding`'s names that is not in the caches (which hold
+    /// only objects labelled as warmcache's) but exists without this binding's label: a claim
+    /// or PV someone else created under our name. Only names missing from the caches are read.
+    async fn foreign_object(&self, binding: &ModelCacheBinding) -> Result<Option<String>, Failure> {
+        let identity = &binding.spec.identity;
+        let name = binding.name_any();
+        let writer_ns = binding.spec.resources.writer_namespace.clone();
+        let mut claims = vec![
+            (
+                self.settings.control_namespace.clone(),
+                writer_pvc_name(identity),
+            ),
+            (writer_ns, writer_pvc_name(identity)),
+        ];
+        let mut volumes = vec![view::writer_view_pv_name(binding)];
+        for v in binding
+            .status
+            .iter()
+            .flat_map(|s| s.realized.iter())
+            .flat_map(|r| r.views.iter())
+        {
+            claims.push((v.namespace.clone(), v.persistent_volume_claim_name.clone()));
+            volumes.push(v.persistent_volume_name.clone());
+        }
+        for (ns, claim) in claims {
+            if self.claim(&ns, &claim).is_some() {
+                continue;
+            }
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+            if let Some(found) = api
+                .get_opt(&claim)
+                .await
+                .map_err(|e| api_error("get", api.resource_url(), &claim, e))?
+                && found.labels().get(BINDING_LABEL) != Some(&name)
+            {
+                return Ok(Some(format!("PersistentVolumeClaim {ns}/{claim}")));
+            }
+        }
+        for pv in volumes {
+            if self.volume(&pv).is_some() {
+                continue;
+            }
+            let api: Api<PersistentVolume> = Api::all(self.client.clone());
+            if let Some(found) = api
+                .get_opt(&pv)
+                .await
+                .map_err(|e| api_error("get", "persistentvolumes", &pv, e))?
+                && found.labels().get(BINDING_LABEL) != Some(&name)
+            {
+                return Ok(Some(format!("PersistentVolume {pv}")));
+            }
+        }
+        Ok(None)
+    }
+
     async fn job_pods(&self, job: &Job) -> Result<Vec<Pod>, Failure> {
         let (Some(ns), Some(name)) = (job.namespace(), job.metadata.name.clone()) else {
             return Ok(Vec::new());
@@ -398,6 +453,39 @@ impl Bindings {
         Ok(false)
     }
 
+    /// Creates `claim` unless a claim of that name exists in its namespace; an existing one must
+    /// carry this binding's label and, for a view, be pre-bound to the same PV: a claim under
+    /// our name that names another volume would have readers read the wrong data.
+    async fn create_claim(
+        &self,
+        binding: &ModelCacheBinding,
+        claim: &PersistentVolumeClaim,
+    ) -> Result<bool, Failure> {
+        let ns = claim.namespace().unwrap_or_default();
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+        if self.create(&api, claim).await? {
+            return Ok(true);
+        }
+        let name = claim.name_any();
+        let existing = api
+            .get(&name)
+            .await
+            .map_err(|e| api_error("get", api.resource_url(), &name, e))?;
+        let wanted_volume = claim.spec.as_ref().and_then(|s| s.volume_name.as_ref());
+        let volume = existing.spec.as_ref().and_then(|s| s.volume_name.as_ref());
+        let ours = existing.labels().get(BINDING_LABEL) == Some(&binding.name_any())
+            && (wanted_volume.is_none()
+                || existing.metadata.deletion_timestamp.is_some()
+                || volume == wanted_volume);
+        if !ours {
+            return Err(Failure::Foreign {
+                what: format!("PersistentVolumeClaim {ns}/{name}"),
+                binding: binding.name_any(),
+            });
+        }
+        Ok(false)
+    }
+
     async fn run_action(
         &self,
         binding: &ModelCacheBinding,
@@ -407,15 +495,13 @@ impl Bindings {
         async {
             match action {
                 Action::CreatePrimaryClaim(claim) => {
-                    let api = Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-                    if self.create(&api, claim).await? {
+                    if self.create_claim(binding, claim).await? {
                         tracing::info!(claim = %claim.name_any(), "created the primary claim");
                     }
                 }
                 Action::CreateWriterView(pv, claim) => {
                     self.create_pv(binding, pv).await?;
-                    let api = Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-                    self.create(&api, claim).await?;
+                    self.create_claim(binding, claim).await?;
                 }
                 Action::RebindWriterView { pv, resource_version } => {
                     self.ensure_leader()?;
@@ -469,8 +555,7 @@ impl Bindings {
                 }
                 Action::CreateView(pv, claim) => {
                     self.create_pv(binding, pv).await?;
-                    let api = Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-                    if self.create(&api, claim).await? {
+                    if self.create_claim(binding, claim).await? {
                         self.metrics.view_created();
                         tracing::info!(namespace = ?claim.namespace(), pv = %pv.name_any(), "created a read-only view");
                     }
@@ -592,6 +677,10 @@ fn action_label(action: &Action) -> &'static str {
 impl Reconciler<ModelCacheBinding> for Bindings {
     type Error = Failure;
 
+    async fn permanent_failure(&self, binding: Arc<ModelCacheBinding>, error: &Failure) {
+        self.record_permanent(&binding, error).await;
+    }
+
     async fn reconcile(
         &self,
         binding: Arc<ModelCacheBinding>,
@@ -614,6 +703,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                     .flatten()
             });
             let step = self.step_source(b, &pods).await?;
+            let foreign = self.foreign_object(b).await?;
             let primary_claim =
                 self.claim(&self.settings.control_namespace, &writer_pvc_name(identity));
             let primary_pv = match primary_claim
@@ -678,6 +768,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 job,
                 job_pods,
                 existing_views,
+                foreign,
             ))
         }
         .instrument(tracing::info_span!("dereference"))
@@ -695,6 +786,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             job,
             job_pods,
             existing_views,
+            foreign,
         ) = observed;
 
         // Decide (pure).
@@ -715,6 +807,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 job: job.as_deref(),
                 job_pods: job_pods.iter().collect(),
                 existing_views,
+                foreign,
                 config: &self.settings.lifecycle,
             })
         };
@@ -765,6 +858,42 @@ impl Reconciler<ModelCacheBinding> for Bindings {
         } else {
             warmcache_runtime::Action::requeue(REQUEUE_SETTLED)
         })
+    }
+}
+
+impl Bindings {
+    /// Records a permanent failure as `Degraded` on the binding (the runtime then waits for a
+    /// change); best effort: a failed write is logged.
+    async fn record_permanent(&self, binding: &ModelCacheBinding, error: &Failure) {
+        let reason = match error {
+            Failure::Foreign { .. } => lifecycle::Reason::ForeignObject.as_str(),
+            _ => "ReconcileFailed",
+        };
+        let mut status = binding.status.clone().unwrap_or_default();
+        let changed = set_condition(
+            &mut status.conditions,
+            NewCondition::new(
+                lifecycle::DEGRADED,
+                ConditionStatus::True,
+                reason,
+                error.to_string(),
+            )
+            .observed_generation(binding.metadata.generation),
+            now(),
+        );
+        if !matches!(changed, Ok(true)) || self.ensure_leader().is_err() {
+            return;
+        }
+        let api: Api<ModelCacheBinding> =
+            Api::namespaced(self.client.clone(), &self.settings.control_namespace);
+        let mut next = binding.clone();
+        next.status = Some(status);
+        if let Err(err) = api
+            .replace_status(&binding.name_any(), &PostParams::default(), &next)
+            .await
+        {
+            tracing::warn!(error = %err, "could not record the failure on the binding");
+        }
     }
 }
 

@@ -492,6 +492,8 @@ async fn a_binding_becomes_one_download_and_a_read_only_view() {
     assert!(view_claims.get_opt(&view_claim).await.unwrap().is_some());
     assert!(pvs.get_opt(&writer_pv.name_any()).await.unwrap().is_some());
 
+    assert_settled(&s.bindings, &name).await;
+
     // Only one Job ever: the name is the election.
     let all = jobs.list(&ListParams::default()).await.unwrap();
     assert_eq!(all.items.len(), 1);
@@ -894,4 +896,78 @@ async fn a_failed_download_is_retried_after_its_job_is_gone_and_success_clears_i
     stop.cancel();
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}
+
+/// A claim under the view's name that this binding did not create (a tenant's, naming another
+/// volume) is never adopted: the binding says Degraded/ForeignObject and the claim is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_claim_under_the_view_name_is_reported_and_left_alone() {
+    let (s, stop) = setup("mcb-foreign").await;
+    let name = s.binding.name_any();
+    let identity = s.binding.spec.identity.clone();
+    let view_claim = reader_pvc_name(&identity);
+    let claims: Api<PersistentVolumeClaim> = s.app.api();
+    let foreign: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": view_claim },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": "somebody-elses-volume",
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    }))
+    .unwrap();
+    let foreign = claims
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(s.client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&s.pv_name, &s.control.name, &writer_pvc_name(&identity)),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = s.app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &s.binding))
+        .await
+        .unwrap();
+    let b = eventually("Degraded ForeignObject", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            let (status, reason, _) = condition(&b, "Degraded")?;
+            (status == "True" && reason == "ForeignObject").then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let (_, _, message) = condition(&b, "Degraded").unwrap();
+    assert!(message.contains(&view_claim), "{message}");
+    assert_settled(&s.bindings, &name).await;
+    let after = claims.get(&view_claim).await.unwrap();
+    assert_eq!(after.uid(), foreign.uid());
+    assert_eq!(
+        after.spec.unwrap().volume_name.as_deref(),
+        Some("somebody-elses-volume")
+    );
+    stop.cancel();
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}
+
+/// The binding stops changing: no status churn (a reconcile that rewrites what it just wrote
+/// would loop on its own watch events).
+async fn assert_settled(api: &Api<ModelCacheBinding>, name: &str) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = api.get(name).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = api.get(name).await.unwrap();
+    assert_eq!(
+        before.metadata.resource_version, after.metadata.resource_version,
+        "the binding keeps changing: {:?}\n{:?}",
+        before.status, after.status
+    );
 }

@@ -244,6 +244,9 @@ pub struct Observed<'a> {
     pub job_pods: Vec<&'a Pod>,
     /// Namespaces whose view PV and claim both exist.
     pub existing_views: BTreeSet<String>,
+    /// An object under one of the binding's names that belongs to something else (its
+    /// description): nothing is created until it is gone.
+    pub foreign: Option<String>,
     /// Settings.
     pub config: &'a LifecycleConfig,
 }
@@ -523,6 +526,17 @@ pub fn step(obs: &Observed<'_>) -> Step {
         return finish(status, out, false);
     }
 
+    if let Some(what) = &obs.foreign {
+        degraded(
+            &mut out,
+            Reason::ForeignObject,
+            format!(
+                "{what} exists under one of this binding's names but was not created for it; it is never adopted or deleted, and nothing more is created until it is gone"
+            ),
+        );
+        status.realized = Some(realized);
+        return finish(status, out, false);
+    }
     rwx(obs, &mut realized, &mut out);
     status.realized = Some(realized);
     finish(status, out, false)
@@ -941,6 +955,7 @@ mod tests {
             job: None,
             job_pods: Vec::new(),
             existing_views: BTreeSet::new(),
+            foreign: None,
             config,
         }
     }
@@ -1350,6 +1365,25 @@ mod tests {
         let s = step(&obs);
         assert!(s.actions.is_empty());
         assert_eq!(condition(&s, DEGRADED).reason, Reason::ForeignObject);
+    }
+
+    #[test]
+    fn a_foreign_object_stops_every_write_but_the_status() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let mut obs = observed(&b, &config);
+        obs.seen_references = vec![reference("team-a", "vllm", "w-1")];
+        obs.foreign = Some("PersistentVolumeClaim team-a/ro-pvc-x".into());
+        let s = step(&obs);
+        assert!(s.actions.is_empty());
+        assert_eq!(
+            s.status.request_references.len(),
+            1,
+            "references are still kept"
+        );
+        let d = condition(&s, DEGRADED);
+        assert!(d.status && d.reason == Reason::ForeignObject);
+        assert!(d.message.contains("team-a/ro-pvc-x"));
     }
 
     #[test]
