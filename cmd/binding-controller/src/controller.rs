@@ -155,6 +155,8 @@ pub struct Bindings {
     jobs: Cache<Job>,
     recorder: Option<EventRecorder>,
     metrics: Metrics,
+    /// Why the last completion write of a binding (by UID) failed; cleared on success.
+    completion_errors: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 fn api_error(verb: &'static str, resource: &str, name: &str, err: kube::Error) -> Failure {
@@ -534,7 +536,15 @@ impl Bindings {
                     }
                 }
                 Action::MarkComplete { pv, labels, annotations } => {
-                    self.mark_complete(binding, pv, labels, annotations).await?;
+                    let result = self.mark_complete(binding, pv, labels, annotations).await;
+                    let uid = binding.uid().unwrap_or_default();
+                    if let Ok(mut errors) = self.completion_errors.lock() {
+                        match &result {
+                            Ok(()) => errors.remove(&uid),
+                            Err(e) => errors.insert(uid, e.to_string()),
+                        };
+                    }
+                    result?;
                 }
                 Action::ReleaseWriterClaim { namespace, name, uid } => {
                     self.ensure_leader()?;
@@ -808,6 +818,11 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 job_pods: job_pods.iter().collect(),
                 existing_views,
                 foreign,
+                completion_error: self
+                    .completion_errors
+                    .lock()
+                    .ok()
+                    .and_then(|e| e.get(&b.uid().unwrap_or_default()).cloned()),
                 config: &self.settings.lifecycle,
             })
         };
@@ -959,6 +974,7 @@ pub fn start(
         jobs: jobs.clone(),
         recorder: runtime.recorder().cloned(),
         metrics,
+        completion_errors: std::sync::Mutex::new(BTreeMap::new()),
     };
     let (c1, c2, c3, c4, c5) = (
         control.clone(),

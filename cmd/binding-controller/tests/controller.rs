@@ -43,6 +43,17 @@ async fn running_controller(
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
 ) {
+    running_controller_with(plane, control, None).await
+}
+
+async fn running_controller_with(
+    plane: &ControlPlane,
+    control: &str,
+    client: Option<Client>,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+) {
     let args = RuntimeArgs {
         kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
         kube_context: None,
@@ -52,12 +63,12 @@ async fn running_controller(
         shutdown_grace: Duration::from_secs(5),
         shutdown_delay: Duration::ZERO,
     };
-    let mut runtime = Runtime::builder("binding-controller", args)
-        .without_global_telemetry()
-        .with_client()
-        .build()
-        .await
-        .unwrap();
+    let builder = Runtime::builder("binding-controller", args).without_global_telemetry();
+    let builder = match client {
+        Some(client) => builder.client(client),
+        None => builder.with_client(),
+    };
+    let mut runtime = builder.build().await.unwrap();
     start(
         &mut runtime,
         &Settings {
@@ -970,4 +981,121 @@ async fn assert_settled(api: &Api<ModelCacheBinding>, name: &str) {
         "the binding keeps changing: {:?}\n{:?}",
         before.status, after.status
     );
+}
+
+/// Completion against conflicting writes of the primary PV: two conflicts are retried on a fresh
+/// read and complete; conflicts on every attempt leave the PV unlabelled and the writer claim in
+/// place (reported, retried later), and once they stop the completion is stored and only then
+/// is the writer claim released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_conflicts_are_retried_and_a_persistent_one_keeps_the_writer_claim() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-conflict-ctl").await.unwrap();
+    let app = TestNamespace::new("mcb-conflict-app").await.unwrap();
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(&PostParams::default(), &binding(&control.name, &app.name))
+        .await
+        .unwrap();
+    let name = created.name_any();
+    let identity = created.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+    let pv_name = format!("{}-primary", control.name);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&pv_name, &control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let faults = warmcache_testkit::FaultInjector::new();
+    // Every completion write conflicts (more than the bounded retries of one reconcile).
+    faults.inject(
+        http::Method::PUT,
+        &format!("/persistentvolumes/{pv_name}"),
+        warmcache_testkit::Fault::Conflict,
+        1000,
+    );
+    let faulty = plane.client_with_faults(faults.clone()).await.unwrap();
+    let (stop, task) = running_controller_with(plane, &control.name, Some(faulty)).await;
+    let pods: Api<Pod> = app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &created))
+        .await
+        .unwrap();
+    let job_name = writer_job_name(&identity);
+    let jp = job_pod(&client, &app.name, &job_name).await;
+    let kubelet = Kubelet::new(client.clone());
+    kubelet
+        .terminate_container(&app.name, &jp.name_any(), "download", 0, "2048")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&app.name, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+    eventually("several conflicting completion writes", WAIT, || {
+        let faults = faults.clone();
+        async move { (faults.injected() >= 6).then_some(()) }
+    })
+    .await
+    .unwrap();
+    let b = eventually("CompletionNotStored reported", WAIT, || {
+        let api = bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            let (status, reason, _) = condition(&b, "Degraded")?;
+            (status == "True" && reason == "CompletionNotStored").then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(population(&b), Some(PopulationState::Populating));
+    let (_, reason, _) = condition(&b, "Progressing").unwrap();
+    assert_eq!(reason, "Completing");
+    let primary = pvs.get(&pv_name).await.unwrap();
+    assert!(!primary.labels().contains_key(COMPLETE_LABEL));
+    let writer_claims: Api<PersistentVolumeClaim> = app.api();
+    let kept = writer_claims.get(&claim_name).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "the writer claim is kept while completion is not stored"
+    );
+
+    // The conflicts stop after two more: the next attempt retries them and stores completion.
+    faults.clear();
+    faults.inject(
+        http::Method::PUT,
+        &format!("/persistentvolumes/{pv_name}"),
+        warmcache_testkit::Fault::Conflict,
+        2,
+    );
+    let before = faults.injected();
+    let b = eventually("Ready", Duration::from_secs(120), || {
+        let api = bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        faults.injected() - before,
+        2,
+        "both conflicts were met and retried"
+    );
+    assert_eq!(realized_bytes(&b), Some(2048));
+    let primary = pvs.get(&pv_name).await.unwrap();
+    assert_eq!(
+        primary.labels().get(COMPLETE_LABEL).map(String::as_str),
+        Some("true")
+    );
+    wait_gone(&writer_claims, &claim_name).await;
+    stop.cancel();
+    let _ = task.await;
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
 }

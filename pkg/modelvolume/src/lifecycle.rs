@@ -83,6 +83,9 @@ pub enum Reason {
     InvalidPrimaryVolume,
     /// An object under one of the binding's names belongs to something else.
     ForeignObject,
+    /// The last attempt to store the completion labels and Retain failed (conflicts retried
+    /// past their bound, or a re-read that does not show them); the writer claim is kept.
+    CompletionNotStored,
     /// The binding is Retiring or being deleted: the reaper's.
     Retiring,
     /// roxReadOnly caches are written by the node agent's staged copy.
@@ -107,6 +110,7 @@ impl Reason {
             Self::InvalidDownloadStep => "InvalidDownloadStep",
             Self::InvalidPrimaryVolume => "InvalidPrimaryVolume",
             Self::ForeignObject => "ForeignObject",
+            Self::CompletionNotStored => "CompletionNotStored",
             Self::Retiring => "Retiring",
             Self::NodeAgentFlow => "NodeAgentFlow",
         }
@@ -247,6 +251,8 @@ pub struct Observed<'a> {
     /// An object under one of the binding's names that belongs to something else (its
     /// description): nothing is created until it is gone.
     pub foreign: Option<String>,
+    /// Why the last attempt to store completion on the primary PV failed, if it did.
+    pub completion_error: Option<String>,
     /// Settings.
     pub config: &'a LifecycleConfig,
 }
@@ -705,7 +711,12 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
                 Reason::Completing,
                 "persisting completion before the writer claim is released",
             );
-            out.set(DEGRADED, false, Reason::AsExpected, "");
+            match &obs.completion_error {
+                Some(e) => out.set(DEGRADED, true, Reason::CompletionNotStored, format!(
+                    "{e}; the writer claim is kept until the completion labels and Retain are stored, and the write is retried"
+                )),
+                None => out.set(DEGRADED, false, Reason::AsExpected, ""),
+            }
             return;
         }
         if job_condition(job, "Failed") {
@@ -956,6 +967,7 @@ mod tests {
             job_pods: Vec::new(),
             existing_views: BTreeSet::new(),
             foreign: None,
+            completion_error: None,
             config,
         }
     }
@@ -1198,6 +1210,16 @@ mod tests {
         assert_eq!(labels[SOURCE_NAMESPACE_LABEL], "team-a");
         assert_eq!(annotations[BYTES_ANNOTATION], "123456");
         assert_eq!(population(&s), Some(PopulationState::Populating));
+        assert!(!condition(&s, DEGRADED).status);
+        obs.completion_error = Some("5 conflicting writes".into());
+        let s = step(&obs);
+        let d = condition(&s, DEGRADED);
+        assert!(d.status && d.reason == Reason::CompletionNotStored, "{d:?}");
+        assert!(
+            matches!(s.actions.as_slice(), [Action::MarkComplete { .. }]),
+            "retried, claim kept"
+        );
+        obs.completion_error = None;
 
         // Labels stored but Retain not: still not complete.
         let mut half = pv.clone();
