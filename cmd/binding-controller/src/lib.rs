@@ -264,3 +264,49 @@ fn serve(args: ControllerArgs) -> Result<(), Error> {
     })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> ControllerArgs {
+        let mut argv = vec!["binding-controller", "controller"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv) {
+            Ok(Cli {
+                command: Command::Controller(args),
+            }) => *args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn controller_settings_have_defaults_and_refuse_bad_values() {
+        let s = settings(&args(&[])).unwrap();
+        assert_eq!(s.control_namespace, "nvca-modelcache-init");
+        assert_eq!(s.lifecycle.primary_size.0, "100Gi");
+        assert_eq!(s.lifecycle.writer.active_deadline_seconds, 6 * 3600);
+        let s = settings(&args(&[
+            "--primary-size",
+            "2Ti",
+            "--view-mount-option",
+            "noatime,nodiratime",
+            "--control-namespace",
+            "cache-ctl",
+        ]))
+        .unwrap();
+        assert_eq!(s.lifecycle.primary_size.0, "2Ti");
+        assert_eq!(s.lifecycle.extra_mount_options, ["noatime", "nodiratime"]);
+        assert_eq!(s.control_namespace, "cache-ctl");
+        for bad in [
+            &["--primary-size", "lots"][..],
+            &["--primary-size", "Gi"],
+            &["--control-namespace", "Not_A_Namespace"],
+            &["--writer-deadline-seconds", "0"],
+        ] {
+            let err = settings(&args(bad)).unwrap_err();
+            assert_eq!(err.exit_code(), warmcache_cli::exit::UNUSABLE, "{bad:?}");
+            assert!(err.to_string().contains(bad[0]), "{err}");
+        }
+    }
+}

@@ -43,7 +43,8 @@ async fn running_controller(
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
 ) {
-    running_controller_with(plane, control, None).await
+    let (stop, task, _) = running_controller_with(plane, control, None).await;
+    (stop, task)
 }
 
 async fn running_controller_with(
@@ -53,6 +54,7 @@ async fn running_controller_with(
 ) -> (
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+    std::net::SocketAddr,
 ) {
     let args = RuntimeArgs {
         kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
@@ -85,7 +87,33 @@ async fn running_controller_with(
     )
     .unwrap();
     let stop = runtime.shutdown_token();
-    (stop, tokio::spawn(runtime.run()))
+    let admin = runtime.admin_addr();
+    (stop, tokio::spawn(runtime.run()), admin)
+}
+
+/// The controller's `/metrics` (HTTP/1.0, so the body is not chunked).
+async fn scrape(admin: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: admin\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains(" 200"), "{head}");
+    body.to_owned()
+}
+
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 fn binding(control: &str, app: &str) -> ModelCacheBinding {
@@ -228,6 +256,7 @@ struct Setup {
     bindings: Api<ModelCacheBinding>,
     binding: ModelCacheBinding,
     pv_name: String,
+    admin: std::net::SocketAddr,
 }
 
 async fn setup(prefix: &str) -> (Setup, tokio_util::sync::CancellationToken) {
@@ -240,7 +269,7 @@ async fn setup(prefix: &str) -> (Setup, tokio_util::sync::CancellationToken) {
         .create(&PostParams::default(), &binding(&control.name, &app.name))
         .await
         .unwrap();
-    let (stop, _task) = running_controller(plane, &control.name).await;
+    let (stop, _task, admin) = running_controller_with(plane, &control.name, None).await;
     let pv_name = format!("{}-primary", control.name);
     (
         Setup {
@@ -250,6 +279,7 @@ async fn setup(prefix: &str) -> (Setup, tokio_util::sync::CancellationToken) {
             bindings,
             binding: created,
             pv_name,
+            admin,
         },
         stop,
     )
@@ -504,6 +534,27 @@ async fn a_binding_becomes_one_download_and_a_read_only_view() {
     assert!(pvs.get_opt(&writer_pv.name_any()).await.unwrap().is_some());
 
     assert_settled(&s.bindings, &name).await;
+
+    // The controller's metrics: one download started and succeeded, one view, Ready counted;
+    // labels are fixed words only.
+    let metrics = scrape(s.admin).await;
+    let m = |series: &str| sample(&metrics, &format!("warmcache_binding_controller_{series}"));
+    assert_eq!(m("downloads_started_total"), Some(1.0), "{metrics}");
+    assert_eq!(m("downloads_succeeded_total"), Some(1.0));
+    assert_eq!(m("downloads_failed_total"), Some(0.0));
+    assert_eq!(m("views_created_total"), Some(1.0));
+    assert_eq!(m("bindings{population=\"Ready\"}"), Some(1.0));
+    assert_eq!(m("time_to_ready_seconds_count"), Some(1.0));
+    assert_eq!(m("actions_total{action=\"create_job\"}"), Some(1.0));
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("warmcache_binding_controller_"))
+    {
+        assert!(
+            !line.contains(&name) && !line.contains(&s.app.name),
+            "an object name in a metric label: {line}"
+        );
+    }
 
     // Only one Job ever: the name is the election.
     let all = jobs.list(&ListParams::default()).await.unwrap();
@@ -1018,7 +1069,7 @@ async fn completion_conflicts_are_retried_and_a_persistent_one_keeps_the_writer_
         1000,
     );
     let faulty = plane.client_with_faults(faults.clone()).await.unwrap();
-    let (stop, task) = running_controller_with(plane, &control.name, Some(faulty)).await;
+    let (stop, task, _) = running_controller_with(plane, &control.name, Some(faulty)).await;
     let pods: Api<Pod> = app.api();
     pods.create(&PostParams::default(), &reader_pod("reader-0", &created))
         .await
