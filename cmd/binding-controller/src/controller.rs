@@ -505,6 +505,29 @@ impl Bindings {
                     self.create_pv(binding, pv).await?;
                     self.create_claim(binding, claim).await?;
                 }
+                Action::AdoptPrimary { pv, resource_version } => {
+                    self.ensure_leader()?;
+                    let api: Api<PersistentVolume> = Api::all(self.client.clone());
+                    let wanted = resource_version.clone();
+                    update_with_retry(&api, pv, |current| {
+                        if current.metadata.resource_version.as_ref() != Some(&wanted) {
+                            return Decision::Unchanged;
+                        }
+                        let mut next = current.clone();
+                        if let Some(r) = next.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+                            r.uid = None;
+                            r.resource_version = None;
+                        }
+                        Decision::Update(next)
+                    })
+                    .await?;
+                    tracing::info!(pv, "adopting a retained complete primary");
+                    if let Some(recorder) = &self.recorder {
+                        recorder
+                            .normal(binding, "AdoptedRetained", "AdoptPrimary", Some(&format!("the complete, retained PersistentVolume {pv} of this cache is reused: no download")))
+                            .await;
+                    }
+                }
                 Action::RebindWriterView { pv, resource_version } => {
                     self.ensure_leader()?;
                     let api: Api<PersistentVolume> = Api::all(self.client.clone());
@@ -675,6 +698,7 @@ fn resource_of(r: &ApiResource) -> ApiResource {
 fn action_label(action: &Action) -> &'static str {
     match action {
         Action::CreatePrimaryClaim(_) => "create_primary_claim",
+        Action::AdoptPrimary { .. } => "adopt_primary",
         Action::CreateWriterView(..) => "create_writer_view",
         Action::RebindWriterView { .. } => "rebind_writer_view",
         Action::CreateJob(_) => "create_job",
@@ -730,6 +754,23 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 None => None,
             };
             let writer_view_pv = self.volume(&view::writer_view_pv_name(b));
+            let hash = warmcache_api_modelcache::identity_hash(identity);
+            let retained: Vec<Arc<PersistentVolume>> = if primary_claim.is_none() {
+                self.volumes
+                    .store()
+                    .state()
+                    .into_iter()
+                    .filter(|pv| {
+                        let l = pv.labels();
+                        l.get(MODEL_LABEL) == Some(&hash)
+                            && l.get(warmcache_modelvolume::volume_keys::COMPLETE_LABEL)
+                                .map(String::as_str)
+                                == Some("true")
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let writer_view_claim = self.claim(&writer_ns, &writer_pvc_name(identity));
             let job = self
                 .jobs
@@ -779,6 +820,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 job_pods,
                 existing_views,
                 foreign,
+                retained,
             ))
         }
         .instrument(tracing::info_span!("dereference"))
@@ -797,6 +839,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             job_pods,
             existing_views,
             foreign,
+            retained,
         ) = observed;
 
         // Decide (pure).
@@ -823,6 +866,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                     .lock()
                     .ok()
                     .and_then(|e| e.get(&b.uid().unwrap_or_default()).cloned()),
+                retained: retained.iter().map(AsRef::as_ref).collect(),
                 config: &self.settings.lifecycle,
             })
         };

@@ -26,8 +26,9 @@ use warmcache_telemetry::prometheus::{
 pub const POPULATIONS: [&str; 5] = ["Unknown", "Pending", "Populating", "Ready", "Failed"];
 
 /// Label values of `actions_total`.
-pub const ACTIONS: [&str; 7] = [
+pub const ACTIONS: [&str; 8] = [
     "create_primary_claim",
+    "adopt_primary",
     "create_writer_view",
     "rebind_writer_view",
     "create_job",

@@ -1150,3 +1150,146 @@ async fn completion_conflicts_are_retried_and_a_persistent_one_keeps_the_writer_
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
 }
+
+/// Warm start: after a binding is retired (what the reaper deletes: the binding, its Job, its
+/// claims and views; the complete primary PV is retained and Released), a new binding of the
+/// same cache adopts that PV: its primary claim binds to it, it is Ready with the recorded bytes,
+/// and no Job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_binding_adopts_the_retained_complete_primary_without_downloading() {
+    let (s, stop) = setup("mcb-warm").await;
+    let name = s.binding.name_any();
+    let identity = s.binding.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+    let pvs: Api<PersistentVolume> = Api::all(s.client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&s.pv_name, &s.control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = s.app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &s.binding))
+        .await
+        .unwrap();
+    let job_name = writer_job_name(&identity);
+    let jp = job_pod(&s.client, &s.app.name, &job_name).await;
+    let kubelet = Kubelet::new(s.client.clone());
+    kubelet
+        .terminate_container(&s.app.name, &jp.name_any(), "download", 0, "31337")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&s.app.name, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+    let ready = eventually("Ready", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let views = ready.status.unwrap().realized.unwrap().views;
+    stop.cancel();
+
+    // Retirement, as the reaper does it.
+    let gone = DeleteParams::default();
+    let _ = pods.delete("reader-0", &gone).await;
+    let jobs: Api<Job> = s.app.api();
+    jobs.delete(
+        &job_name,
+        &DeleteParams {
+            propagation_policy: Some(kube::api::PropagationPolicy::Background),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    for v in &views {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(s.client.clone(), &v.namespace);
+        let _ = claims.delete(&v.persistent_volume_claim_name, &gone).await;
+        let _ = pvs.delete(&v.persistent_volume_name, &gone).await;
+    }
+    let primary_claims: Api<PersistentVolumeClaim> = s.control.api();
+    primary_claims.delete(&claim_name, &gone).await.unwrap();
+    s.bindings
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    s.bindings.delete(&name, &gone).await.unwrap();
+    eventually(
+        "the retained primary Released, the old Job and binding gone",
+        WAIT,
+        || {
+            let (pvs, jobs, bindings) = (pvs.clone(), jobs.clone(), s.bindings.clone());
+            let (pv, job, name) = (s.pv_name.clone(), job_name.clone(), name.clone());
+            async move {
+                let released =
+                    pvs.get(&pv).await.ok()?.status?.phase.as_deref() == Some("Released");
+                let no_job = jobs.get_opt(&job).await.ok()?.is_none();
+                let no_binding = bindings.get_opt(&name).await.ok()?.is_none();
+                (released && no_job && no_binding).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // A new binding of the same cache, a new reader, a new controller.
+    let again = s
+        .bindings
+        .create(
+            &PostParams::default(),
+            &binding(&s.control.name, &s.app.name),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.name_any(), name, "the same cache, the same name");
+    pods.create(&PostParams::default(), &reader_pod("reader-1", &again))
+        .await
+        .unwrap();
+    let plane = ControlPlane::shared().await.unwrap();
+    let (stop, task) = running_controller(plane, &s.control.name).await;
+    let b = eventually("Ready from the retained primary", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(realized_bytes(&b), Some(31337));
+    assert_eq!(
+        b.status
+            .as_ref()
+            .unwrap()
+            .realized
+            .as_ref()
+            .unwrap()
+            .bound_persistent_volume_name
+            .as_ref(),
+        Some(&s.pv_name)
+    );
+    let claim = primary_claims.get(&claim_name).await.unwrap();
+    assert_eq!(claim.spec.unwrap().volume_name.as_ref(), Some(&s.pv_name));
+    assert!(
+        jobs.get_opt(&job_name).await.unwrap().is_none(),
+        "no download for an adopted primary"
+    );
+    assert_settled(&s.bindings, &name).await;
+    assert!(jobs.get_opt(&job_name).await.unwrap().is_none());
+    stop.cancel();
+    let _ = task.await;
+    let _ = pods.delete("reader-1", &DeleteParams::default()).await;
+    let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}

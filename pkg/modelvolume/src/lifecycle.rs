@@ -75,6 +75,8 @@ pub enum Reason {
     Reconciled,
     /// Nothing is wrong.
     AsExpected,
+    /// A complete, retained primary of this cache is being adopted (no download).
+    AdoptingRetained,
     /// The writer Job failed.
     DownloadFailed,
     /// The recorded download step cannot run as a writer Job.
@@ -106,6 +108,7 @@ impl Reason {
             Self::CreatingViews => "CreatingViews",
             Self::Reconciled => "Reconciled",
             Self::AsExpected => "AsExpected",
+            Self::AdoptingRetained => "AdoptingRetained",
             Self::DownloadFailed => "DownloadFailed",
             Self::InvalidDownloadStep => "InvalidDownloadStep",
             Self::InvalidPrimaryVolume => "InvalidPrimaryVolume",
@@ -136,6 +139,15 @@ pub struct WantedCondition {
 pub enum Action {
     /// Create the primary claim in the control namespace.
     CreatePrimaryClaim(PersistentVolumeClaim),
+    /// Warm start: make the retained complete primary PV `pv` bindable by the new primary claim
+    /// (clear `claimRef.uid` and `claimRef.resourceVersion`, update with its resourceVersion),
+    /// then [`Action::CreatePrimaryClaim`] pre-bound to it follows.
+    AdoptPrimary {
+        /// The PV.
+        pv: String,
+        /// Its resourceVersion as observed.
+        resource_version: String,
+    },
     /// Create the writer view's PV, then its claim (each AlreadyExists is fine).
     CreateWriterView(PersistentVolume, PersistentVolumeClaim),
     /// The writer view's PV still names a released claim: clear `claimRef.uid` and
@@ -253,6 +265,9 @@ pub struct Observed<'a> {
     pub foreign: Option<String>,
     /// Why the last attempt to store completion on the primary PV failed, if it did.
     pub completion_error: Option<String>,
+    /// Complete primaries of this cache left by an earlier binding (PVs labelled complete with
+    /// this binding's identity hash), for a warm start.
+    pub retained: Vec<&'a PersistentVolume>,
     /// Settings.
     pub config: &'a LifecycleConfig,
 }
@@ -407,6 +422,10 @@ pub fn completion_marks(
         (
             SOURCE_NAMESPACE_LABEL.to_owned(),
             binding.spec.resources.writer_namespace.clone(),
+        ),
+        (
+            crate::keys::MANAGED_BY_LABEL.to_owned(),
+            crate::keys::MANAGED_BY_VALUE.to_owned(),
         ),
     ]);
     let mut annotations = BTreeMap::from([(
@@ -573,8 +592,38 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
     let b = obs.binding;
     let claim_name = writer_pvc_name(&b.spec.identity);
 
-    // 1. The primary claim.
+    // 1. The primary claim (a warm start adopts a retained complete primary).
     let Some(primary_claim) = obs.primary_claim else {
+        if let Some(pv) = adoptable(b, &obs.retained) {
+            let name = pv.metadata.name.clone().unwrap_or_default();
+            let mut claim = view::primary_claim(b, obs.config.primary_size.clone());
+            if let Some(spec) = claim.spec.as_mut() {
+                spec.volume_name = Some(name.clone());
+                // The claim asks for no more than the retained volume holds.
+                if let Ok(capacity) = view::primary_capacity(pv)
+                    && let Some(r) = spec.resources.as_mut()
+                {
+                    r.requests = Some(BTreeMap::from([("storage".to_owned(), capacity)]));
+                }
+            }
+            if let Some(rv) = &pv.metadata.resource_version {
+                out.actions.push(Action::AdoptPrimary {
+                    pv: name.clone(),
+                    resource_version: rv.clone(),
+                });
+            }
+            out.actions.push(Action::CreatePrimaryClaim(claim));
+            realized
+                .population_state
+                .get_or_insert(PopulationState::Pending);
+            let m = format!(
+                "adopting the complete, retained PersistentVolume {name} of this cache instead of downloading again"
+            );
+            out.set(READY, false, Reason::AdoptingRetained, m.clone());
+            out.set(PROGRESSING, true, Reason::AdoptingRetained, m);
+            out.set(DEGRADED, false, Reason::AsExpected, "");
+            return;
+        }
         realized
             .population_state
             .get_or_insert(PopulationState::Pending);
@@ -809,6 +858,46 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
     out.set(DEGRADED, false, Reason::AsExpected, "");
 }
 
+/// A retained primary `b` may adopt: complete for this cache (labels, handle digest, Retain),
+/// on the decision's provisioner and the binding's StorageClass, not a read-only view, and free
+/// (Released or Available, its claimRef, if any, naming the claim the binding would create).
+/// The first in name order.
+pub fn adoptable<'p>(
+    b: &ModelCacheBinding,
+    retained: &[&'p PersistentVolume],
+) -> Option<&'p PersistentVolume> {
+    let claim = writer_pvc_name(&b.spec.identity);
+    let control = b.metadata.namespace.clone().unwrap_or_default();
+    let mut candidates: Vec<&PersistentVolume> = retained
+        .iter()
+        .copied()
+        .filter(|pv| {
+            let Some(spec) = pv.spec.as_ref() else {
+                return false;
+            };
+            let csi_ok = spec.csi.as_ref().is_some_and(|c| {
+                c.driver == b.spec.decision.provisioner && c.read_only != Some(true)
+            });
+            let class_ok =
+                spec.storage_class_name.as_deref() == Some(b.spec.storage_class.name.as_str());
+            let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+            let free = matches!(phase, Some("Released" | "Available"));
+            let claim_ok = spec.claim_ref.as_ref().is_none_or(|r| {
+                r.name.as_deref() == Some(claim.as_str())
+                    && r.namespace.as_deref() == Some(control.as_str())
+            });
+            pv.metadata.deletion_timestamp.is_none()
+                && is_complete(b, pv)
+                && csi_ok
+                && class_ok
+                && free
+                && claim_ok
+        })
+        .collect();
+    candidates.sort_by_key(|pv| pv.metadata.name.clone());
+    candidates.first().copied()
+}
+
 fn release_writer_claim(obs: &Observed<'_>, out: &mut Builder) {
     let Some(claim) = obs.writer_view_claim else {
         return;
@@ -968,6 +1057,7 @@ mod tests {
             existing_views: BTreeSet::new(),
             foreign: None,
             completion_error: None,
+            retained: Vec::new(),
             config,
         }
     }
@@ -1406,6 +1496,117 @@ mod tests {
         let d = condition(&s, DEGRADED);
         assert!(d.status && d.reason == Reason::ForeignObject);
         assert!(d.message.contains("team-a/ro-pvc-x"));
+    }
+
+    fn retained_pv(b: &ModelCacheBinding, phase: &str) -> PersistentVolume {
+        let mut pv = primary_pv();
+        pv.metadata.name = Some("pvc-old".into());
+        let (labels, annotations) = completion_marks(b, Some(1 << 30));
+        pv.metadata.labels = Some(labels);
+        pv.metadata.annotations = Some(annotations);
+        pv.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+            namespace: b.metadata.namespace.clone(),
+            name: Some(writer_pvc_name(&b.spec.identity)),
+            uid: Some("old-claim-uid".into()),
+            ..ObjectReference::default()
+        });
+        pv.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        pv
+    }
+
+    #[test]
+    fn a_retained_complete_primary_is_adopted_instead_of_downloading() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let old = retained_pv(&b, "Released");
+        let mut obs = observed(&b, &config);
+        obs.retained = vec![&old];
+        obs.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        match s.actions.as_slice() {
+            [
+                Action::AdoptPrimary {
+                    pv,
+                    resource_version,
+                },
+                Action::CreatePrimaryClaim(claim),
+            ] => {
+                assert_eq!(pv, "pvc-old");
+                assert_eq!(resource_version, "5");
+                let spec = claim.spec.as_ref().unwrap();
+                assert_eq!(spec.volume_name.as_deref(), Some("pvc-old"));
+                assert_eq!(
+                    spec.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0,
+                    "100Gi"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::AdoptingRetained);
+
+        // Not adoptable: still bound elsewhere, another cache, a view, another driver, not
+        // retained.
+        let bound = retained_pv(&b, "Bound");
+        let mut other_cache = retained_pv(&b, "Released");
+        other_cache
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(HANDLE_DIGEST_ANNOTATION.into(), "sha256:x".into());
+        let mut view_pv = retained_pv(&b, "Released");
+        view_pv
+            .spec
+            .as_mut()
+            .unwrap()
+            .csi
+            .as_mut()
+            .unwrap()
+            .read_only = Some(true);
+        let mut other_driver = retained_pv(&b, "Released");
+        other_driver
+            .spec
+            .as_mut()
+            .unwrap()
+            .csi
+            .as_mut()
+            .unwrap()
+            .driver = "other.csi".into();
+        let mut deleting = retained_pv(&b, "Released");
+        deleting
+            .spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_reclaim_policy = Some("Delete".into());
+        let mut elsewhere = retained_pv(&b, "Released");
+        elsewhere
+            .spec
+            .as_mut()
+            .unwrap()
+            .claim_ref
+            .as_mut()
+            .unwrap()
+            .namespace = Some("team-z".into());
+        for pv in [
+            &bound,
+            &other_cache,
+            &view_pv,
+            &other_driver,
+            &deleting,
+            &elsewhere,
+        ] {
+            assert!(adoptable(&b, &[pv]).is_none(), "{:?}", pv.metadata);
+            obs.retained = vec![pv];
+            assert!(
+                matches!(step(&obs).actions.as_slice(), [Action::CreatePrimaryClaim(c)] if c.spec.as_ref().unwrap().volume_name.is_none())
+            );
+        }
     }
 
     #[test]
