@@ -27,6 +27,9 @@
 //! | `jobs` | list, watch | all, label `nvsnap.io/role=writer` | the writer Job |
 //! | `jobs` | create | writer namespace | the writer Job |
 //! | workload kinds (`replicasets`, `deployments`, `statefulsets`, `jobs`, `cronjobs`, `leaderworkersets`, ...) | get | reader namespaces | top-level owners and stale references |
+//! | `storageclasses` | list, watch | cluster, name `nvcf-sc` | decision drift (with `--catalog-namespace`) |
+//! | `csidrivers` | list, watch | cluster | decision drift (with `--catalog-namespace`) |
+//! | `configmaps` | list, watch | `--catalog-namespace`, name `nvcf-storage-capabilities` | decision drift |
 //! | `leases` | get, create, update | the runtime's namespace | leader election |
 //! | `events` | create | | Events on bindings |
 //!
@@ -139,6 +142,10 @@ pub struct Settings {
     pub concurrency: u16,
     /// Sizes, mount options and writer Job settings.
     pub lifecycle: LifecycleConfig,
+    /// Namespace of the catalog ConfigMap `nvcf-storage-capabilities` (the webhook's); when set,
+    /// every binding's decision is compared with what the current storage gives
+    /// (`DecisionDrift`).
+    pub catalog_namespace: Option<String>,
 }
 
 /// What the reconciler reads and writes with.
@@ -153,10 +160,61 @@ pub struct Bindings {
     claims: Cache<PersistentVolumeClaim>,
     volumes: Cache<PersistentVolume>,
     jobs: Cache<Job>,
+    /// StorageClass nvcf-sc, CSIDrivers and the catalog ConfigMap, for drift (with
+    /// `catalog_namespace`).
+    drift: Option<DriftCaches>,
     recorder: Option<EventRecorder>,
     metrics: Metrics,
     /// Why the last completion write of a binding (by UID) failed; cleared on success.
     completion_errors: std::sync::Mutex<BTreeMap<String, String>>,
+}
+
+/// The caches decision drift reads.
+#[derive(Clone)]
+struct DriftCaches {
+    classes: Cache<k8s_openapi::api::storage::v1::StorageClass>,
+    drivers: Cache<k8s_openapi::api::storage::v1::CSIDriver>,
+    catalogs: Cache<k8s_openapi::api::core::v1::ConfigMap>,
+    namespace: String,
+}
+
+impl DriftCaches {
+    /// The `DecisionDrift` condition of `binding`.
+    fn condition(&self, binding: &ModelCacheBinding) -> lifecycle::WantedCondition {
+        let class = self.classes.store().get(&ObjectRef::new(
+            warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS,
+        ));
+        let driver = class
+            .as_ref()
+            .and_then(|c| self.drivers.store().get(&ObjectRef::new(&c.provisioner)));
+        let catalog = self
+            .catalogs
+            .store()
+            .get(&ObjectRef::new(warmcache_catalog::CONFIG_MAP_NAME).within(&self.namespace));
+        let drift = warmcache_modelvolume::drift::decision_drift(
+            binding,
+            &warmcache_modelvolume::drift::CurrentStorage {
+                storage_class: class.as_deref(),
+                csi_driver: driver.as_deref(),
+                catalog: catalog.as_deref(),
+            },
+        );
+        match drift {
+            Some(message) => lifecycle::WantedCondition {
+                type_: warmcache_modelvolume::drift::DECISION_DRIFT,
+                status: true,
+                reason: lifecycle::Reason::DecisionDrift,
+                message,
+            },
+            None => lifecycle::WantedCondition {
+                type_: warmcache_modelvolume::drift::DECISION_DRIFT,
+                status: false,
+                reason: lifecycle::Reason::NoDrift,
+                message: "the current StorageClass and catalog give the recorded decision"
+                    .to_owned(),
+            },
+        }
+    }
 }
 
 fn api_error(verb: &'static str, resource: &str, name: &str, err: kube::Error) -> Failure {
@@ -882,6 +940,11 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             .and_then(|r| r.population_state)
             == Some(warmcache_api_modelcache::v2beta1::PopulationState::Failed);
 
+        let mut step = step;
+        if let Some(drift) = &self.drift {
+            step.conditions.push(drift.condition(b));
+        }
+
         // Status first (views recorded before they are created).
         let wrote = self
             .write_status(b, &step)
@@ -1004,6 +1067,27 @@ pub fn start(
             message: err.to_string(),
         }
     })?;
+    let drift = match &settings.catalog_namespace {
+        Some(namespace) => Some(DriftCaches {
+            classes: runtime.watch(
+                None,
+                WatcherConfig::default().fields(&format!(
+                    "metadata.name={}",
+                    warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS
+                )),
+            )?,
+            drivers: runtime.watch(None, WatcherConfig::default())?,
+            catalogs: runtime.watch(
+                Some(namespace),
+                WatcherConfig::default().fields(&format!(
+                    "metadata.name={}",
+                    warmcache_catalog::CONFIG_MAP_NAME
+                )),
+            )?,
+            namespace: namespace.clone(),
+        }),
+        None => None,
+    };
     let client = runtime.client()?;
     let reconciler = Bindings {
         owners: OwnerResolver::new(client.clone()),
@@ -1016,6 +1100,7 @@ pub fn start(
         claims: claims.clone(),
         volumes: volumes.clone(),
         jobs: jobs.clone(),
+        drift: drift.clone(),
         recorder: runtime.recorder().cloned(),
         metrics,
         completion_errors: std::sync::Mutex::new(BTreeMap::new()),
@@ -1052,6 +1137,30 @@ pub fn start(
             }
         })
         .concurrency(settings.concurrency);
+    let controller = match drift {
+        // Any change of the storage the decision reads: every binding is compared again.
+        Some(d) => {
+            let all = |bindings: &Cache<ModelCacheBinding>, control: &str| {
+                bindings
+                    .store()
+                    .state()
+                    .iter()
+                    .map(|b| ObjectRef::new(&b.name_any()).within(control))
+                    .collect::<Vec<_>>()
+            };
+            let (b1, b2, b3) = (bindings.clone(), bindings.clone(), bindings.clone());
+            let (n1, n2, n3) = (
+                settings.control_namespace.clone(),
+                settings.control_namespace.clone(),
+                settings.control_namespace.clone(),
+            );
+            controller
+                .watches(&d.classes, move |_| all(&b1, &n1))
+                .watches(&d.drivers, move |_| all(&b2, &n2))
+                .watches(&d.catalogs, move |_| all(&b3, &n3))
+        }
+        None => controller,
+    };
     runtime.start_controller(controller);
     Ok(())
 }

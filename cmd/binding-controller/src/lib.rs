@@ -67,6 +67,11 @@ pub struct ControllerArgs {
     /// How many bindings are reconciled at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
+    /// Namespace of the catalog ConfigMap nvcf-storage-capabilities (the webhook's namespace).
+    /// When given, each binding's frozen decision is compared with what StorageClass nvcf-sc and
+    /// the catalog give today, reported as the DecisionDrift condition (never acted on).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub catalog_namespace: Option<String>,
 }
 
 /// `catalog` subcommands.
@@ -243,6 +248,7 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
     Ok(controller::Settings {
         control_namespace: ns.clone(),
         concurrency: args.concurrency,
+        catalog_namespace: args.catalog_namespace.clone(),
         lifecycle: warmcache_modelvolume::LifecycleConfig {
             primary_size: size,
             extra_mount_options: args.view_mount_option.clone(),

@@ -43,7 +43,7 @@ async fn running_controller(
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
 ) {
-    let (stop, task, _) = running_controller_with(plane, control, None).await;
+    let (stop, task, _) = running_controller_with(plane, control, None, None).await;
     (stop, task)
 }
 
@@ -51,6 +51,7 @@ async fn running_controller_with(
     plane: &ControlPlane,
     control: &str,
     client: Option<Client>,
+    catalog_namespace: Option<&str>,
 ) -> (
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
@@ -76,6 +77,7 @@ async fn running_controller_with(
         &Settings {
             control_namespace: control.to_owned(),
             concurrency: 2,
+            catalog_namespace: catalog_namespace.map(str::to_owned),
             lifecycle: LifecycleConfig {
                 writer: WriterOptions {
                     backoff_limit: 0,
@@ -269,7 +271,7 @@ async fn setup(prefix: &str) -> (Setup, tokio_util::sync::CancellationToken) {
         .create(&PostParams::default(), &binding(&control.name, &app.name))
         .await
         .unwrap();
-    let (stop, _task, admin) = running_controller_with(plane, &control.name, None).await;
+    let (stop, _task, admin) = running_controller_with(plane, &control.name, None, None).await;
     let pv_name = format!("{}-primary", control.name);
     (
         Setup {
@@ -1069,7 +1071,7 @@ async fn completion_conflicts_are_retried_and_a_persistent_one_keeps_the_writer_
         1000,
     );
     let faulty = plane.client_with_faults(faults.clone()).await.unwrap();
-    let (stop, task, _) = running_controller_with(plane, &control.name, Some(faulty)).await;
+    let (stop, task, _) = running_controller_with(plane, &control.name, Some(faulty), None).await;
     let pods: Api<Pod> = app.api();
     pods.create(&PostParams::default(), &reader_pod("reader-0", &created))
         .await
@@ -1292,4 +1294,128 @@ async fn a_new_binding_adopts_the_retained_complete_primary_without_downloading(
     let _ = task.await;
     let _ = pods.delete("reader-1", &DeleteParams::default()).await;
     let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}
+
+/// Decision drift is reported, never acted on: a binding decided from StorageClass nvcf-sc and
+/// the catalog ConfigMap says NoDrift; a catalog edit changing the driver's writer identity makes
+/// DecisionDrift True naming the change, while the spec and the writes stay the binding's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decision_drift_is_reported_and_changes_nothing() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-drift-ctl").await.unwrap();
+    let app = TestNamespace::new("mcb-drift-app").await.unwrap();
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let driver = format!("{}.csi.warmcache.io", control.name);
+    let sc: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": { "name": warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS },
+        "provisioner": driver,
+        "reclaimPolicy": "Retain",
+    }))
+    .unwrap();
+    let sc = classes.create(&PostParams::default(), &sc).await.unwrap();
+    let catalog = |identity: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": warmcache_catalog::CONFIG_MAP_NAME },
+            "data": { warmcache_catalog::CONFIG_MAP_KEY: format!(
+                "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\ndrivers:\n  - name: {driver}\n    provider: testFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n    writerIdentity: {identity}\n"
+            ) },
+        }))
+        .unwrap()
+    };
+    let config_maps: Api<ConfigMap> = control.api();
+    let cm = config_maps
+        .create(&PostParams::default(), &catalog("fsGroup"))
+        .await
+        .unwrap();
+    // The binding as the webhook decides it from that storage.
+    let inputs = warmcache_catalog::DecisionInputs {
+        storage_class: Some(&sc),
+        csi_driver: None,
+        catalog: warmcache_catalog::CatalogInput::ConfigMap(&cm),
+        workflow: Workflow::RegularModelCache,
+        gates: warmcache_catalog::Gates {
+            caching_support: true,
+            helm_model_caching: true,
+            model_cache_encryption: false,
+        },
+    };
+    let Ok(warmcache_catalog::Outcome::Durable(d)) = warmcache_catalog::decide(&inputs) else {
+        panic!("the test catalog gives a durable cache");
+    };
+    let mut wanted = binding(&control.name, &app.name);
+    wanted.spec.decision = d.decision.clone();
+    wanted.spec.storage_class = d.storage_class.clone();
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    let name = created.name_any();
+    let (stop, task, _) =
+        running_controller_with(plane, &control.name, None, Some(&control.name)).await;
+    let drift = |want: &'static str| {
+        let bindings = bindings.clone();
+        let name = name.clone();
+        async move {
+            eventually(&format!("DecisionDrift {want}"), WAIT, || {
+                let bindings = bindings.clone();
+                let name = name.clone();
+                async move {
+                    let b = bindings.get(&name).await.ok()?;
+                    let (status, _, _) = condition(&b, "DecisionDrift")?;
+                    (status == want).then_some(b)
+                }
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let b = drift("False").await;
+    assert_eq!(condition(&b, "DecisionDrift").unwrap().1, "NoDrift");
+
+    // The catalog is edited: the driver is now said to need a root writer.
+    config_maps
+        .replace(
+            warmcache_catalog::CONFIG_MAP_NAME,
+            &PostParams::default(),
+            &{
+                let mut next = catalog("root");
+                next.metadata.resource_version = cm.metadata.resource_version.clone();
+                next
+            },
+        )
+        .await
+        .unwrap();
+    let b = drift("True").await;
+    let (_, reason, message) = condition(&b, "DecisionDrift").unwrap();
+    assert_eq!(reason, "DecisionDrift");
+    assert!(
+        message.contains("writer identity fsGroup -> root"),
+        "{message}"
+    );
+    assert!(message.contains("catalog profile"), "{message}");
+    assert_eq!(b.spec, created.spec, "the binding keeps its decision");
+    // The primary claim the controller created follows the binding's own decision.
+    let claim: PersistentVolumeClaim = control
+        .api::<PersistentVolumeClaim>()
+        .get(&writer_pvc_name(&created.spec.identity))
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.spec.unwrap().storage_class_name.as_deref(),
+        Some(warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS)
+    );
+    stop.cancel();
+    let _ = task.await;
+    let _ = classes
+        .delete(
+            warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS,
+            &DeleteParams::default(),
+        )
+        .await;
 }

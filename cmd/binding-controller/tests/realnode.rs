@@ -316,6 +316,7 @@ async fn end_to_end(
         &Settings {
             control_namespace: control.name.clone(),
             concurrency: 2,
+            catalog_namespace: None,
             lifecycle: LifecycleConfig {
                 primary_size: Quantity("64Mi".into()),
                 writer: WriterOptions {

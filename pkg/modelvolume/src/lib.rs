@@ -57,6 +57,7 @@ pub fn wait_script() -> String {
     rewrite::wait_script()
 }
 
+pub mod drift;
 pub mod lifecycle;
 #[cfg(test)]
 mod testing;

@@ -77,6 +77,10 @@ pub enum Reason {
     AsExpected,
     /// A complete, retained primary of this cache is being adopted (no download).
     AdoptingRetained,
+    /// The storage would be decided differently today ([`crate::drift`]).
+    DecisionDrift,
+    /// The storage would be decided the same way today.
+    NoDrift,
     /// The writer Job failed.
     DownloadFailed,
     /// The recorded download step cannot run as a writer Job.
@@ -109,6 +113,8 @@ impl Reason {
             Self::Reconciled => "Reconciled",
             Self::AsExpected => "AsExpected",
             Self::AdoptingRetained => "AdoptingRetained",
+            Self::DecisionDrift => "DecisionDrift",
+            Self::NoDrift => "NoDrift",
             Self::DownloadFailed => "DownloadFailed",
             Self::InvalidDownloadStep => "InvalidDownloadStep",
             Self::InvalidPrimaryVolume => "InvalidPrimaryVolume",
@@ -124,7 +130,7 @@ impl Reason {
 /// change, and sets `observedGeneration`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WantedCondition {
-    /// [`READY`], [`PROGRESSING`] or [`DEGRADED`].
+    /// [`READY`], [`PROGRESSING`], [`DEGRADED`] or [`crate::drift::DECISION_DRIFT`].
     pub type_: &'static str,
     /// Whether it holds.
     pub status: bool,
