@@ -167,6 +167,9 @@ pub struct Bindings {
     metrics: Metrics,
     /// Why the last completion write of a binding (by UID) failed; cleared on success.
     completion_errors: std::sync::Mutex<BTreeMap<String, String>>,
+    /// Discovery answers of reference kinds (`apiVersion/kind` -> resource), so a stale check
+    /// costs one GET, not a discovery round trip each time.
+    kinds: std::sync::Mutex<BTreeMap<String, ApiResource>>,
 }
 
 /// The caches decision drift reads.
@@ -338,8 +341,21 @@ impl Bindings {
             None => ("", r.api_version.as_str()),
         };
         let gvk = GroupVersionKind::gvk(group, version, &r.kind);
-        let resource = match kube::discovery::pinned_kind(&self.client, &gvk).await {
-            Ok((resource, _)) => resource,
+        let key = format!("{}/{}", r.api_version, r.kind);
+        let known = self.kinds.lock().ok().and_then(|k| k.get(&key).cloned());
+        let resource = match known {
+            Some(resource) => Ok((resource, ())),
+            None => kube::discovery::pinned_kind(&self.client, &gvk)
+                .await
+                .map(|(resource, _)| (resource, ())),
+        };
+        let resource = match resource {
+            Ok((resource, ())) => {
+                if let Ok(mut kinds) = self.kinds.lock() {
+                    kinds.insert(key, resource.clone());
+                }
+                resource
+            }
             // A kind the API server does not serve any more: its objects are gone.
             Err(kube::Error::Discovery(_)) => return Ok(true),
             Err(err) => {
@@ -1104,6 +1120,7 @@ pub fn start(
         recorder: runtime.recorder().cloned(),
         metrics,
         completion_errors: std::sync::Mutex::new(BTreeMap::new()),
+        kinds: std::sync::Mutex::new(BTreeMap::new()),
     };
     let (c1, c2, c3, c4, c5) = (
         control.clone(),

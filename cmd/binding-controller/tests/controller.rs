@@ -562,8 +562,32 @@ async fn a_binding_becomes_one_download_and_a_read_only_view() {
     let all = jobs.list(&ListParams::default()).await.unwrap();
     assert_eq!(all.items.len(), 1);
 
+    // The workload goes: its reference is stale (NotFound) and pruned, the time recorded for
+    // the reaper; the view stays (deleting is the reaper's).
+    pods.delete("reader-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let b = eventually("the stale reference pruned", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            b.status
+                .as_ref()?
+                .request_references
+                .is_empty()
+                .then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let st = b.status.as_ref().unwrap();
+    assert!(st.unreferenced_since.is_some());
+    assert_eq!(st.request_reference_count, Some(0));
+    assert_eq!(st.realized.as_ref().unwrap().views.len(), 1);
+    assert!(view_claims.get_opt(&view_claim).await.unwrap().is_some());
+
     stop.cancel();
-    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
 }
 
