@@ -1443,3 +1443,133 @@ async fn decision_drift_is_reported_and_changes_nothing() {
         )
         .await;
 }
+
+/// Crash matrix, as failures between writes: every write of the flow fails once (the primary
+/// claim, the writer view PV and claim, the Job, the completion update, the claim release, the
+/// view PV and claim, the status), so each reconcile stops right after the writes before it;
+/// the controller converges from what is stored to Ready with exactly one of each object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_after_any_write_converges_without_duplicates() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-crash-ctl").await.unwrap();
+    let app = TestNamespace::new("mcb-crash-app").await.unwrap();
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(&PostParams::default(), &binding(&control.name, &app.name))
+        .await
+        .unwrap();
+    let name = created.name_any();
+    let identity = created.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+    let pv_name = format!("{}-primary", control.name);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&pv_name, &control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let faults = warmcache_testkit::FaultInjector::new();
+    let error = warmcache_testkit::Fault::ServerError;
+    let ctl_claims = format!("/namespaces/{}/persistentvolumeclaims", control.name);
+    let app_claims = format!("/namespaces/{}/persistentvolumeclaims", app.name);
+    let status = format!("/modelcachebindings/{name}/status");
+    faults.inject(http::Method::PUT, &status, error, 1);
+    faults.inject(http::Method::POST, &ctl_claims, error, 1);
+    faults.inject(http::Method::POST, "/api/v1/persistentvolumes", error, 2);
+    faults.inject(http::Method::POST, &app_claims, error, 2);
+    faults.inject(
+        http::Method::POST,
+        &format!("/namespaces/{}/jobs", app.name),
+        error,
+        1,
+    );
+    faults.inject(
+        http::Method::PUT,
+        &format!("/persistentvolumes/{pv_name}"),
+        error,
+        1,
+    );
+    faults.inject(
+        http::Method::DELETE,
+        &format!("{app_claims}/{claim_name}"),
+        error,
+        1,
+    );
+    let injected_rules = 9;
+    let faulty = plane.client_with_faults(faults.clone()).await.unwrap();
+    let (stop, task, _) = running_controller_with(plane, &control.name, Some(faulty), None).await;
+    let pods: Api<Pod> = app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &created))
+        .await
+        .unwrap();
+    let job_name = writer_job_name(&identity);
+    let jp = job_pod(&client, &app.name, &job_name).await;
+    let kubelet = Kubelet::new(client.clone());
+    kubelet
+        .terminate_container(&app.name, &jp.name_any(), "download", 0, "999")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&app.name, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+    let view_claim = reader_pvc_name(&identity);
+    let app_pvcs: Api<PersistentVolumeClaim> = app.api();
+    let b = eventually(
+        "Ready with the view bound and the writer claim released",
+        Duration::from_secs(120),
+        || {
+            let api = bindings.clone();
+            let name = name.clone();
+            let app_pvcs = app_pvcs.clone();
+            let (view_claim, claim_name) = (view_claim.clone(), claim_name.clone());
+            async move {
+                let b = api.get(&name).await.ok()?;
+                if population(&b) != Some(PopulationState::Ready) {
+                    return None;
+                }
+                let view = app_pvcs.get_opt(&view_claim).await.ok()??;
+                (view.status?.phase.as_deref() == Some("Bound")).then_some(())?;
+                let writer = app_pvcs.get_opt(&claim_name).await.ok()?;
+                writer
+                    .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+                    .then_some(b)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(faults.pending(), 0, "every injected failure was met");
+    assert!(faults.injected() >= injected_rules);
+    assert_eq!(realized_bytes(&b), Some(999));
+    // Exactly one of each.
+    let jobs: Api<Job> = app.api();
+    assert_eq!(
+        jobs.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+    let ours = ListParams::default().labels(&format!(
+        "{}={name}",
+        warmcache_modelvolume::volume_keys::BINDING_LABEL
+    ));
+    let ctl = control
+        .api::<PersistentVolumeClaim>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(ctl.items.len(), 1, "one primary claim");
+    let views = pvs.list(&ours).await.unwrap();
+    let names: Vec<String> = views.items.iter().map(|p| p.name_any()).collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "the writer view and one read-only view: {names:?}"
+    );
+    assert_settled(&bindings, &name).await;
+    stop.cancel();
+    let _ = task.await;
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
+}
