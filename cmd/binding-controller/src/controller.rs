@@ -363,7 +363,7 @@ impl Bindings {
             }
         };
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &r.namespace, &resource_of(&resource));
+            Api::namespaced_with(self.client.clone(), &r.namespace, &resource);
         match api.get_metadata_opt(&r.name).await {
             Ok(None) => Ok(true),
             Ok(Some(object)) => Ok(object.metadata.uid.as_deref() != Some(r.uid.as_str())),
@@ -763,10 +763,6 @@ impl Bindings {
             .map_err(|e| api_error("replace_status", api.resource_url(), &name, e))?;
         Ok(true)
     }
-}
-
-fn resource_of(r: &ApiResource) -> ApiResource {
-    r.clone()
 }
 
 fn action_label(action: &Action) -> &'static str {
