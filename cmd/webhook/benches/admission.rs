@@ -160,6 +160,36 @@ fn joined_binding(pod: &Pod, sc: &StorageClass, options: &Options) -> ModelCache
     *binding
 }
 
+/// What the served route does for a pod of `namespace` whose binding exists: the pure rewrite
+/// joining `binding`, with the caches' answers fixed.
+fn join(
+    pod: &Pod,
+    namespace: &str,
+    options: &Options,
+    sc: &StorageClass,
+    binding: &ModelCacheBinding,
+) -> Pod {
+    let labels = BTreeMap::new();
+    let req = Request {
+        pod,
+        namespace,
+        namespace_labels: &labels,
+        leader_worker_set: None,
+        traceparent: None,
+        options,
+    };
+    let storage = StorageInputs {
+        storage_class: Some(sc),
+        csi_driver: None,
+        catalog: CatalogInput::Absent,
+        gates: DEFAULT_GATES,
+    };
+    match admit(&req, |_, _| Some(binding), &storage) {
+        Verdict::Rewrite(r) => r.pod,
+        other => panic!("expected a join, got {other:?}"),
+    }
+}
+
 fn in_process() {
     let pod_value = vllm_pod(true);
     let pod: Pod = serde_json::from_value(pod_value.clone()).unwrap();
@@ -180,26 +210,8 @@ fn in_process() {
         let Some(pod) = request.object.as_ref() else {
             return Mutation::Allow;
         };
-        let labels = BTreeMap::new();
         let namespace = request.namespace.clone().unwrap_or_default();
-        let req = Request {
-            pod,
-            namespace: &namespace,
-            namespace_labels: &labels,
-            leader_worker_set: None,
-            traceparent: None,
-            options: &options,
-        };
-        let storage = StorageInputs {
-            storage_class: Some(&sc),
-            csi_driver: None,
-            catalog: CatalogInput::Absent,
-            gates: DEFAULT_GATES,
-        };
-        match admit(&req, |_, _| Some(&binding), &storage) {
-            Verdict::Rewrite(r) => Mutation::Mutated(r.pod),
-            other => panic!("expected a join, got {other:?}"),
-        }
+        Mutation::Mutated(join(pod, &namespace, &options, &sc, &binding))
     };
     let router = AdmissionServer::new(AdmissionServerConfig::new(TlsFiles::in_dir("/unused")))
         .route(Route::mutating_typed::<Pod, _, _>(WEBHOOK_PATH, handler))
@@ -235,26 +247,14 @@ fn in_process() {
     });
     // The parts, for reading the whole: the pure rewrite of the decoded pod, and the JSON
     // patch from the object as sent to the rewritten pod.
-    let labels = BTreeMap::new();
     let rewrite = |pod: &Pod| {
-        let req = Request {
+        join(
             pod,
-            namespace: NAMESPACE,
-            namespace_labels: &labels,
-            leader_worker_set: None,
-            traceparent: None,
-            options: &options_for_parts,
-        };
-        let storage = StorageInputs {
-            storage_class: Some(&sc_for_parts),
-            csi_driver: None,
-            catalog: CatalogInput::Absent,
-            gates: DEFAULT_GATES,
-        };
-        match admit(&req, |_, _| Some(&binding_for_parts), &storage) {
-            Verdict::Rewrite(r) => r.pod,
-            other => panic!("expected a join, got {other:?}"),
-        }
+            NAMESPACE,
+            &options_for_parts,
+            &sc_for_parts,
+            &binding_for_parts,
+        )
     };
     let pure = per_call(budget, || {
         black_box(rewrite(black_box(&pod)));
