@@ -244,8 +244,13 @@ async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     {
         let synced = Arc::clone(&synced);
         let caches = caches.clone();
+        let stop = runtime.shutdown_token();
         runtime.spawn("cache sync", async move {
-            caches.wait_until_ready().await?;
+            tokio::select! {
+                // Stopped before the caches synced: nothing to report.
+                () = stop.cancelled() => return Ok(()),
+                ready = caches.wait_until_ready() => ready?,
+            }
             synced.store(true, Ordering::Release);
             tracing::info!("caches synced: admitting pods");
             Ok::<(), RuntimeError>(())
