@@ -628,8 +628,10 @@ impl Backends {
                 span.record("done", plan.done);
                 if plan.done {
                     let action = self.release(api, backend).await?;
-                    // Counted once the finalizer is off: a pass that fails before repeats.
-                    self.metrics.cleanup_finished(&plan.finished);
+                    // Counted once the finalizer is off (a pass that fails before repeats),
+                    // and once per backend (a stale cached copy can come through here again).
+                    let uid = backend.uid().unwrap_or_default();
+                    self.metrics.cleanup_finished(&uid, &plan.finished);
                     Ok((action, Some(Outcome::Released)))
                 } else {
                     Ok((

@@ -103,7 +103,14 @@ pub struct ControllerMetrics {
     tier_bytes: IntGaugeVec,
     tier_backends: IntGauge,
     readings: Arc<Mutex<BTreeMap<String, Gauges>>>,
+    /// UIDs of the backends whose cleanup was counted, newest last (bounded): a reconcile of a
+    /// stale cached copy after the finalizer came off finds the cleanup done again and must
+    /// not count it twice.
+    counted: Arc<Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// How many counted backends are remembered.
+const COUNTED_REMEMBERED: usize = 1024;
 
 impl ControllerMetrics {
     /// Creates the metrics, registers them in `registry` with the phase gauge read from
@@ -205,6 +212,7 @@ impl ControllerMetrics {
             tier_bytes,
             tier_backends,
             readings: Arc::new(Mutex::new(BTreeMap::new())),
+            counted: Arc::new(Mutex::new(std::collections::VecDeque::new())),
         })
     }
 
@@ -213,8 +221,22 @@ impl ControllerMetrics {
         self.outcomes.with_label_values(&[outcome.label()]).inc();
     }
 
-    /// Counts the final outcome of every node of a finished cleanup.
-    pub fn cleanup_finished(&self, finished: &[(String, NodeOutcome)]) {
+    /// Counts the final outcome of every node of the finished cleanup of the backend with
+    /// `uid`, once per backend.
+    pub fn cleanup_finished(&self, uid: &str, finished: &[(String, NodeOutcome)]) {
+        {
+            let mut counted = match self.counted.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if counted.iter().any(|u| u == uid) {
+                return;
+            }
+            if counted.len() >= COUNTED_REMEMBERED {
+                counted.pop_front();
+            }
+            counted.push_back(uid.to_owned());
+        }
         for (_, outcome) in finished {
             self.cleanup_nodes
                 .with_label_values(&[outcome.label()])
@@ -400,11 +422,14 @@ mod tests {
         let m = ControllerMetrics::register_counters(&registry).unwrap();
         m.outcome(Outcome::Settled);
         m.outcome(Outcome::Settled);
-        m.cleanup_finished(&[
+        let finished = [
             ("a".into(), NodeOutcome::Emptied),
             ("b".into(), NodeOutcome::SharedPath),
             ("c".into(), NodeOutcome::Emptied),
-        ]);
+        ];
+        m.cleanup_finished("uid-1", &finished);
+        // A stale copy of the same backend reconciled after its finalizer came off.
+        m.cleanup_finished("uid-1", &finished);
         m.cleanup_stopped();
         let t = text(&registry);
         assert_eq!(
