@@ -1060,16 +1060,25 @@ async fn assert_settled(api: &Api<ModelCacheBinding>, name: &str) {
     );
 }
 
-/// Completion against conflicting writes of the primary PV: two conflicts are retried on a fresh
-/// read and complete; conflicts on every attempt leave the PV unlabelled and the writer claim in
-/// place (reported, retried later), and once they stop the completion is stored and only then
-/// is the writer claim released.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn completion_conflicts_are_retried_and_a_persistent_one_keeps_the_writer_claim() {
-    let plane = ControlPlane::shared().await.unwrap();
+/// A binding of `<prefix>-ctl` read by `<prefix>-app`, and its primary PV (provisioned by
+/// hand, not yet bound).
+struct Seeded {
+    client: Client,
+    control: TestNamespace,
+    app: TestNamespace,
+    bindings: Api<ModelCacheBinding>,
+    created: ModelCacheBinding,
+    name: String,
+    identity: warmcache_api_modelcache::v2beta1::BindingIdentity,
+    claim_name: String,
+    pv_name: String,
+    pvs: Api<PersistentVolume>,
+}
+
+async fn seeded(plane: &ControlPlane, prefix: &str) -> Seeded {
     let client = plane.client().await.unwrap();
-    let control = TestNamespace::new("mcb-conflict-ctl").await.unwrap();
-    let app = TestNamespace::new("mcb-conflict-app").await.unwrap();
+    let control = TestNamespace::new(&format!("{prefix}-ctl")).await.unwrap();
+    let app = TestNamespace::new(&format!("{prefix}-app")).await.unwrap();
     let bindings: Api<ModelCacheBinding> = control.api();
     let created = bindings
         .create(&PostParams::default(), &binding(&control.name, &app.name))
@@ -1086,6 +1095,39 @@ async fn completion_conflicts_are_retried_and_a_persistent_one_keeps_the_writer_
     )
     .await
     .unwrap();
+    Seeded {
+        client,
+        control,
+        app,
+        bindings,
+        created,
+        name,
+        identity,
+        claim_name,
+        pv_name,
+        pvs,
+    }
+}
+
+/// Completion against conflicting writes of the primary PV: two conflicts are retried on a fresh
+/// read and complete; conflicts on every attempt leave the PV unlabelled and the writer claim in
+/// place (reported, retried later), and once they stop the completion is stored and only then
+/// is the writer claim released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_conflicts_are_retried_and_a_persistent_one_keeps_the_writer_claim() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let Seeded {
+        client,
+        control,
+        app,
+        bindings,
+        created,
+        name,
+        identity,
+        claim_name,
+        pv_name,
+        pvs,
+    } = seeded(plane, "mcb-conflict").await;
     let faults = warmcache_testkit::FaultInjector::new();
     // Every completion write conflicts (more than the bounded retries of one reconcile).
     faults.inject(
@@ -1451,25 +1493,18 @@ async fn decision_drift_is_reported_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_after_any_write_converges_without_duplicates() {
     let plane = ControlPlane::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-    let control = TestNamespace::new("mcb-crash-ctl").await.unwrap();
-    let app = TestNamespace::new("mcb-crash-app").await.unwrap();
-    let bindings: Api<ModelCacheBinding> = control.api();
-    let created = bindings
-        .create(&PostParams::default(), &binding(&control.name, &app.name))
-        .await
-        .unwrap();
-    let name = created.name_any();
-    let identity = created.spec.identity.clone();
-    let claim_name = writer_pvc_name(&identity);
-    let pv_name = format!("{}-primary", control.name);
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    pvs.create(
-        &PostParams::default(),
-        &primary_pv(&pv_name, &control.name, &claim_name),
-    )
-    .await
-    .unwrap();
+    let Seeded {
+        client,
+        control,
+        app,
+        bindings,
+        created,
+        name,
+        identity,
+        claim_name,
+        pv_name,
+        pvs,
+    } = seeded(plane, "mcb-crash").await;
     let faults = warmcache_testkit::FaultInjector::new();
     let error = warmcache_testkit::Fault::ServerError;
     let ctl_claims = format!("/namespaces/{}/persistentvolumeclaims", control.name);
