@@ -18,9 +18,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{
-    Container, Namespace, PersistentVolume, Pod, ResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, Pod, ResourceRequirements};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Api;
@@ -134,43 +132,16 @@ fn small() -> ResourceRequirements {
     }
 }
 
-fn all_containers_mut(pod: &mut Pod) -> impl Iterator<Item = &mut Container> {
-    let spec = pod.spec.as_mut().unwrap();
-    spec.init_containers
-        .iter_mut()
-        .flatten()
-        .chain(spec.containers.iter_mut())
-}
-
 /// The rendered pod adapted to the node (see the module documentation); the recorded download
 /// step runs [`DOWNLOAD_SCRIPT`] on the tools image.
 fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str) -> Pod {
-    let mut pod = rendered.clone();
-    let spec = pod.spec.as_mut().unwrap();
-    spec.restart_policy = Some("Never".to_owned());
-    spec.termination_grace_period_seconds = Some(1);
-    for c in all_containers_mut(&mut pod) {
-        c.image = Some(TOOLS_IMAGE.to_owned());
-        c.image_pull_policy = Some("Never".to_owned());
-        if let Some(r) = c.resources.as_mut() {
-            for list in [r.requests.as_mut(), r.limits.as_mut()]
-                .into_iter()
-                .flatten()
-            {
-                list.remove("nvidia.com/gpu");
-            }
-        }
-        if c.name == engine {
-            c.command = Some(vec![
-                "sh".into(),
-                "-c".into(),
-                ENGINE_SCRIPT.into(),
-                "vllm".into(),
-                landing.into(),
-            ]);
-            c.args = None;
-        }
-    }
+    let mut pod = warmcache_testkit::on_test_node(
+        rendered,
+        "nvidia.com/gpu",
+        engine,
+        ENGINE_SCRIPT,
+        &["vllm", landing],
+    );
     let annotations = pod.metadata.annotations.as_mut().unwrap();
     let mut step = DownloadStep::from_annotation(&annotations[DOWNLOAD_STEP_ANNOTATION]).unwrap();
     step.container.image = Some(TOOLS_IMAGE.to_owned());

@@ -330,33 +330,14 @@ fn publish_for(node: &RealNode, pod: &Pod) -> warmcache_testkit::CsiPublish {
 /// Never`) so the engine's report can be read. Volumes, mounts, security contexts, the wait
 /// container's command and everything else the rewrite produced stay as rendered (checked).
 fn for_the_test_node(rendered: &Pod, name: &str, engine: &str, landing: &str) -> Pod {
-    let mut pod = rendered.clone();
+    let mut pod = warmcache_testkit::on_test_node(
+        rendered,
+        "nvidia.com/gpu",
+        engine,
+        ENGINE_SCRIPT,
+        &["vllm", landing],
+    );
     pod.metadata.name = Some(name.to_owned());
-    let spec = pod.spec.as_mut().unwrap();
-    spec.restart_policy = Some("Never".to_owned());
-    spec.termination_grace_period_seconds = Some(1);
-    for c in all_containers_mut(&mut pod) {
-        c.image = Some(TOOLS_IMAGE.to_owned());
-        c.image_pull_policy = Some("Never".to_owned());
-        if let Some(r) = c.resources.as_mut() {
-            for list in [r.requests.as_mut(), r.limits.as_mut()]
-                .into_iter()
-                .flatten()
-            {
-                list.remove("nvidia.com/gpu");
-            }
-        }
-        if c.name == engine {
-            c.command = Some(vec![
-                "sh".to_owned(),
-                "-c".to_owned(),
-                ENGINE_SCRIPT.to_owned(),
-                "vllm".to_owned(),
-                landing.to_owned(),
-            ]);
-            c.args = None;
-        }
-    }
     let kept = |p: &Pod| {
         let spec = p.spec.as_ref().unwrap();
         let wait = spec

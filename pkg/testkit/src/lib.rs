@@ -136,7 +136,8 @@ pub use node::{ENV_NODE_BIN_DIR, KUBELET_SYSCTLS, RealNode};
 pub use pki::WebhookPki;
 pub use plane::{ControlPlane, ENV_BIN_DIR, ENV_CRD_DIR};
 pub use pods::{
-    termination_message, tools_container, tools_pod, wait_pod, wait_pod_finished, wait_pod_running,
+    on_test_node, termination_message, tools_container, tools_pod, wait_pod, wait_pod_finished,
+    wait_pod_running,
 };
 pub use webhook::{
     WebhookRegistration, delete_mutating_webhook, delete_validating_webhook, register_mutating,

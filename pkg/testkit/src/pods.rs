@@ -10,6 +10,48 @@ use kube::api::ListParams;
 
 use crate::{TOOLS_IMAGE, TestkitError};
 
+/// `rendered` (a pod a component rendered for a GPU node) made runnable on the test node, and
+/// otherwise left as rendered: every container (init containers too) on [`TOOLS_IMAGE`] with
+/// `imagePullPolicy: Never`, `gpu_resource` removed from requests and limits (the node has no
+/// GPU), `restartPolicy: Never` (so the containers' reports can be read), a 1 s grace period,
+/// and the container `engine` running `sh -c <script> <script_args...>` instead of its engine.
+pub fn on_test_node(
+    rendered: &Pod,
+    gpu_resource: &str,
+    engine: &str,
+    script: &str,
+    script_args: &[&str],
+) -> Pod {
+    let mut pod = rendered.clone();
+    let spec = pod.spec.get_or_insert_with(PodSpec::default);
+    spec.restart_policy = Some("Never".to_owned());
+    spec.termination_grace_period_seconds = Some(1);
+    let containers = spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut());
+    for c in containers {
+        c.image = Some(TOOLS_IMAGE.to_owned());
+        c.image_pull_policy = Some("Never".to_owned());
+        if let Some(r) = c.resources.as_mut() {
+            for list in [r.requests.as_mut(), r.limits.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                list.remove(gpu_resource);
+            }
+        }
+        if c.name == engine {
+            let mut command = vec!["sh".to_owned(), "-c".to_owned(), script.to_owned()];
+            command.extend(script_args.iter().map(|a| (*a).to_owned()));
+            c.command = Some(command);
+            c.args = None;
+        }
+    }
+    pod
+}
+
 /// A pod with one container `main` running `sh -c <script>` in [`TOOLS_IMAGE`] with
 /// `imagePullPolicy: Never` and `restartPolicy: Never`. Add volumes, mounts or a security
 /// context to the returned value as needed.
