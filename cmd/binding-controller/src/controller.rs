@@ -504,6 +504,28 @@ impl Bindings {
         }
     }
 
+    /// Frees PV `pv` for a new claim (its `claimRef` keeps the claim's name, loses its UID and
+    /// resourceVersion), only while the PV is still at `resource_version`, the version the
+    /// decision was made on; if it changed since, nothing is written and the next reconcile
+    /// decides again. Used to adopt a retained primary and to rebind a writer view.
+    async fn release_claim_ref(&self, pv: &str, resource_version: &str) -> Result<(), Failure> {
+        self.ensure_leader()?;
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        update_with_retry(&api, pv, |current| {
+            if current.metadata.resource_version.as_deref() != Some(resource_version) {
+                return Decision::Unchanged;
+            }
+            let mut next = current.clone();
+            if let Some(r) = next.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+                r.uid = None;
+                r.resource_version = None;
+            }
+            Decision::Update(next)
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Creates `pv` unless a PV of that name exists; an existing one must carry this binding's
     /// label, or it is someone else's.
     async fn create_pv(
@@ -580,21 +602,7 @@ impl Bindings {
                     self.create_claim(binding, claim).await?;
                 }
                 Action::AdoptPrimary { pv, resource_version } => {
-                    self.ensure_leader()?;
-                    let api: Api<PersistentVolume> = Api::all(self.client.clone());
-                    let wanted = resource_version.clone();
-                    update_with_retry(&api, pv, |current| {
-                        if current.metadata.resource_version.as_ref() != Some(&wanted) {
-                            return Decision::Unchanged;
-                        }
-                        let mut next = current.clone();
-                        if let Some(r) = next.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
-                            r.uid = None;
-                            r.resource_version = None;
-                        }
-                        Decision::Update(next)
-                    })
-                    .await?;
+                    self.release_claim_ref(pv, resource_version).await?;
                     tracing::info!(pv, "adopting a retained complete primary");
                     if let Some(recorder) = &self.recorder {
                         recorder
@@ -603,22 +611,7 @@ impl Bindings {
                     }
                 }
                 Action::RebindWriterView { pv, resource_version } => {
-                    self.ensure_leader()?;
-                    let api: Api<PersistentVolume> = Api::all(self.client.clone());
-                    let wanted = resource_version.clone();
-                    update_with_retry(&api, pv, |current| {
-                        if current.metadata.resource_version.as_ref() != Some(&wanted) {
-                            // Changed since observed: the next reconcile decides again.
-                            return Decision::Unchanged;
-                        }
-                        let mut next = current.clone();
-                        if let Some(r) = next.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
-                            r.uid = None;
-                            r.resource_version = None;
-                        }
-                        Decision::Update(next)
-                    })
-                    .await?;
+                    self.release_claim_ref(pv, resource_version).await?;
                 }
                 Action::CreateJob(job) => {
                     let api = Api::namespaced(self.client.clone(), &job.namespace().unwrap_or_default());
