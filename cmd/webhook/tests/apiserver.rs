@@ -421,6 +421,20 @@ async fn a_webhook_that_is_down_does_not_block_pods() {
         !created[0].annotations().contains_key(BINDING_ANNOTATION),
         "admitted as written"
     );
+    // The API server did try the webhook and failed open (rather than not calling it at all):
+    // its own counter says so. No other test's webhook fails open.
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = client.request_text(request).await.unwrap();
+    let failed_open = metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_admission_webhook_fail_open_count"))
+        .filter(|l| l.contains(warmcache_webhook::serve::WEBHOOK_NAME))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(
+        failed_open >= 1.0,
+        "the API server failed open: {failed_open}"
+    );
     configs
         .delete(&format!("pw-{run}"), &DeleteParams::default())
         .await
