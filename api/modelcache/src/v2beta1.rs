@@ -522,12 +522,112 @@ pub struct ModelCacheBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0), transform = not_nullable)]
     pub observed_generation: Option<i64>,
+    /// The writer of the download as last recorded: for helmModelCache a copy of the writer
+    /// Lease (spec.resources.leaseName in the control namespace, the record that decides),
+    /// which moves to another namespace of the sharing domain when the writer namespace has no
+    /// reading pod left and its Job has been gone past the takeover grace period; for
+    /// regularModelCache always spec.resources.writerNamespace. Absent until a writer is chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = not_nullable)]
+    pub writer: Option<WriterStatus>,
+    /// The failure record of the last failed download (nvsnap's failed-<key> record): while
+    /// the current time is before retryAfter, admission leaves new pods of this model on their
+    /// own download and the controller deletes readers still waiting for the copy; after it,
+    /// admission joins again and the controller retries with a new Job. Cleared by a later
+    /// success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = not_nullable)]
+    pub failure_record: Option<FailureRecord>,
     /// Standard conditions, keyed by type: Ready (readers can read the complete copy),
     /// Progressing (the controller is creating or waiting for something) and Degraded (a
     /// failure that needs attention, with the reason).
     #[serde(default)]
     #[schemars(schema_with = "conditions_schema", transform = no_default)]
     pub conditions: Vec<Condition>,
+}
+
+/// The writer of a cache's download.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WriterStatus {
+    /// Namespace the writer Job runs in (where its credentials are).
+    #[schemars(length(min = 1, max = 63), pattern(DNS1123_LABEL_PATTERN))]
+    pub namespace: String,
+    /// Name of the writer Job (writer-job-HASH).
+    #[schemars(length(min = 1, max = 63), pattern(DNS1123_LABEL_PATTERN))]
+    pub job_name: String,
+    /// UID of the writer Job, once it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), transform = not_nullable)]
+    pub job_uid: Option<String>,
+    /// Starting (chosen, no Job recorded yet), Running (its Job exists) or Gone (its Job was
+    /// found gone; another namespace may take the download over after the grace period).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = not_nullable)]
+    pub state: Option<WriterState>,
+    /// How many times another namespace took the download over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0), transform = not_nullable)]
+    pub takeovers: Option<i32>,
+}
+
+/// State of a cache's writer.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum WriterState {
+    // Chosen; no Job recorded yet.
+    Starting,
+    // Its Job exists.
+    Running,
+    // Its Job is gone.
+    Gone,
+}
+
+impl WriterState {
+    /// The serialized value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "Starting",
+            Self::Running => "Running",
+            Self::Gone => "Gone",
+        }
+    }
+
+    /// The value serialized by [`WriterState::as_str`].
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "Starting" => Some(Self::Starting),
+            "Running" => Some(Self::Running),
+            "Gone" => Some(Self::Gone),
+            _ => None,
+        }
+    }
+}
+
+/// The record of a failed download, valid until `retryAfter`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureRecord {
+    /// When the controller saw the writer Job fail.
+    pub failed_at: Time,
+    /// Until when the failure holds (failedAt plus the record's validity, one hour by
+    /// default): before it, admission leaves new pods on their own download; from it on,
+    /// admission joins again and a retry download may start.
+    pub retry_after: Time,
+    /// UID of the failed Job (one record per failed Job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), transform = not_nullable)]
+    pub job_uid: Option<String>,
+    /// The download's last words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub message: String,
+}
+
+impl FailureRecord {
+    /// Whether the record still holds at `now` (`now` before `retryAfter`).
+    pub fn holds_at(&self, now: k8s_openapi::jiff::Timestamp) -> bool {
+        now < self.retry_after.0
+    }
 }
 
 /// Lifecycle phase of a binding. `Retiring` is final.

@@ -31,6 +31,8 @@
 //! | `csidrivers` | list, watch | cluster | decision drift (with `--catalog-namespace`) |
 //! | `configmaps` | list, watch | `--catalog-namespace`, name `nvcf-storage-capabilities` | decision drift |
 //! | `leases` | get, create, update | the runtime's namespace | leader election |
+//! | `leases` | list, watch (label `app.kubernetes.io/managed-by=warmcache`), create, update | control namespace | the writer Lease of each helmModelCache binding (`spec.resources.leaseName`) |
+//! | `jobs` | get | the writer Lease's namespace | confirming the holder's Job is gone (only NotFound means gone) |
 //! | `events` | create | | Events on bindings |
 //!
 //! No `delete` on PersistentVolumes, Jobs or bindings: deleting data is the reaper's.
@@ -40,6 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -60,6 +63,7 @@ use warmcache_modelvolume::keys::{
     BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
     MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, URI_ANNOTATION,
 };
+use warmcache_modelvolume::lease::{self, LeaseView, LeaseWrite};
 use warmcache_modelvolume::lifecycle::{self, Action, LifecycleConfig, Observed, StepSource};
 use warmcache_modelvolume::view;
 use warmcache_modelvolume::volume_keys::{BINDING_LABEL, ROLE_WRITER, VOLUME_ROLE_LABEL};
@@ -110,6 +114,13 @@ pub enum Failure {
     /// A condition could not be recorded (a bug: the reasons are fixed words).
     #[error("condition: {0}")]
     Condition(#[from] warmcache_kube::ConditionError),
+    /// Another writer of the writer Lease was first (AlreadyExists on create, a conflict on
+    /// update): the election is decided again from what is stored.
+    #[error("Lease {lease}: another controller wrote the writer record first; deciding again")]
+    LeaseLost {
+        /// `namespace/name`.
+        lease: String,
+    },
 }
 
 impl ReconcileError for Failure {
@@ -121,6 +132,7 @@ impl ReconcileError for Failure {
             Self::CompletionNotStored { .. } => "completion_not_stored",
             Self::Foreign { .. } => "foreign_object",
             Self::Condition(_) => "condition",
+            Self::LeaseLost { .. } => "writer_lease_lost",
         }
     }
 
@@ -128,7 +140,10 @@ impl ReconcileError for Failure {
         match self {
             Self::Kube(err) => ReconcileError::is_permanent(err),
             Self::Foreign { .. } | Self::Condition(_) => true,
-            Self::Owner { .. } | Self::NotLeader | Self::CompletionNotStored { .. } => false,
+            Self::Owner { .. }
+            | Self::NotLeader
+            | Self::CompletionNotStored { .. }
+            | Self::LeaseLost { .. } => false,
         }
     }
 }
@@ -160,6 +175,7 @@ pub struct Bindings {
     claims: Cache<PersistentVolumeClaim>,
     volumes: Cache<PersistentVolume>,
     jobs: Cache<Job>,
+    leases: Cache<Lease>,
     /// StorageClass nvcf-sc, CSIDrivers and the catalog ConfigMap, for drift (with
     /// `catalog_namespace`).
     drift: Option<DriftCaches>,
@@ -286,6 +302,79 @@ impl Bindings {
         self.volumes.store().get(&ObjectRef::new(name))
     }
 
+    /// The writer Lease of `binding` (none for a binding that names no Lease).
+    fn lease(&self, binding: &ModelCacheBinding) -> Option<Arc<Lease>> {
+        let name = &binding.spec.resources.lease_name;
+        if name.is_empty() {
+            return None;
+        }
+        self.leases
+            .store()
+            .get(&ObjectRef::new(name).within(&self.settings.control_namespace))
+    }
+
+    /// The UID of `binding`'s writer Job in `namespace`: from the cache, and when the cache
+    /// does not show one and `confirm` is set, from a fresh read (only NotFound means gone).
+    async fn writer_job_uid(
+        &self,
+        binding: &ModelCacheBinding,
+        namespace: &str,
+        confirm: bool,
+    ) -> Result<Option<String>, Failure> {
+        let name = writer_job_name(&binding.spec.identity);
+        let ours = |job: &Job| {
+            job.annotations()
+                .get(warmcache_modelvolume::volume_keys::BINDING_UID_LABEL_ANNOTATION)
+                .is_some_and(|u| Some(u) == binding.metadata.uid.as_ref())
+                && job.metadata.deletion_timestamp.is_none()
+        };
+        if let Some(job) = self
+            .jobs
+            .store()
+            .get(&ObjectRef::new(&name).within(namespace))
+        {
+            return Ok(ours(&job).then(|| job.uid()).flatten());
+        }
+        if !confirm {
+            return Ok(None);
+        }
+        let api: Api<Job> = Api::namespaced(self.client.clone(), namespace);
+        let found = api
+            .get_opt(&name)
+            .await
+            .map_err(|e| api_error("get", api.resource_url(), &name, e))?;
+        Ok(found.filter(|j| ours(j)).and_then(|j| j.uid()))
+    }
+
+    /// Who writes `binding`'s download ([`lease::elect`] on the writer Lease, the holder's
+    /// Job and the namespaces whose reading pods record a step).
+    async fn election(
+        &self,
+        binding: &ModelCacheBinding,
+        pods: &[Arc<PartialObjectMeta<Pod>>],
+    ) -> Result<lease::Election, Failure> {
+        let stored = self.lease(binding);
+        let view = lease::view(binding, stored.as_deref());
+        let (holder, confirm) = match &view {
+            LeaseView::Ours(r) if !r.namespace.is_empty() => (r.namespace.clone(), true),
+            _ => (binding.spec.resources.writer_namespace.clone(), false),
+        };
+        let holder_job = self.writer_job_uid(binding, &holder, confirm).await?;
+        let step_namespaces: BTreeSet<String> = pods
+            .iter()
+            .filter(|p| p.annotations().contains_key(DOWNLOAD_STEP_ANNOTATION))
+            .filter_map(|p| p.namespace())
+            .collect();
+        Ok(lease::elect(&lease::ElectionInput {
+            binding,
+            lease: &view,
+            holder_job: holder_job.as_deref(),
+            step_namespaces: &step_namespaces,
+            now: Timestamp::now(),
+            grace_seconds: self.settings.lifecycle.takeover_grace_seconds,
+        }))
+    }
+
     /// Workloads of the pods, and the stored references found stale.
     async fn references(
         &self,
@@ -375,13 +464,12 @@ impl Bindings {
     /// literal secrets it copies from that pod.
     async fn step_source(
         &self,
-        binding: &ModelCacheBinding,
+        writer_ns: &str,
         pods: &[Arc<PartialObjectMeta<Pod>>],
     ) -> Result<Option<StepSource>, Failure> {
-        let writer_ns = &binding.spec.resources.writer_namespace;
         for pod in pods
             .iter()
-            .filter(|p| p.namespace().as_ref() == Some(writer_ns))
+            .filter(|p| p.namespace().as_deref() == Some(writer_ns))
         {
             let Some(text) = pod.annotations().get(DOWNLOAD_STEP_ANNOTATION) else {
                 continue;
@@ -427,18 +515,22 @@ impl Bindings {
     /// The first object under one of `binding`'s names that is not in the caches (which hold
     /// only objects labelled as warmcache's) but exists without this binding's label: a claim
     /// or PV someone else created under our name. Only names missing from the caches are read.
-    async fn foreign_object(&self, binding: &ModelCacheBinding) -> Result<Option<String>, Failure> {
+    async fn foreign_object(
+        &self,
+        binding: &ModelCacheBinding,
+        writer_ns: &str,
+    ) -> Result<Option<String>, Failure> {
         let identity = &binding.spec.identity;
         let name = binding.name_any();
-        let writer_ns = binding.spec.resources.writer_namespace.clone();
+        let writer_ns = writer_ns.to_owned();
         let mut claims = vec![
             (
                 self.settings.control_namespace.clone(),
                 writer_pvc_name(identity),
             ),
-            (writer_ns, writer_pvc_name(identity)),
+            (writer_ns.clone(), writer_pvc_name(identity)),
         ];
-        let mut volumes = vec![view::writer_view_pv_name(binding)];
+        let mut volumes = vec![view::writer_view_pv_name_in(binding, &writer_ns)];
         for v in binding
             .status
             .iter()
@@ -660,11 +752,92 @@ impl Bindings {
                         tracing::info!(namespace = ?claim.namespace(), pv = %pv.name_any(), "created a read-only view");
                     }
                 }
+                Action::WriteLease(write) => self.write_lease(binding, write).await?,
             }
             Ok(())
         }
         .instrument(span)
         .await
+    }
+
+    /// Writes the writer Lease: a create (AlreadyExists: another controller chose first) or an
+    /// update carrying the observed resourceVersion and UID (the API server refuses it when
+    /// either changed). A lost write is [`Failure::LeaseLost`]: nothing after it in the step
+    /// runs, and the next reconcile decides from the winner.
+    async fn write_lease(
+        &self,
+        binding: &ModelCacheBinding,
+        write: &LeaseWrite,
+    ) -> Result<(), Failure> {
+        self.ensure_leader()?;
+        let lease = write.lease();
+        let name = lease.name_any();
+        let api: Api<Lease> =
+            Api::namespaced(self.client.clone(), &self.settings.control_namespace);
+        let lost = || Failure::LeaseLost {
+            lease: format!("{}/{name}", self.settings.control_namespace),
+        };
+        let annotations = lease.annotations();
+        let writer = annotations
+            .get(warmcache_modelvolume::volume_keys::WRITER_NAMESPACE_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        let state = annotations
+            .get(warmcache_modelvolume::volume_keys::WRITER_STATE_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        match write {
+            LeaseWrite::Create(_) => match api.create(&PostParams::default(), lease).await {
+                Ok(_) => {
+                    self.metrics.lease_write("created");
+                    tracing::info!(lease = %name, writer = %writer, state = %state, "recorded the writer");
+                }
+                Err(err) if warmcache_kube::is_already_exists(&err) => {
+                    self.metrics.lease_write("lost");
+                    return Err(lost());
+                }
+                Err(err) => return Err(api_error("create", api.resource_url(), &name, err)),
+            },
+            LeaseWrite::Update(_) => {
+                match api.replace(&name, &PostParams::default(), lease).await {
+                    Ok(_) => {
+                        let moved = binding
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.writer.as_ref())
+                            .is_some_and(|w| w.namespace != writer && !w.namespace.is_empty());
+                        if moved {
+                            self.metrics.lease_write("taken_over");
+                            tracing::info!(lease = %name, writer = %writer, "took the download over");
+                            if let Some(recorder) = &self.recorder {
+                                recorder
+                                    .normal(
+                                        binding,
+                                        "WriterTakenOver",
+                                        "TakeOverWriter",
+                                        Some(&format!(
+                                            "namespace {writer} takes the download over"
+                                        )),
+                                    )
+                                    .await;
+                            }
+                        } else {
+                            self.metrics.lease_write("updated");
+                            tracing::info!(lease = %name, writer = %writer, state = %state, "updated the writer record");
+                        }
+                    }
+                    Err(err)
+                        if warmcache_kube::is_conflict(&err)
+                            || warmcache_kube::is_not_found(&err) =>
+                    {
+                        self.metrics.lease_write("lost");
+                        return Err(lost());
+                    }
+                    Err(err) => return Err(api_error("replace", api.resource_url(), &name, err)),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Labels the primary PV complete and sets Retain (conflicts retried against a fresh read,
@@ -768,6 +941,7 @@ fn action_label(action: &Action) -> &'static str {
         Action::MarkComplete { .. } => "mark_complete",
         Action::ReleaseWriterClaim { .. } => "release_writer_claim",
         Action::CreateView(..) => "create_view",
+        Action::WriteLease(_) => "write_lease",
     }
 }
 
@@ -784,7 +958,6 @@ impl Reconciler<ModelCacheBinding> for Bindings {
     ) -> Result<warmcache_runtime::Action, Failure> {
         let b = binding.as_ref();
         let identity = &b.spec.identity;
-        let writer_ns = b.spec.resources.writer_namespace.clone();
 
         // Dereference.
         let observed = async {
@@ -799,8 +972,19 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                     .then(|| a.get(URI_ANNOTATION).cloned())
                     .flatten()
             });
-            let step = self.step_source(b, &pods).await?;
-            let foreign = self.foreign_object(b).await?;
+            let writer = self.election(b, &pods).await?;
+            let writer_ns = writer.namespace.clone();
+            let step = self.step_source(&writer_ns, &pods).await?;
+            let mut foreign = self.foreign_object(b, &writer_ns).await?;
+            if foreign.is_none()
+                && let LeaseView::Foreign(what) = lease::view(b, self.lease(b).as_deref())
+            {
+                foreign = Some(what);
+            }
+            let previous_writer_claim = writer
+                .previous
+                .as_ref()
+                .and_then(|ns| self.claim(ns, &writer_pvc_name(identity)));
             let primary_claim =
                 self.claim(&self.settings.control_namespace, &writer_pvc_name(identity));
             let primary_pv = match primary_claim
@@ -816,7 +1000,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 }
                 None => None,
             };
-            let writer_view_pv = self.volume(&view::writer_view_pv_name(b));
+            let writer_view_pv = self.volume(&view::writer_view_pv_name_in(b, &writer_ns));
             let hash = warmcache_api_modelcache::identity_hash(identity);
             let retained: Vec<Arc<PersistentVolume>> = if primary_claim.is_none() {
                 self.volumes
@@ -874,6 +1058,8 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 stale,
                 reader_namespaces,
                 model_uri,
+                writer,
+                previous_writer_claim,
                 step,
                 primary_claim,
                 primary_pv,
@@ -893,6 +1079,8 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             stale,
             reader_namespaces,
             model_uri,
+            writer,
+            previous_writer_claim,
             step_source,
             primary_claim,
             primary_pv,
@@ -915,11 +1103,13 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 stale_references: stale,
                 reader_namespaces,
                 model_uri,
+                writer,
                 step: step_source,
                 primary_claim: primary_claim.as_deref(),
                 primary_pv: primary_pv.as_ref(),
                 writer_view_pv: writer_view_pv.as_deref(),
                 writer_view_claim: writer_view_claim.as_deref(),
+                previous_writer_claim: previous_writer_claim.as_deref(),
                 job: job.as_deref(),
                 job_pods: job_pods.iter().collect(),
                 existing_views,
@@ -980,8 +1170,14 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 && c.status
                 && c.reason == lifecycle::Reason::PrimaryClaimPending
         });
+        let recheck = step.recheck_at.map(|at| {
+            let seconds = at.duration_since(Timestamp::now()).as_secs_f64().ceil();
+            Duration::from_secs_f64(seconds.clamp(1.0, REQUEUE_SETTLED.as_secs_f64()))
+        });
         Ok(if waiting || (!wrote && !step.actions.is_empty()) {
             warmcache_runtime::Action::requeue(REQUEUE_WAITING)
+        } else if let Some(after) = recheck {
+            warmcache_runtime::Action::requeue(after)
         } else {
             warmcache_runtime::Action::requeue(REQUEUE_SETTLED)
         })
@@ -1066,6 +1262,7 @@ pub fn start(
             "{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{VOLUME_ROLE_LABEL}={ROLE_WRITER}"
         )),
     )?;
+    let leases = runtime.watch::<Lease>(Some(&control), ours.clone())?;
     let metrics = Metrics::register(runtime.metrics().registry()).map_err(|err| {
         warmcache_runtime::RuntimeError::Task {
             task: "controller metrics".to_owned(),
@@ -1105,13 +1302,15 @@ pub fn start(
         claims: claims.clone(),
         volumes: volumes.clone(),
         jobs: jobs.clone(),
+        leases: leases.clone(),
         drift: drift.clone(),
         recorder: runtime.recorder().cloned(),
         metrics,
         completion_errors: std::sync::Mutex::new(BTreeMap::new()),
         kinds: std::sync::Mutex::new(BTreeMap::new()),
     };
-    let (c1, c2, c3, c4, c5) = (
+    let (c1, c2, c3, c4, c5, c6) = (
+        control.clone(),
         control.clone(),
         control.clone(),
         control.clone(),
@@ -1124,6 +1323,7 @@ pub fn start(
         .watches(&claims, move |c| binding_of(&c2, c))
         .watches(&volumes, move |v| binding_of(&c3, v))
         .watches(&jobs, move |j| binding_of(&c4, j))
+        .watches(&leases, move |l| binding_of(&c6, l))
         .watches(&namespaces, {
             let bindings = bindings.clone();
             move |ns: &PartialObjectMeta<Namespace>| {

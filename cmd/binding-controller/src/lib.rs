@@ -64,6 +64,11 @@ pub struct ControllerArgs {
     /// ttlSecondsAfterFinished of writer Jobs (also how long a failure is remembered).
     #[arg(long, default_value_t = warmcache_modelvolume::writer::DEFAULT_TTL_SECONDS_AFTER_FINISHED)]
     pub writer_ttl_seconds: i32,
+    /// Seconds the writer of a helmModelCache download must have been gone (its Job gone, no
+    /// reading pod with a download step left in its namespace) before another namespace of the
+    /// sharing domain takes the download over through the writer Lease.
+    #[arg(long, default_value_t = warmcache_modelvolume::lease::DEFAULT_TAKEOVER_GRACE_SECONDS)]
+    pub writer_takeover_grace_seconds: i64,
     /// How many bindings are reconciled at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
@@ -240,6 +245,11 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
                 .to_owned(),
         ));
     }
+    if !(0..=i64::from(i32::MAX)).contains(&args.writer_takeover_grace_seconds) {
+        return Err(Error::Setting(
+            "--writer-takeover-grace-seconds must be between 0 and 2147483647".to_owned(),
+        ));
+    }
     let writer = warmcache_modelvolume::WriterOptions {
         active_deadline_seconds: args.writer_deadline_seconds,
         ttl_seconds_after_finished: args.writer_ttl_seconds,
@@ -253,6 +263,7 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
             primary_size: size,
             extra_mount_options: args.view_mount_option.clone(),
             writer,
+            takeover_grace_seconds: args.writer_takeover_grace_seconds,
         },
     })
 }

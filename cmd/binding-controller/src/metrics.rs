@@ -12,6 +12,7 @@
 //! | `views_created_total` | | read-only view claims created |
 //! | `actions_total` | `action` (the fixed [`warmcache_modelvolume::Action`] kinds) | writes the lifecycle asked for |
 //! | `time_to_ready_seconds` | | from a binding's creation to its primary stored complete (buckets up to 12 h) |
+//! | `writer_lease_writes_total` | `result` (`created`, `updated`, `taken_over`, `lost`) | writes of the writer Lease: the first writer recorded, bookkeeping (Job UID, gone), a takeover by another namespace, a write another controller won |
 //!
 //! Every label value is a fixed word; no binding, namespace or model is a label.
 
@@ -26,7 +27,7 @@ use warmcache_telemetry::prometheus::{
 pub const POPULATIONS: [&str; 5] = ["Unknown", "Pending", "Populating", "Ready", "Failed"];
 
 /// Label values of `actions_total`.
-pub const ACTIONS: [&str; 8] = [
+pub const ACTIONS: [&str; 9] = [
     "create_primary_claim",
     "adopt_primary",
     "create_writer_view",
@@ -35,7 +36,11 @@ pub const ACTIONS: [&str; 8] = [
     "mark_complete",
     "release_writer_claim",
     "create_view",
+    "write_lease",
 ];
+
+/// Label values of `writer_lease_writes_total`.
+pub const LEASE_WRITES: [&str; 4] = ["created", "updated", "taken_over", "lost"];
 
 /// A metric could not be created or registered.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +60,7 @@ pub struct Metrics {
     views: IntCounter,
     actions: IntCounterVec,
     time_to_ready: Histogram,
+    lease_writes: IntCounterVec,
 }
 
 fn reg<M>(
@@ -128,6 +134,20 @@ impl Metrics {
                 ]),
             ),
         )?;
+        let lease_writes = reg(
+            registry,
+            "writer_lease_writes_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "writer_lease_writes_total",
+                    "Writes of writer Leases, by result.",
+                ),
+                &["result"],
+            ),
+        )?;
+        for r in LEASE_WRITES {
+            lease_writes.with_label_values(&[r]);
+        }
         for p in POPULATIONS {
             bindings.with_label_values(&[p]);
         }
@@ -142,6 +162,7 @@ impl Metrics {
             views,
             actions,
             time_to_ready,
+            lease_writes,
         })
     }
 
@@ -169,6 +190,11 @@ impl Metrics {
     /// A view claim was created.
     pub fn view_created(&self) {
         self.views.inc();
+    }
+
+    /// A writer Lease write ended with `result` (one of [`LEASE_WRITES`]).
+    pub fn lease_write(&self, result: &'static str) {
+        self.lease_writes.with_label_values(&[result]).inc();
     }
 
     /// The lifecycle asked for `action`.

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -18,6 +19,7 @@ use serde_json::json;
 use warmcache_api_modelcache::v2beta1::{
     BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
     ModelCacheBindingSpec, PopulationState, ReclaimPolicy, Transition, Workflow, WriterIdentity,
+    WriterState,
 };
 use warmcache_api_modelcache::{
     FINALIZER, binding_name, identity_hash, reader_pvc_name, sha256_digest, writer_job_name,
@@ -28,7 +30,10 @@ use warmcache_modelvolume::keys::{
     BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
     MODEL_LABEL, URI_ANNOTATION,
 };
-use warmcache_modelvolume::volume_keys::{BYTES_ANNOTATION, COMPLETE_LABEL};
+use warmcache_modelvolume::volume_keys::{
+    BYTES_ANNOTATION, COMPLETE_LABEL, WRITER_JOB_UID_ANNOTATION, WRITER_NAMESPACE_ANNOTATION,
+    WRITER_STATE_ANNOTATION,
+};
 use warmcache_modelvolume::{LifecycleConfig, WriterOptions};
 use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
 use warmcache_testkit::{ControlPlane, Kubelet, TestNamespace, eventually};
@@ -57,6 +62,33 @@ async fn running_controller_with(
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
     std::net::SocketAddr,
 ) {
+    running_controller_cfg(
+        plane,
+        control,
+        client,
+        catalog_namespace,
+        LifecycleConfig {
+            writer: WriterOptions {
+                backoff_limit: 0,
+                ..WriterOptions::default()
+            },
+            ..LifecycleConfig::default()
+        },
+    )
+    .await
+}
+
+async fn running_controller_cfg(
+    plane: &ControlPlane,
+    control: &str,
+    client: Option<Client>,
+    catalog_namespace: Option<&str>,
+    lifecycle: LifecycleConfig,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+    std::net::SocketAddr,
+) {
     let args = RuntimeArgs {
         kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
         kube_context: None,
@@ -78,13 +110,7 @@ async fn running_controller_with(
             control_namespace: control.to_owned(),
             concurrency: 2,
             catalog_namespace: catalog_namespace.map(str::to_owned),
-            lifecycle: LifecycleConfig {
-                writer: WriterOptions {
-                    backoff_limit: 0,
-                    ..WriterOptions::default()
-                },
-                ..LifecycleConfig::default()
-            },
+            lifecycle,
         },
     )
     .unwrap();
@@ -1607,4 +1633,395 @@ async fn a_failure_after_any_write_converges_without_duplicates() {
     let _ = task.await;
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
+}
+
+fn quick_takeover() -> LifecycleConfig {
+    LifecycleConfig {
+        writer: WriterOptions {
+            backoff_limit: 0,
+            ..WriterOptions::default()
+        },
+        takeover_grace_seconds: 3,
+        ..LifecycleConfig::default()
+    }
+}
+
+/// A helmModelCache binding of `domain` with its writer Lease, first written from `first`, and
+/// its primary PV.
+async fn leased_binding(
+    client: &Client,
+    control: &TestNamespace,
+    first: &str,
+    domain: &str,
+) -> (ModelCacheBinding, String) {
+    let mut wanted = binding_for(&control.name, first, Workflow::HelmModelCache, domain);
+    wanted.spec.resources.lease_name =
+        warmcache_api_modelcache::init_lease_name(&wanted.spec.identity);
+    let created = control
+        .api::<ModelCacheBinding>()
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    let pv_name = format!("{}-primary", control.name);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(
+            &pv_name,
+            &control.name,
+            &writer_pvc_name(&created.spec.identity),
+        ),
+    )
+    .await
+    .unwrap();
+    (created, pv_name)
+}
+
+fn lease_writer(l: &Lease) -> (String, String, Option<String>, i32) {
+    let a = l.annotations();
+    (
+        a.get(WRITER_NAMESPACE_ANNOTATION)
+            .cloned()
+            .unwrap_or_default(),
+        a.get(WRITER_STATE_ANNOTATION).cloned().unwrap_or_default(),
+        a.get(WRITER_JOB_UID_ANNOTATION).cloned(),
+        l.spec
+            .as_ref()
+            .and_then(|s| s.lease_transitions)
+            .unwrap_or_default(),
+    )
+}
+
+async fn succeed_job(client: &Client, ns: &str, job: &str, bytes: &str) {
+    let jp = job_pod(client, ns, job).await;
+    let kubelet = Kubelet::new(client.clone());
+    kubelet
+        .terminate_container(ns, &jp.name_any(), "download", 0, bytes)
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(ns, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+}
+
+/// helmModelCache in two namespaces: the writer namespace records the Lease and its Job; then
+/// it loses its pods and its Job: the Lease is marked gone, and only after the grace period the
+/// other namespace takes the download over (Lease replaced with its resourceVersion, the old
+/// writer claim released, a Job there); the binding becomes Ready written from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_namespace_without_pods_is_taken_over_after_the_grace_period() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-take-ctl").await.unwrap();
+    let a = TestNamespace::new("mcb-take-a").await.unwrap();
+    let b_ns = TestNamespace::new("mcb-take-b").await.unwrap();
+    let domain = format!("domain-{}", control.name);
+    label_domain(&client, &a.name, &domain).await;
+    label_domain(&client, &b_ns.name, &domain).await;
+    let (created, pv_name) = leased_binding(&client, &control, &a.name, &domain).await;
+    let name = created.name_any();
+    let identity = created.spec.identity.clone();
+    let lease_name = created.spec.resources.lease_name.clone();
+    let job_name = writer_job_name(&identity);
+    let (stop, task, _) =
+        running_controller_cfg(plane, &control.name, None, None, quick_takeover()).await;
+    for ns in [&a, &b_ns] {
+        ns.api::<Pod>()
+            .create(&PostParams::default(), &reader_pod("reader-0", &created))
+            .await
+            .unwrap();
+    }
+    // The first admission's namespace writes, and the Lease records its Job.
+    let leases: Api<Lease> = control.api();
+    let jobs_a: Api<Job> = a.api();
+    let job_a = eventually("the Job in the first namespace", WAIT, || {
+        let jobs = jobs_a.clone();
+        let job_name = job_name.clone();
+        async move { jobs.get_opt(&job_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    eventually("the Lease records the Job", WAIT, || {
+        let leases = leases.clone();
+        let lease_name = lease_name.clone();
+        let uid = job_a.uid();
+        let a = a.name.clone();
+        async move {
+            let l = leases.get_opt(&lease_name).await.ok()??;
+            let (ns, state, job_uid, _) = lease_writer(&l);
+            (ns == a && state == "Running" && job_uid == uid).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+
+    // The first namespace loses its pods and its Job.
+    a.api::<Pod>()
+        .delete("reader-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone_at = k8s_openapi::jiff::Timestamp::now();
+    jobs_a
+        .delete(
+            &job_name,
+            &DeleteParams {
+                propagation_policy: Some(kube::api::PropagationPolicy::Background),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    let jobs_b: Api<Job> = b_ns.api();
+    let job_b = eventually("the Job in the other namespace", WAIT, || {
+        let jobs = jobs_b.clone();
+        let job_name = job_name.clone();
+        async move { jobs.get_opt(&job_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    let lease = leases.get(&lease_name).await.unwrap();
+    let (ns, _, _, transitions) = lease_writer(&lease);
+    assert_eq!(ns, b_ns.name);
+    assert_eq!(transitions, 1);
+    let acquired = lease
+        .spec
+        .as_ref()
+        .unwrap()
+        .acquire_time
+        .as_ref()
+        .unwrap()
+        .0;
+    assert!(
+        acquired.duration_since(gone_at).as_secs_f64() >= 2.5,
+        "taken over {acquired} only after the grace period from {gone_at}"
+    );
+    // The old writer claim is released; the new one is in the taking-over namespace.
+    let claim_name = writer_pvc_name(&identity);
+    wait_gone(&a.api::<PersistentVolumeClaim>(), &claim_name).await;
+    assert!(
+        b_ns.api::<PersistentVolumeClaim>()
+            .get_opt(&claim_name)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    succeed_job(&client, &b_ns.name, &job_name, "321").await;
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let done = eventually("Ready, written from the other namespace", WAIT, || {
+        let bindings = bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = bindings.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let st = done.status.as_ref().unwrap();
+    assert_eq!(
+        st.realized.as_ref().unwrap().source_namespace.as_deref(),
+        Some(b_ns.name.as_str())
+    );
+    let w = st.writer.as_ref().unwrap();
+    assert_eq!(w.namespace, b_ns.name);
+    assert_eq!(w.takeovers, Some(1));
+    assert_eq!(w.job_uid, job_b.uid());
+    assert_eq!(
+        done.spec.resources.writer_namespace, a.name,
+        "the spec keeps the first admission's namespace"
+    );
+    assert!(
+        jobs_a
+            .get_opt(&job_name)
+            .await
+            .unwrap()
+            .is_none_or(|j| j.metadata.deletion_timestamp.is_some())
+    );
+    stop.cancel();
+    let _ = task.await;
+    let _ = b_ns
+        .api::<Pod>()
+        .delete("reader-0", &DeleteParams::default())
+        .await;
+    let _ = Api::<PersistentVolume>::all(client.clone())
+        .delete(&pv_name, &DeleteParams::default())
+        .await;
+}
+
+/// Two controllers (no leader election between them) find the same gone writer past its grace
+/// period: the Lease update carries its resourceVersion and UID, so exactly one takeover is
+/// stored, one Job exists, and the loser decides again from the winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_racing_takeover_by_two_controllers_yields_one_writer() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-race-ctl").await.unwrap();
+    let a = TestNamespace::new("mcb-race-a").await.unwrap();
+    let b_ns = TestNamespace::new("mcb-race-b").await.unwrap();
+    let c_ns = TestNamespace::new("mcb-race-c").await.unwrap();
+    let domain = format!("domain-{}", control.name);
+    for ns in [&a, &b_ns, &c_ns] {
+        label_domain(&client, &ns.name, &domain).await;
+    }
+    let (created, pv_name) = leased_binding(&client, &control, &a.name, &domain).await;
+    let identity = created.spec.identity.clone();
+    let lease_name = created.spec.resources.lease_name.clone();
+    let job_name = writer_job_name(&identity);
+    // The Lease of a writer in the first namespace whose Job was seen gone an hour ago.
+    let long_ago = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+        .unwrap();
+    let seeded = warmcache_modelvolume::lease::writer_lease(
+        &created,
+        None,
+        &a.name,
+        Some("gone-job-uid"),
+        WriterState::Gone,
+        0,
+        long_ago,
+        3,
+    );
+    let leases: Api<Lease> = control.api();
+    leases
+        .create(&PostParams::default(), &seeded)
+        .await
+        .unwrap();
+    for ns in [&b_ns, &c_ns] {
+        ns.api::<Pod>()
+            .create(&PostParams::default(), &reader_pod("reader-0", &created))
+            .await
+            .unwrap();
+    }
+    let (stop1, task1, admin1) =
+        running_controller_cfg(plane, &control.name, None, None, quick_takeover()).await;
+    let (stop2, task2, admin2) =
+        running_controller_cfg(plane, &control.name, None, None, quick_takeover()).await;
+    let taken = eventually("taken over", WAIT, || {
+        let leases = leases.clone();
+        let lease_name = lease_name.clone();
+        async move {
+            let l = leases.get_opt(&lease_name).await.ok()??;
+            let (ns, state, uid, transitions) = lease_writer(&l);
+            (state == "Running" && uid.is_some()).then_some((ns, transitions))
+        }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut jobs = 0;
+    for ns in [&a, &b_ns, &c_ns] {
+        jobs += ns
+            .api::<Job>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|j| j.name_any() == job_name)
+            .count();
+    }
+    assert_eq!(jobs, 1, "one writer Job in all");
+    let l = leases.get(&lease_name).await.unwrap();
+    let (ns, _, _, transitions) = lease_writer(&l);
+    assert_eq!(
+        (ns.clone(), transitions),
+        (taken.0.clone(), 1),
+        "one takeover stored"
+    );
+    assert!(ns == b_ns.name || ns == c_ns.name);
+    let taken_over: f64 = [scrape(admin1).await, scrape(admin2).await]
+        .iter()
+        .map(|m| {
+            sample(
+                m,
+                "warmcache_binding_controller_writer_lease_writes_total{result=\"taken_over\"}",
+            )
+            .unwrap_or_default()
+        })
+        .sum();
+    assert_eq!(
+        taken_over, 1.0,
+        "exactly one controller's takeover was stored"
+    );
+    stop1.cancel();
+    stop2.cancel();
+    let _ = task1.await;
+    let _ = task2.await;
+    for ns in [&b_ns, &c_ns] {
+        let _ = ns
+            .api::<Pod>()
+            .delete("reader-0", &DeleteParams::default())
+            .await;
+    }
+    let _ = Api::<PersistentVolume>::all(client.clone())
+        .delete(&pv_name, &DeleteParams::default())
+        .await;
+}
+
+/// The writer Lease is written, then the Job create fails, then the Lease bookkeeping fails:
+/// the controller converges from what is stored to one Job, recorded in the Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_after_the_lease_write_converges() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-lcrash-ctl").await.unwrap();
+    let a = TestNamespace::new("mcb-lcrash-a").await.unwrap();
+    let domain = format!("domain-{}", control.name);
+    label_domain(&client, &a.name, &domain).await;
+    let (created, pv_name) = leased_binding(&client, &control, &a.name, &domain).await;
+    let lease_name = created.spec.resources.lease_name.clone();
+    let job_name = writer_job_name(&created.spec.identity);
+    let faults = warmcache_testkit::FaultInjector::new();
+    let error = warmcache_testkit::Fault::ServerError;
+    faults.inject(
+        http::Method::POST,
+        &format!("/namespaces/{}/jobs", a.name),
+        error,
+        1,
+    );
+    faults.inject(
+        http::Method::PUT,
+        &format!("/namespaces/{}/leases/{lease_name}", control.name),
+        error,
+        1,
+    );
+    let faulty = plane.client_with_faults(faults.clone()).await.unwrap();
+    let (stop, task, _) =
+        running_controller_cfg(plane, &control.name, Some(faulty), None, quick_takeover()).await;
+    a.api::<Pod>()
+        .create(&PostParams::default(), &reader_pod("reader-0", &created))
+        .await
+        .unwrap();
+    let leases: Api<Lease> = control.api();
+    let jobs: Api<Job> = a.api();
+    let job = eventually("the Job, recorded in the Lease", WAIT, || {
+        let (leases, jobs) = (leases.clone(), jobs.clone());
+        let (lease_name, job_name) = (lease_name.clone(), job_name.clone());
+        async move {
+            let job = jobs.get_opt(&job_name).await.ok()??;
+            let l = leases.get_opt(&lease_name).await.ok()??;
+            let (_, state, uid, _) = lease_writer(&l);
+            (state == "Running" && uid == job.uid()).then_some(job)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(faults.pending(), 0, "both injected failures were met");
+    assert_eq!(
+        jobs.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+    let (ns, _, _, transitions) = lease_writer(&leases.get(&lease_name).await.unwrap());
+    assert_eq!((ns, transitions), (a.name.clone(), 0));
+    assert!(job.uid().is_some());
+    stop.cancel();
+    let _ = task.await;
+    let _ = a
+        .api::<Pod>()
+        .delete("reader-0", &DeleteParams::default())
+        .await;
+    let _ = Api::<PersistentVolume>::all(client.clone())
+        .delete(&pv_name, &DeleteParams::default())
+        .await;
 }

@@ -58,6 +58,7 @@ pub fn wait_script() -> String {
 }
 
 pub mod drift;
+pub mod lease;
 pub mod lifecycle;
 #[cfg(test)]
 mod testing;

@@ -31,12 +31,14 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{EnvVar, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::v2beta1::{
     BindingPhase, ModelCacheBinding, ModelCacheBindingStatus, PopulationState, ReadOnlyView,
     RealizedStorage, RequestReference, Transition,
 };
 use warmcache_api_modelcache::{identity_hash, writer_pvc_name};
 
+use crate::lease::{Election, LeaseWrite};
 use crate::step::DownloadStep;
 use crate::view::{self, ViewError};
 use crate::volume_keys::{
@@ -57,6 +59,9 @@ pub const DEGRADED: &str = "Degraded";
 pub enum Reason {
     /// No reading pod carries a download step in the writer namespace yet.
     WaitingForDownloadStep,
+    /// The writer namespace has no reading pod left and its Job is gone: another namespace of
+    /// the sharing domain takes the download over once the grace period has passed.
+    WaitingForTakeover,
     /// The primary claim is being created.
     CreatingPrimary,
     /// The primary claim is not bound yet.
@@ -103,6 +108,7 @@ impl Reason {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::WaitingForDownloadStep => "WaitingForDownloadStep",
+            Self::WaitingForTakeover => "WaitingForTakeover",
             Self::CreatingPrimary => "CreatingPrimary",
             Self::PrimaryClaimPending => "PrimaryClaimPending",
             Self::StartingDownload => "StartingDownload",
@@ -188,6 +194,11 @@ pub enum Action {
     },
     /// Create a read-only view (PV, then claim) recorded in the stored status.
     CreateView(PersistentVolume, PersistentVolumeClaim),
+    /// Write the writer Lease ([`crate::lease`]): a create (AlreadyExists: another controller
+    /// chose first) or an update with its resourceVersion and UID (a conflict: someone else
+    /// wrote first). When it precedes a [`Action::CreateJob`], a lost write stops the actions:
+    /// the next reconcile decides again from the winner.
+    WriteLease(LeaseWrite),
 }
 
 /// What to do next.
@@ -199,9 +210,9 @@ pub struct Step {
     pub conditions: Vec<WantedCondition>,
     /// Writes to make after the status, in order.
     pub actions: Vec<Action>,
-    /// Whether the controller should look again later although nothing it watches may change
-    /// (a Job it waits for is watched; nothing needs polling today).
-    pub requeue: bool,
+    /// When the controller should look again although nothing it watches may change (the end
+    /// of a takeover's grace period).
+    pub recheck_at: Option<Timestamp>,
 }
 
 /// A download step and the pod it was recorded on.
@@ -222,6 +233,9 @@ pub struct LifecycleConfig {
     pub extra_mount_options: Vec<String>,
     /// Writer Job settings.
     pub writer: WriterOptions,
+    /// Seconds the holder of the writer Lease has been gone (its Job gone, no reading pod with
+    /// a step left in its namespace) before another namespace takes the download over.
+    pub takeover_grace_seconds: i64,
 }
 
 impl Default for LifecycleConfig {
@@ -230,6 +244,7 @@ impl Default for LifecycleConfig {
             primary_size: Quantity("100Gi".to_owned()),
             extra_mount_options: Vec::new(),
             writer: WriterOptions::default(),
+            takeover_grace_seconds: crate::lease::DEFAULT_TAKEOVER_GRACE_SECONDS,
         }
     }
 }
@@ -250,7 +265,9 @@ pub struct Observed<'a> {
     pub reader_namespaces: BTreeSet<String>,
     /// The model URI of a pod whose handle matches the binding.
     pub model_uri: Option<String>,
-    /// A download step recorded on a pod of the writer namespace.
+    /// The writer ([`crate::lease::elect`]): its namespace, and the Lease writes.
+    pub writer: Election,
+    /// A download step recorded on a pod of the writer namespace ([`Election::namespace`]).
     pub step: Option<StepSource>,
     /// The primary claim in the control namespace.
     pub primary_claim: Option<&'a PersistentVolumeClaim>,
@@ -258,8 +275,11 @@ pub struct Observed<'a> {
     pub primary_pv: Option<&'a PersistentVolume>,
     /// The writer view's PV.
     pub writer_view_pv: Option<&'a PersistentVolume>,
-    /// The writer view's claim.
+    /// The writer view's claim (in the writer namespace).
     pub writer_view_claim: Option<&'a PersistentVolumeClaim>,
+    /// The writer view claim of the previous writer, when the election takes the download over
+    /// ([`Election::previous`]): released with the takeover.
+    pub previous_writer_claim: Option<&'a PersistentVolumeClaim>,
     /// The writer Job.
     pub job: Option<&'a Job>,
     /// The writer Job's pods.
@@ -414,10 +434,12 @@ pub fn recorded_bytes(pv: &PersistentVolume) -> Option<u64> {
         .ok()
 }
 
-/// The labels and annotations that mark `binding`'s primary complete.
+/// The labels and annotations that mark `binding`'s primary complete, written from
+/// `source_namespace`.
 pub fn completion_marks(
     binding: &ModelCacheBinding,
     bytes: Option<u64>,
+    source_namespace: &str,
 ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let labels = BTreeMap::from([
         (COMPLETE_LABEL.to_owned(), "true".to_owned()),
@@ -427,7 +449,7 @@ pub fn completion_marks(
         ),
         (
             SOURCE_NAMESPACE_LABEL.to_owned(),
-            binding.spec.resources.writer_namespace.clone(),
+            source_namespace.to_owned(),
         ),
         (
             crate::keys::MANAGED_BY_LABEL.to_owned(),
@@ -471,6 +493,7 @@ fn writer_view_needs_rebind(pv: &PersistentVolume, claim: Option<&PersistentVolu
 struct Builder {
     conditions: Vec<WantedCondition>,
     actions: Vec<Action>,
+    recheck_at: Option<Timestamp>,
 }
 
 impl Builder {
@@ -499,6 +522,7 @@ pub fn step(obs: &Observed<'_>) -> Step {
     let mut out = Builder {
         conditions: Vec::new(),
         actions: Vec::new(),
+        recheck_at: None,
     };
     status.observed_generation = b.metadata.generation;
     let retiring = b.is_retiring() || b.metadata.deletion_timestamp.is_some();
@@ -537,7 +561,7 @@ pub fn step(obs: &Observed<'_>) -> Step {
             "the binding is Retiring or being deleted: the reaper deletes what it names; nothing is created for it",
         );
         status.realized = Some(realized).filter(|r| *r != RealizedStorage::default());
-        return finish(status, out, false);
+        return finish(status, out);
     }
 
     if b.spec.decision.transition == Transition::RoxReadOnly {
@@ -554,7 +578,7 @@ pub fn step(obs: &Observed<'_>) -> Step {
         );
         out.set(DEGRADED, false, Reason::AsExpected, "");
         status.realized = Some(realized);
-        return finish(status, out, false);
+        return finish(status, out);
     }
 
     if let Some(what) = &obs.foreign {
@@ -566,14 +590,17 @@ pub fn step(obs: &Observed<'_>) -> Step {
             ),
         );
         status.realized = Some(realized);
-        return finish(status, out, false);
+        return finish(status, out);
+    }
+    if obs.writer.stored.is_some() {
+        status.writer.clone_from(&obs.writer.stored);
     }
     rwx(obs, &mut realized, &mut out);
     status.realized = Some(realized);
-    finish(status, out, false)
+    finish(status, out)
 }
 
-fn finish(status: ModelCacheBindingStatus, out: Builder, requeue: bool) -> Step {
+fn finish(status: ModelCacheBindingStatus, out: Builder) -> Step {
     let mut conditions = out.conditions;
     conditions.sort_by_key(|c| match c.type_ {
         READY => 0,
@@ -584,7 +611,7 @@ fn finish(status: ModelCacheBindingStatus, out: Builder, requeue: bool) -> Step 
         status,
         conditions,
         actions: out.actions,
-        requeue,
+        recheck_at: out.recheck_at,
     }
 }
 
@@ -597,6 +624,7 @@ fn degraded(out: &mut Builder, reason: Reason, message: String) {
 fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
     let b = obs.binding;
     let claim_name = writer_pvc_name(&b.spec.identity);
+    let writer_ns = obs.writer.namespace.as_str();
 
     // 1. The primary claim (a warm start adopts a retained complete primary).
     let Some(primary_claim) = obs.primary_claim else {
@@ -671,9 +699,9 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
     };
     let pv_name = primary.metadata.name.clone().unwrap_or_default();
     realized.bound_persistent_volume_name = Some(pv_name.clone()).filter(|n| !n.is_empty());
-    if let Err(e) = view::primary_capacity(primary).and_then(|_| {
-        view::read_only_view(b, primary, &b.spec.resources.writer_namespace, None, &[]).map(|_| ())
-    }) {
+    if let Err(e) = view::primary_capacity(primary)
+        .and_then(|_| view::read_only_view(b, primary, writer_ns, None, &[]).map(|_| ()))
+    {
         degraded(out, Reason::InvalidPrimaryVolume, e.to_string());
         return;
     }
@@ -735,15 +763,16 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
         return;
     }
 
-    // 4. The writer Job.
+    // 4. The writer Job (the Lease's bookkeeping, if any, after the other writes).
     if let Some(job) = obs.job {
+        let record = obs.writer.record.clone().map(Action::WriteLease);
         if !job_is_ours(b, job) {
             degraded(
                 out,
                 Reason::ForeignObject,
                 format!(
                     "Job {}/{} exists but was not created for this binding (annotation {} differs); it is never adopted or deleted",
-                    b.spec.resources.writer_namespace,
+                    writer_ns,
                     job.metadata.name.clone().unwrap_or_default(),
                     crate::volume_keys::BINDING_UID_LABEL_ANNOTATION
                 ),
@@ -752,7 +781,8 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
         }
         if job_condition(job, "Complete") {
             let bytes = measured_bytes(&obs.job_pods);
-            let (labels, annotations) = completion_marks(b, bytes);
+            let source = job.metadata.namespace.as_deref().unwrap_or(writer_ns);
+            let (labels, annotations) = completion_marks(b, bytes, source);
             out.actions.push(Action::MarkComplete {
                 pv: pv_name.clone(),
                 labels,
@@ -772,6 +802,7 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
                 )),
                 None => out.set(DEGRADED, false, Reason::AsExpected, ""),
             }
+            out.actions.extend(record);
             return;
         }
         if job_condition(job, "Failed") {
@@ -785,13 +816,14 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
             out.set(READY, false, Reason::DownloadFailed, m.clone());
             out.set(PROGRESSING, false, Reason::DownloadFailed, "the primary claim is kept; the download is retried by the next reading pod once the failed Job is gone (its TTL)");
             out.set(DEGRADED, true, Reason::DownloadFailed, m);
+            out.actions.extend(record);
             return;
         }
         realized.population_state = Some(PopulationState::Populating);
         let pending = views(obs, primary, None, &stored_views, realized, out);
         let m = format!(
             "the writer Job {}/{} is downloading",
-            b.spec.resources.writer_namespace,
+            writer_ns,
             job.metadata.name.clone().unwrap_or_default()
         );
         out.set(READY, false, Reason::Downloading, m.clone());
@@ -806,32 +838,64 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
             },
         );
         out.set(DEGRADED, false, Reason::AsExpected, "");
+        out.actions.extend(record);
         return;
     }
 
     // 5. No Job: start (or retry) the download.
     let Some(source) = &obs.step else {
+        out.actions
+            .extend(obs.writer.record.clone().map(Action::WriteLease));
         if !failed_before {
             realized.population_state = Some(PopulationState::Pending);
         }
-        let m = format!(
-            "no reading pod in the writer namespace {} carries a download step yet",
-            b.spec.resources.writer_namespace
-        );
-        out.set(READY, false, Reason::WaitingForDownloadStep, m.clone());
-        out.set(PROGRESSING, true, Reason::WaitingForDownloadStep, m);
+        if let Some((to, at)) = &obs.writer.takeover_at {
+            let m = format!(
+                "the writer namespace {writer_ns} has no reading pod with a download step left and its Job is gone; namespace {to} takes the download over at {at} unless a pod of {writer_ns} comes back first"
+            );
+            out.set(READY, false, Reason::WaitingForTakeover, m.clone());
+            out.set(PROGRESSING, true, Reason::WaitingForTakeover, m);
+            out.recheck_at = Some(*at);
+        } else {
+            let m = if b.spec.resources.lease_name.is_empty() {
+                format!(
+                    "no reading pod in the writer namespace {writer_ns} carries a download step yet"
+                )
+            } else {
+                format!(
+                    "no reading pod in the writer namespace {writer_ns}, nor in another namespace of the sharing domain, carries a download step yet"
+                )
+            };
+            out.set(READY, false, Reason::WaitingForDownloadStep, m.clone());
+            out.set(PROGRESSING, true, Reason::WaitingForDownloadStep, m);
+        }
         if !failed_before {
             out.set(DEGRADED, false, Reason::AsExpected, "");
         }
         return;
     };
-    let job = match writer::writer_job(b, &source.step, &source.pod_env, &obs.config.writer) {
+    let job = match writer::writer_job_in(
+        b,
+        writer_ns,
+        &source.step,
+        &source.pod_env,
+        &obs.config.writer,
+    ) {
         Ok(job) => job,
         Err(e) => {
             degraded(out, Reason::InvalidDownloadStep, e.to_string());
             return;
         }
     };
+    // The Lease first (a lost election stops here), then the previous writer's claim.
+    if let Some(claim) = &obs.writer.claim {
+        out.actions.push(Action::WriteLease(claim.clone()));
+        if obs.writer.previous.is_some()
+            && let Some(old) = obs.previous_writer_claim
+        {
+            release_claim(old, out);
+        }
+    }
     match (obs.writer_view_pv, obs.writer_view_claim) {
         (Some(pv), claim) if writer_view_needs_rebind(pv, claim) => {
             if let (Some(name), Some(rv)) = (&pv.metadata.name, &pv.metadata.resource_version) {
@@ -841,24 +905,28 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
                 });
             }
             if claim.is_none() {
-                match view::writer_view(b, primary) {
+                match view::writer_view_in(b, primary, writer_ns) {
                     Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
                     Err(e) => return degraded(out, Reason::InvalidPrimaryVolume, e.to_string()),
                 }
             }
         }
         (Some(_), Some(_)) => {}
-        _ => match view::writer_view(b, primary) {
+        _ => match view::writer_view_in(b, primary, writer_ns) {
             Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
             Err(e) => return degraded(out, Reason::InvalidPrimaryVolume, e.to_string()),
         },
     }
     out.actions.push(Action::CreateJob(Box::new(job)));
+    out.actions
+        .extend(obs.writer.record.clone().map(Action::WriteLease));
     realized.population_state = Some(PopulationState::Populating);
-    let m = format!(
-        "starting the writer Job in namespace {}",
-        b.spec.resources.writer_namespace
-    );
+    let m = match &obs.writer.previous {
+        Some(from) => format!(
+            "namespace {writer_ns} takes the download over from {from} (its Job is gone and no reading pod with a download step is left there); starting the writer Job"
+        ),
+        None => format!("starting the writer Job in namespace {writer_ns}"),
+    };
     out.set(READY, false, Reason::StartingDownload, m.clone());
     out.set(PROGRESSING, true, Reason::StartingDownload, m);
     out.set(DEGRADED, false, Reason::AsExpected, "");
@@ -905,9 +973,12 @@ pub fn adoptable<'p>(
 }
 
 fn release_writer_claim(obs: &Observed<'_>, out: &mut Builder) {
-    let Some(claim) = obs.writer_view_claim else {
-        return;
-    };
+    if let Some(claim) = obs.writer_view_claim {
+        release_claim(claim, out);
+    }
+}
+
+fn release_claim(claim: &PersistentVolumeClaim, out: &mut Builder) {
     if claim.metadata.deletion_timestamp.is_some() {
         return;
     }
@@ -1053,11 +1124,13 @@ mod tests {
             stale_references: BTreeSet::new(),
             reader_namespaces: BTreeSet::new(),
             model_uri: None,
+            writer: crate::lease::fixed(b, None),
             step: None,
             primary_claim: None,
             primary_pv: None,
             writer_view_pv: None,
             writer_view_claim: None,
+            previous_writer_claim: None,
             job: None,
             job_pods: Vec::new(),
             existing_views: BTreeSet::new(),
@@ -1369,7 +1442,7 @@ mod tests {
         let config = LifecycleConfig::default();
         let claim = bound_claim(&b);
         let mut pv = primary_pv();
-        let (labels, annotations) = completion_marks(&b, Some(3 << 30));
+        let (labels, annotations) = completion_marks(&b, Some(3 << 30), "team-a");
         pv.metadata.labels = Some(labels);
         pv.metadata.annotations = Some(annotations);
         b.status = Some(ModelCacheBindingStatus {
@@ -1466,6 +1539,108 @@ mod tests {
     }
 
     #[test]
+    fn a_takeover_writes_the_lease_first_then_releases_the_old_claim_and_starts_the_job() {
+        let mut b = binding(Transition::RwxReadOnly);
+        b.spec.resources.lease_name = warmcache_api_modelcache::init_lease_name(&b.spec.identity);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let (_, mut old_claim) = view::writer_view(&b, &pv).unwrap();
+        old_claim.metadata.uid = Some("old-writer-claim".into());
+        let lease = crate::lease::writer_lease(
+            &b,
+            None,
+            "team-a",
+            Some("job-1"),
+            warmcache_api_modelcache::v2beta1::WriterState::Gone,
+            0,
+            Timestamp::from_second(1_700_000_000).unwrap(),
+            60,
+        );
+        let view_of = crate::lease::view(&b, Some(&lease));
+        let steps = BTreeSet::from(["team-b".to_owned()]);
+        let election = crate::lease::elect(&crate::lease::ElectionInput {
+            binding: &b,
+            lease: &view_of,
+            holder_job: None,
+            step_namespaces: &steps,
+            now: now().0,
+            grace_seconds: 60,
+        });
+        assert_eq!(election.namespace, "team-b");
+        let mut obs = observed(&b, &config);
+        obs.writer = election;
+        obs.previous_writer_claim = Some(&old_claim);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        match s.actions.as_slice() {
+            [
+                Action::WriteLease(crate::lease::LeaseWrite::Update(_)),
+                Action::ReleaseWriterClaim { namespace, uid, .. },
+                Action::CreateWriterView(vpv, vclaim),
+                Action::CreateJob(job),
+            ] => {
+                assert_eq!(
+                    (namespace.as_str(), uid.as_str()),
+                    ("team-a", "old-writer-claim")
+                );
+                assert_eq!(vclaim.metadata.namespace.as_deref(), Some("team-b"));
+                assert_eq!(
+                    vpv.metadata.name.as_deref(),
+                    Some(view::writer_view_pv_name_in(&b, "team-b").as_str())
+                );
+                assert_eq!(job.metadata.namespace.as_deref(), Some("team-b"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            condition(&s, PROGRESSING)
+                .message
+                .contains("takes the download over")
+        );
+
+        // Within the grace period: waiting, with a recheck at its end, no Job.
+        let fresh = crate::lease::writer_lease(
+            &b,
+            None,
+            "team-a",
+            Some("job-1"),
+            warmcache_api_modelcache::v2beta1::WriterState::Gone,
+            0,
+            now().0,
+            60,
+        );
+        let view_of = crate::lease::view(&b, Some(&fresh));
+        let mut obs = observed(&b, &config);
+        obs.writer = crate::lease::elect(&crate::lease::ElectionInput {
+            binding: &b,
+            lease: &view_of,
+            holder_job: None,
+            step_namespaces: &steps,
+            now: now().0,
+            grace_seconds: 60,
+        });
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        let s = step(&obs);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, READY).reason, Reason::WaitingForTakeover);
+        assert_eq!(
+            s.recheck_at.map(|t| t.as_second()),
+            Some(now().0.as_second() + 60)
+        );
+        assert_eq!(
+            s.status.writer.as_ref().map(|w| w.namespace.as_str()),
+            Some("team-a")
+        );
+    }
+
+    #[test]
     fn a_foreign_job_is_never_adopted() {
         let b = binding(Transition::RwxReadOnly);
         let config = LifecycleConfig::default();
@@ -1507,7 +1682,7 @@ mod tests {
     fn retained_pv(b: &ModelCacheBinding, phase: &str) -> PersistentVolume {
         let mut pv = primary_pv();
         pv.metadata.name = Some("pvc-old".into());
-        let (labels, annotations) = completion_marks(b, Some(1 << 30));
+        let (labels, annotations) = completion_marks(b, Some(1 << 30), "team-a");
         pv.metadata.labels = Some(labels);
         pv.metadata.annotations = Some(annotations);
         pv.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {

@@ -98,12 +98,19 @@ pub fn reader_view(binding: &ModelCacheBinding, namespace: &str) -> ReadOnlyView
     }
 }
 
-/// Name of the writer view's PV (`rw-pvc-<hash>-<8 hex of the writer namespace>`).
+/// Name of the writer view's PV in `spec.resources.writerNamespace`
+/// ([`writer_view_pv_name_in`]).
 pub fn writer_view_pv_name(binding: &ModelCacheBinding) -> String {
+    writer_view_pv_name_in(binding, &binding.spec.resources.writer_namespace)
+}
+
+/// Name of the writer view's PV for a writer in `namespace`
+/// (`rw-pvc-<hash>-<8 hex of the namespace>`): each writer namespace its own.
+pub fn writer_view_pv_name_in(binding: &ModelCacheBinding, namespace: &str) -> String {
     format!(
         "{}-{}",
         writer_pvc_name(&binding.spec.identity),
-        namespace_suffix(&binding.spec.resources.writer_namespace)
+        namespace_suffix(namespace)
     )
 }
 
@@ -355,9 +362,23 @@ pub fn writer_view(
     binding: &ModelCacheBinding,
     primary: &PersistentVolume,
 ) -> Result<(PersistentVolume, PersistentVolumeClaim), ViewError> {
-    let namespace = binding.spec.resources.writer_namespace.clone();
+    writer_view_in(binding, primary, &binding.spec.resources.writer_namespace)
+}
+
+/// [`writer_view`] for a writer in `namespace` (the writer the Lease names, see
+/// [`crate::lease`]).
+///
+/// # Errors
+///
+/// [`ViewError`] as for [`read_only_view`].
+pub fn writer_view_in(
+    binding: &ModelCacheBinding,
+    primary: &PersistentVolume,
+    namespace: &str,
+) -> Result<(PersistentVolume, PersistentVolumeClaim), ViewError> {
+    let namespace = namespace.to_owned();
     let claim_name = writer_pvc_name(&binding.spec.identity);
-    let pv_name = writer_view_pv_name(binding);
+    let pv_name = writer_view_pv_name_in(binding, &namespace);
     let handle = primary_handle(primary)?;
     let size = primary_capacity(primary)?;
     let pv = derived_pv(

@@ -39,3 +39,16 @@ pub const BINDING_UID_LABEL_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-
 
 /// The download container of the writer Job.
 pub const WRITER_CONTAINER: &str = "download";
+
+/// Annotation on the writer Lease: the namespace of the writer (the Job's namespace).
+pub const WRITER_NAMESPACE_ANNOTATION: &str = "warmcache.nvidia.io/writer-namespace";
+
+/// Annotation on the writer Lease: the name of the writer Job.
+pub const WRITER_JOB_ANNOTATION: &str = "warmcache.nvidia.io/writer-job";
+
+/// Annotation on the writer Lease: the UID of the writer Job, once it exists.
+pub const WRITER_JOB_UID_ANNOTATION: &str = "warmcache.nvidia.io/writer-job-uid";
+
+/// Annotation on the writer Lease: `Starting`, `Running` or `Gone`
+/// ([`warmcache_api_modelcache::v2beta1::WriterState`]).
+pub const WRITER_STATE_ANNOTATION: &str = "warmcache.nvidia.io/writer-state";

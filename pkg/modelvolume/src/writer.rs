@@ -214,6 +214,27 @@ pub fn writer_job(
     pod_env: &[EnvVar],
     options: &WriterOptions,
 ) -> Result<Job, WriterError> {
+    writer_job_in(
+        binding,
+        &binding.spec.resources.writer_namespace,
+        step,
+        pod_env,
+        options,
+    )
+}
+
+/// [`writer_job`] in `namespace` (the writer the Lease names, see [`crate::lease`]).
+///
+/// # Errors
+///
+/// As [`writer_job`].
+pub fn writer_job_in(
+    binding: &ModelCacheBinding,
+    namespace: &str,
+    step: &DownloadStep,
+    pod_env: &[EnvVar],
+    options: &WriterOptions,
+) -> Result<Job, WriterError> {
     if binding.spec.decision.transition != Transition::RwxReadOnly {
         return Err(WriterError::NotRwx);
     }
@@ -372,7 +393,7 @@ pub fn writer_job(
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(writer_job_name(&binding.spec.identity)),
-            namespace: Some(binding.spec.resources.writer_namespace.clone()),
+            namespace: Some(namespace.to_owned()),
             labels: Some(labels.clone()),
             annotations: Some(annotations),
             ..ObjectMeta::default()
