@@ -2,6 +2,8 @@ package main
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -134,5 +136,81 @@ func TestUnescapeMountPath(t *testing.T) {
 	}
 	if got := unescapeMountPath(`/plain`); got != "/plain" {
 		t.Fatalf("%q", got)
+	}
+}
+
+func TestTenantExports(t *testing.T) {
+	tenant, shared, block := profiles["tenant-fs"], profiles["shared-fs"], profiles["namespaced-block"]
+	// Profiles without tenants export the volume's directory to every namespace.
+	for _, p := range []Profile{shared, block} {
+		if got, err := p.exportDir("/s/volumes/pvc-1", "team-b"); err != nil || got != "/s/volumes/pvc-1" {
+			t.Fatalf("%s: %q %v", p.Name, got, err)
+		}
+	}
+	// The tenant profile gives each namespace its own directory: a reader in another namespace
+	// publishing the writer's very handle never sees the writer's export.
+	a, err := tenant.exportDir("/s/volumes/pvc-1", "team-a")
+	if err != nil || a != "/s/volumes/pvc-1/tenants/team-a" {
+		t.Fatalf("writer export %q %v", a, err)
+	}
+	b, err := tenant.exportDir("/s/volumes/pvc-1", "team-b")
+	if err != nil || b == a {
+		t.Fatalf("reader export %q %v", b, err)
+	}
+	for _, bad := range []string{"", "../x", "Team"} {
+		if _, err := tenant.exportDir("/s/volumes/pvc-1", bad); err == nil {
+			t.Errorf("tenant profile accepted namespace %q", bad)
+		}
+	}
+	// Otherwise it is a shared file system: RWX and ROX, handles without namespace, no attach.
+	if tenant.NamespacedHandle || tenant.Attach {
+		t.Fatalf("tenant-fs: %+v", tenant)
+	}
+	if err := tenant.checkCapability(capability(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tenant.checkCapability(capability(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY, "ro")); err != nil {
+		t.Fatal(err)
+	}
+	names := profileNames()
+	if len(names) != len(profiles) {
+		t.Fatalf("profileNames %v does not list every profile", names)
+	}
+	for _, n := range names {
+		if _, ok := profiles[n]; !ok {
+			t.Fatalf("profileNames lists unknown %q", n)
+		}
+	}
+}
+
+func TestTenantPublishSeesOnlyItsOwnNamespace(t *testing.T) {
+	dir := t.TempDir()
+	store, err := newStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := profiles["tenant-fs"]
+	vol := store.volumeDir("pvc-1")
+	a, _ := tenant.exportDir(vol, "team-a")
+	if err := store.ensureExport(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(a, "payload.bin"), []byte("model"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent: a second publish in team-a keeps the data.
+	if err := store.ensureExport(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(a, "payload.bin")); err != nil {
+		t.Fatalf("a second publish lost the tenant's data: %v", err)
+	}
+	b, _ := tenant.exportDir(vol, "team-b")
+	if err := store.ensureExport(b); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(b)
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("team-b's export is not empty: %v %v", entries, err)
 	}
 }

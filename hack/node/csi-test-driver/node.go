@@ -137,7 +137,16 @@ func (n *Node) publish(req *csi.NodePublishVolumeRequest) (bool, *bool, error) {
 	if err := os.MkdirAll(target, 0o750); err != nil {
 		return false, attachedRO, status.Errorf(codes.Internal, "creating target %s: %v", target, err)
 	}
-	source := n.store.volumeDir(h.ID)
+	source, err := n.profile.exportDir(n.store.volumeDir(h.ID), req.GetVolumeContext()[ctxPodNamespace])
+	if err != nil {
+		return false, attachedRO, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if source != n.store.volumeDir(h.ID) {
+		// A tenant's export is created on its first publish, as fresh as a new volume's.
+		if err := n.store.ensureExport(source); err != nil {
+			return false, attachedRO, status.Error(codes.Internal, err.Error())
+		}
+	}
 	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
 		return false, attachedRO, status.Errorf(codes.Internal, "bind mount %s -> %s: %v", source, target, err)
 	}

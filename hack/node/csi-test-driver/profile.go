@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strings"
 
@@ -25,6 +26,12 @@ type Profile struct {
 	Attach bool
 	// MountFlags the simulated file system accepts in a volume capability (PV mountOptions).
 	MountFlags []string
+	// TenantPerNamespace: a multi-tenant file service that maps each consuming namespace to its
+	// own tenant directory of a volume. A pod sees <volume>/tenants/<pod namespace>, created
+	// fresh (root-owned, 0755) on first publish, so a reader PV in another namespace that reuses
+	// the writer's handle binds, mounts and sees an empty export: the failure a qualification run
+	// must catch (a claim that binds is not evidence).
+	TenantPerNamespace bool
 }
 
 var profiles = map[string]Profile{
@@ -56,10 +63,36 @@ var profiles = map[string]Profile{
 		Attach:           true,
 		MountFlags:       []string{"ro", "norecovery", "nouuid"},
 	},
+	// A shared file system whose exports are per tenant (one tenant per namespace): ReadWriteMany
+	// and ReadOnlyMany, a handle without namespace, no attach, but a pod in namespace B publishing
+	// the writer's handle gets B's own empty tenant directory, never A's data. It must FAIL
+	// qualification (the reader in another namespace does not see the writer's bytes).
+	"tenant-fs": {
+		Name: "tenant-fs",
+		Modes: []csi.VolumeCapability_AccessMode_Mode{
+			csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER,
+			csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
+		},
+		MountFlags:         []string{"ro"},
+		TenantPerNamespace: true,
+	},
 }
 
 func profileNames() []string {
-	return []string{"shared-fs", "namespaced-block"}
+	return []string{"shared-fs", "namespaced-block", "tenant-fs"}
+}
+
+// exportDir is the directory a pod in podNamespace sees of the volume whose directory is
+// volumeDir: the volume's directory itself, or, for a tenant-per-namespace profile, the
+// namespace's tenant directory under it.
+func (p Profile) exportDir(volumeDir, podNamespace string) (string, error) {
+	if !p.TenantPerNamespace {
+		return volumeDir, nil
+	}
+	if !namespacePattern.MatchString(podNamespace) {
+		return "", fmt.Errorf("profile %s maps each namespace to a tenant directory and needs the pod's namespace (the CSIDriver must say podInfoOnMount: true); got %q", p.Name, podNamespace)
+	}
+	return filepath.Join(volumeDir, "tenants", podNamespace), nil
 }
 
 // Volume ids are the external-provisioner's PV names (pvc-<uid>) or a test's own: DNS-label-ish

@@ -105,6 +105,21 @@ func (s *Store) createVolume(m VolumeMeta) error {
 	return writeJSON(s.metaPath(m.ID), m)
 }
 
+// ensureExport creates a tenant's export directory of a volume (root-owned, mode 0755, like a
+// fresh volume) unless it exists.
+func (s *Store) ensureExport(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating export directory: %w", err)
+	}
+	if err := os.Chown(dir, 0, 0); err != nil {
+		return fmt.Errorf("chown of export directory: %w", err)
+	}
+	return nil
+}
+
 func (s *Store) deleteVolume(id string) error {
 	if err := os.Remove(s.metaPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing volume metadata: %w", err)

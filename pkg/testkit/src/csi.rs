@@ -32,14 +32,21 @@ pub enum TestCsiDriver {
     /// read-only attach of a volume attached read-write anywhere is refused. Reader mount
     /// options `ro`, `norecovery` (only with `ro`) and `nouuid` are accepted, as XFS takes them.
     NamespacedBlock,
+    /// A multi-tenant shared file system (profile `tenant-fs`): ReadWriteMany and ReadOnlyMany,
+    /// handles without namespace, no attach, `fsGroupPolicy: File`, but each consuming namespace
+    /// sees its own tenant directory of a volume, so a reader PV in another namespace that reuses
+    /// the writer's handle binds, mounts and sees an empty export. Storage that must fail
+    /// qualification (`binding-controller qualify`).
+    TenantFs,
 }
 
 impl TestCsiDriver {
     /// Every instance, in start order.
-    pub const ALL: [TestCsiDriver; 3] = [
+    pub const ALL: [TestCsiDriver; 4] = [
         TestCsiDriver::SharedFs,
         TestCsiDriver::RootOwnedFs,
         TestCsiDriver::NamespacedBlock,
+        TestCsiDriver::TenantFs,
     ];
 
     /// The CSI driver name (the CSIDriver object, the PV's `spec.csi.driver`, the
@@ -49,6 +56,7 @@ impl TestCsiDriver {
             TestCsiDriver::SharedFs => "shared-fs.csi-test.warmcache.io",
             TestCsiDriver::RootOwnedFs => "root-owned-fs.csi-test.warmcache.io",
             TestCsiDriver::NamespacedBlock => "namespaced-block.csi-test.warmcache.io",
+            TestCsiDriver::TenantFs => "tenant-fs.csi-test.warmcache.io",
         }
     }
 
@@ -58,6 +66,7 @@ impl TestCsiDriver {
             TestCsiDriver::SharedFs => "test-shared-fs",
             TestCsiDriver::RootOwnedFs => "test-root-owned-fs",
             TestCsiDriver::NamespacedBlock => "test-namespaced-block",
+            TestCsiDriver::TenantFs => "test-tenant-fs",
         }
     }
 
@@ -66,6 +75,7 @@ impl TestCsiDriver {
         match self {
             TestCsiDriver::SharedFs | TestCsiDriver::RootOwnedFs => "shared-fs",
             TestCsiDriver::NamespacedBlock => "namespaced-block",
+            TestCsiDriver::TenantFs => "tenant-fs",
         }
     }
 
@@ -77,7 +87,7 @@ impl TestCsiDriver {
     /// The CSIDriver's `fsGroupPolicy`.
     pub fn fs_group_policy(self) -> &'static str {
         match self {
-            TestCsiDriver::SharedFs => "File",
+            TestCsiDriver::SharedFs | TestCsiDriver::TenantFs => "File",
             TestCsiDriver::RootOwnedFs | TestCsiDriver::NamespacedBlock => {
                 "ReadWriteOnceWithFSType"
             }
@@ -87,7 +97,9 @@ impl TestCsiDriver {
     /// The access mode a writer's claim uses on this storage.
     pub fn writer_access_mode(self) -> &'static str {
         match self {
-            TestCsiDriver::SharedFs | TestCsiDriver::RootOwnedFs => "ReadWriteMany",
+            TestCsiDriver::SharedFs | TestCsiDriver::RootOwnedFs | TestCsiDriver::TenantFs => {
+                "ReadWriteMany"
+            }
             TestCsiDriver::NamespacedBlock => "ReadWriteOnce",
         }
     }
@@ -106,12 +118,13 @@ impl TestCsiDriver {
     }
 
     /// Short name used for files and processes (`shared-fs`, `root-owned-fs`,
-    /// `namespaced-block`).
+    /// `namespaced-block`, `tenant-fs`).
     pub fn short_name(self) -> &'static str {
         match self {
             TestCsiDriver::SharedFs => "shared-fs",
             TestCsiDriver::RootOwnedFs => "root-owned-fs",
             TestCsiDriver::NamespacedBlock => "namespaced-block",
+            TestCsiDriver::TenantFs => "tenant-fs",
         }
     }
 

@@ -306,7 +306,8 @@ impl RealNode {
         csi::read_publish_journal(&csi::state_dir(&self.dir, driver).join("node-publish.jsonl"))
     }
 
-    /// The host directory holding a test CSI volume's data (the export root pods see), for
+    /// The host directory holding a test CSI volume's data (the export root pods see; on
+    /// [`TestCsiDriver::TenantFs`] each namespace's export is `tenants/<namespace>` under it), for
     /// the volume handle `handle` (any namespace segment is ignored).
     pub fn csi_volume_dir(&self, driver: TestCsiDriver, handle: &str) -> PathBuf {
         let id = match driver {
@@ -1187,6 +1188,8 @@ fn component_name(kind: &str, driver: TestCsiDriver) -> &'static str {
         ("provisioner", TestCsiDriver::SharedFs) => "provisioner-shared-fs",
         ("provisioner", TestCsiDriver::RootOwnedFs) => "provisioner-root-owned-fs",
         ("provisioner", TestCsiDriver::NamespacedBlock) => "provisioner-namespaced-block",
+        ("csi", TestCsiDriver::TenantFs) => "csi-tenant-fs",
+        ("provisioner", TestCsiDriver::TenantFs) => "provisioner-tenant-fs",
         _ => "attacher-namespaced-block",
     }
 }
