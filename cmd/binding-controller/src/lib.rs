@@ -11,6 +11,7 @@
 
 pub mod controller;
 pub mod metrics;
+pub mod qualify;
 
 use std::io::Write;
 
@@ -38,6 +39,10 @@ pub enum Command {
     /// Reconcile the ModelCacheBindings of the control namespace (leader-elected), until
     /// SIGTERM or SIGINT.
     Controller(Box<ControllerArgs>),
+    /// Qualify a StorageClass on a live cluster (seed 000): writer, cross-namespace read-only
+    /// reader, EROFS on every write, Retain, a negative control; prints the report and removes
+    /// what it created (docs/qualification.md).
+    Qualify(Box<qualify::QualifyArgs>),
 }
 
 /// Arguments of `controller`: the shared flags of every component, leader election, and the
@@ -167,6 +172,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Status, Error> {
             serve(*args)?;
             Ok(Status::Ok)
         }
+        Command::Qualify(args) => qualify::run_command(*args, out),
         Command::Catalog(CatalogCommand::Validate { input }) => match load(&input)? {
             Ok(_) => {
                 writeln!(out, "ok")?;
