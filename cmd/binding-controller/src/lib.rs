@@ -12,6 +12,7 @@
 pub mod controller;
 pub mod metrics;
 pub mod qualify;
+pub mod rbac;
 
 use std::io::Write;
 

@@ -27,6 +27,7 @@
 pub mod controller;
 pub mod metrics;
 pub mod offline;
+pub mod rbac;
 pub mod scrape;
 pub mod webhook;
 

@@ -11,6 +11,7 @@
 
 mod options;
 mod preview;
+pub mod rbac;
 pub mod serve;
 
 pub use options::{DEFAULT_GATES, GatesArg, ReaderModeArg, RewriteArgs};

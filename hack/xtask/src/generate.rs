@@ -15,6 +15,7 @@
 
 mod catalog;
 mod crds;
+mod rbac;
 mod webhooks;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,8 +37,9 @@ pub const ARTIFACTS: &[Artifact] = &[
         render: crds::render_all,
         dirs: &[
             OutputDir::generated("config/crd"),
-            // Helm installs files in a chart's crds/ before its templates, and never upgrades them.
-            OutputDir::generated("charts/warmcache/crds"),
+            // Not the chart's crds/: Helm installs those once and never upgrades them. The
+            // chart's templates/crds.yaml reads these (`crds.enabled`, `crds.keep`).
+            OutputDir::generated("charts/warmcache/files/crds"),
         ],
     },
     Artifact {
@@ -65,6 +67,17 @@ pub const ARTIFACTS: &[Artifact] = &[
             // themselves come from the routes. As generated they name the default namespace and
             // carry no caBundle: applied as they are, the API server cannot verify the webhook.
             OutputDir::generated("charts/warmcache/files/webhook"),
+        ],
+    },
+    Artifact {
+        name: "rbac",
+        source: rbac::SOURCE,
+        render: rbac::render_all,
+        dirs: &[
+            OutputDir::generated("config/rbac"),
+            // Read by the chart's templates, which set the namespaces and add the
+            // ServiceAccounts and bindings.
+            OutputDir::generated("charts/warmcache/files/rbac"),
         ],
     },
 ];
@@ -717,7 +730,9 @@ mod tests {
         let plan = plan(ARTIFACTS).unwrap();
         let paths: Vec<&str> = plan.iter().map(|p| p.path.as_str()).collect();
         assert!(paths.contains(&"config/crd/worker.gpustack.ai_kvcachebackends.yaml"));
-        assert!(paths.contains(&"charts/warmcache/crds/worker.gpustack.ai_kvcachebackends.yaml"));
+        assert!(
+            paths.contains(&"charts/warmcache/files/crds/worker.gpustack.ai_kvcachebackends.yaml")
+        );
         assert!(paths.contains(&"config/catalog/nvcf-storage-capabilities.configmap.yaml"));
         assert!(paths.contains(&"charts/warmcache/files/nvcf-storage-capabilities.configmap.yaml"));
         // Hand-written sources must never sit in a directory scanned for stale files.

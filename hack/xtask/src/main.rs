@@ -27,7 +27,7 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// `gen` restricted to the CRDs (config/crd/ and charts/warmcache/crds/), for scripts that
+    /// `gen` restricted to the CRDs (config/crd/ and charts/warmcache/files/crds/), for scripts that
     /// name it; `gen` covers every generated file.
     Crdgen {
         /// As `gen --check`, for the CRDs only.

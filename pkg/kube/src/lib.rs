@@ -16,6 +16,7 @@
 //!   controller ownerReferences with bounded, cached dynamic GETs; a stale reference (NotFound,
 //!   other UID) stops the walk at the last object that exists, RBAC Forbidden stops it and is
 //!   reported in the [`Resolution`]; the pure step logic is [`owner::Walk`].
+//! - [`rbac`]: each component's API calls as data, rendered into its least-privilege roles.
 //! - [`category`], [`is_conflict`], [`is_not_found`], [`is_transient`]: stable error classes
 //!   for `error_policy` and metric labels.
 
@@ -26,6 +27,7 @@ pub mod events;
 pub mod finalizers;
 pub mod leader;
 pub mod owner;
+pub mod rbac;
 pub mod update;
 
 pub use apply::{

@@ -1,0 +1,189 @@
+//! Every API call `binding-controller controller` makes, as the permissions its chart roles
+//! grant (`cargo xtask gen` renders them into `charts/warmcache/files/rbac/binding-controller.*.yaml`).
+//! The table of calls in [`crate::controller`]'s documentation says where each is made; keep
+//! both next to the code. No `delete` on PersistentVolumes, Jobs or bindings: deleting data is
+//! the reaper's.
+//!
+//! Claims, Jobs and reading pods live in whichever namespaces read a model, so those grants are
+//! cluster-wide (a ClusterRole); bindings, the primary claim and the writer Leases are in the
+//! control namespace; the leader-election Lease in the component's own.
+
+use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
+use warmcache_catalog::CONFIG_MAP_NAME;
+use warmcache_kube::rbac::{LEADER_ELECTION, Permission, Scope, events};
+
+/// The component name: roles, Lease, metrics.
+pub const COMPONENT: &str = "binding-controller";
+
+const OWN: &[Permission] = &[
+    Permission {
+        group: "nvca.nvcf.nvidia.io",
+        resource: "modelcachebindings",
+        verbs: &["list", "watch"],
+        scope: Scope::ControlNamespace,
+        names: &[],
+        why: "the bindings to reconcile",
+    },
+    Permission {
+        group: "nvca.nvcf.nvidia.io",
+        resource: "modelcachebindings/status",
+        verbs: &["update"],
+        scope: Scope::ControlNamespace,
+        names: &[],
+        why: "status, references and views (PUT with the read resourceVersion)",
+    },
+    Permission {
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["list", "watch", "create", "update"],
+        scope: Scope::ControlNamespace,
+        names: &[],
+        why: "the cluster-wide writer Lease of each binding (atomic create as election, update with preconditions)",
+    },
+    Permission {
+        group: "",
+        resource: "pods",
+        verbs: &["get", "list", "watch"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "reading pods of a binding (metadata watch), the pod a derived download step copies literal secrets from, the writer's last words",
+    },
+    Permission {
+        group: "",
+        resource: "pods",
+        verbs: &["delete"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "after a failed download, readers still waiting (not Ready) are deleted so their controllers recreate them on their own download path (UID precondition)",
+    },
+    Permission {
+        group: "",
+        resource: "namespaces",
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "sharing-domain labels (tenancy check), metadata watch",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["get", "list", "watch", "create"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "primary, writer view and read-only view claims: watched by label, created under deterministic names, read back on AlreadyExists",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["delete"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "releasing the writer view claim once completion is stored (UID precondition)",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["get", "list", "watch", "create", "update"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "the primary PV (completion labels, Retain), the writer view and read-only view PVs derived from it",
+    },
+    Permission {
+        group: "batch",
+        resource: "jobs",
+        verbs: &["get", "list", "watch", "create"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "the writer Job (created in the writer namespace; get confirms a Lease holder's Job is gone), and Job owners of reading pods",
+    },
+    Permission {
+        group: "apps",
+        resource: "replicasets",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "top-level owners of reading pods, and stale request references",
+    },
+    Permission {
+        group: "apps",
+        resource: "deployments",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "top-level owners of reading pods, and stale request references",
+    },
+    Permission {
+        group: "apps",
+        resource: "statefulsets",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "top-level owners of reading pods, and stale request references",
+    },
+    Permission {
+        group: "apps",
+        resource: "daemonsets",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "top-level owners of reading pods, and stale request references",
+    },
+    Permission {
+        group: "batch",
+        resource: "cronjobs",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "top-level owners of reading pods, and stale request references",
+    },
+    Permission {
+        group: "leaderworkerset.x-k8s.io",
+        resource: "leaderworkersets",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "top-level owners of LeaderWorkerSet pods, and stale request references",
+    },
+    Permission {
+        group: "storage.k8s.io",
+        resource: "storageclasses",
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        names: &[MODEL_CACHE_STORAGE_CLASS],
+        why: "decision drift: what nvcf-sc says today (with --catalog-namespace)",
+    },
+    Permission {
+        group: "storage.k8s.io",
+        resource: "csidrivers",
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "decision drift: the CSIDriver of nvcf-sc's provisioner (with --catalog-namespace)",
+    },
+    Permission {
+        group: "",
+        resource: "configmaps",
+        verbs: &["list", "watch"],
+        scope: Scope::OwnNamespace,
+        names: &[CONFIG_MAP_NAME],
+        why: "decision drift: the catalog, in the webhook's namespace (--catalog-namespace; the chart installs both in the release namespace)",
+    },
+    events(Scope::ControlNamespace),
+];
+
+/// The controller's permissions: its own calls and the runtime's leader election.
+pub fn permissions() -> Vec<Permission> {
+    OWN.iter().chain(LEADER_ELECTION).copied().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_list_passes_the_check_and_includes_leader_election() {
+        let permissions = super::permissions();
+        warmcache_kube::rbac::check(super::COMPONENT, &permissions).unwrap();
+        assert!(permissions.iter().any(
+            |p| p.resource == "leases" && p.scope == warmcache_kube::rbac::Scope::OwnNamespace
+        ));
+    }
+}
