@@ -4,7 +4,8 @@
 # On a fresh machine it builds what the tests need first: the real Kubernetes control plane
 # (from pinned Go modules with the machine's Go 1.26, cached under ~/.cache/warmcache; skipped when
 # WARMCACHE_CONTROL_PLANE_BIN names a directory with the three binaries) and the real test node
-# (Debian packages, then hack/build-node.sh; skipped when WARMCACHE_NODE_BIN is set) and the real
+# (Debian packages, then hack/build-node.sh; skipped when WARMCACHE_NODE_BIN is set), the real Helm CLI
+# (hack/build-helm.sh; skipped when WARMCACHE_HELM is set) and the real
 # Mooncake store (hack/mooncake.sh; skipped when WARMCACHE_MOONCAKE_MASTER is set), then runs the
 # generated-file checks, formatting, lints and every test in the workspace. It needs cargo (Rust
 # 1.95 with clippy and rustfmt), python3 (tests execute a rendered preStop hook), flock, and Go
@@ -51,6 +52,15 @@ else
   echo "hack/test.sh: go not on PATH; the test CSI driver's Go unit tests need Go 1.26" >&2
   exit 1
 fi
+
+step "Helm CLI (helm.sh/helm/v4, for the chart tests)"
+# Built once from the pinned module (hack/helm) and cached like the control plane; skipped when
+# WARMCACHE_HELM names a helm binary.
+if [ -z "${WARMCACHE_HELM:-}" ] || [ ! -x "$WARMCACHE_HELM" ]; then
+  WARMCACHE_HELM=$(hack/build-helm.sh | tail -n 1)
+fi
+export WARMCACHE_HELM
+echo "using $WARMCACHE_HELM ($("$WARMCACHE_HELM" version --short))"
 
 step "real Mooncake store (mooncake_master, for the kvcache status tests)"
 # Installs Debian libibverbs1/libnuma1 when missing and the pinned PyPI wheel into a venv cached

@@ -17,6 +17,7 @@
 //! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces, the download step |
 //! | `pods` | get | writer namespace | literal secrets a derived step copies from its pod |
 //! | `pods` | list | writer namespace, label `batch.kubernetes.io/job-name` | the writer's last words and bytes |
+//! | `pods` | list, delete | reader namespaces, label `nvsnap.io/model=<hash>` | after a failed download, while the failure record holds: readers still waiting and not Ready are deleted (UID precondition) |
 //! | `namespaces` | list, watch (metadata) | cluster | sharing-domain labels (tenancy check) |
 //! | `persistentvolumeclaims` | list, watch | all, label `app.kubernetes.io/managed-by=warmcache` | primary, writer view, views |
 //! | `persistentvolumeclaims` | create | control, writer and reader namespaces | primary claim, writer view claim, view claims |
@@ -753,11 +754,79 @@ impl Bindings {
                     }
                 }
                 Action::WriteLease(write) => self.write_lease(binding, write).await?,
+                Action::DeleteWaitingReaders { namespaces } => {
+                    self.delete_waiting_readers(binding, namespaces).await?;
+                }
             }
             Ok(())
         }
         .instrument(span)
         .await
+    }
+
+    /// Deletes the readers of `binding` in `namespaces` that still wait for the copy and are not
+    /// Ready ([`lifecycle::waiting_reader`] on a fresh list by the model label), each with its
+    /// UID as precondition; a pod already gone or replaced is skipped.
+    async fn delete_waiting_readers(
+        &self,
+        binding: &ModelCacheBinding,
+        namespaces: &[String],
+    ) -> Result<(), Failure> {
+        let hash = warmcache_api_modelcache::identity_hash(&binding.spec.identity);
+        let mut deleted = Vec::new();
+        for ns in namespaces {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+            let pods = api
+                .list(&ListParams::default().labels(&format!("{MODEL_LABEL}={hash}")))
+                .await
+                .map_err(|e| api_error("list", api.resource_url(), &hash, e))?;
+            for pod in pods
+                .items
+                .iter()
+                .filter(|p| lifecycle::waiting_reader(binding, p))
+            {
+                self.ensure_leader()?;
+                let name = pod.name_any();
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: pod.uid(),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(&name, &params).await {
+                    Ok(_) => {
+                        self.metrics.waiting_reader_deleted();
+                        tracing::info!(pod = %name, namespace = %ns, "deleted a reader waiting for a failed download");
+                        deleted.push(format!("{ns}/{name}"));
+                    }
+                    Err(err)
+                        if warmcache_kube::is_not_found(&err)
+                            || warmcache_kube::is_conflict(&err) => {}
+                    Err(err) => return Err(api_error("delete", api.resource_url(), &name, err)),
+                }
+            }
+        }
+        if !deleted.is_empty()
+            && let Some(recorder) = &self.recorder
+        {
+            let note = warmcache_cli::text::bounded(
+                &format!(
+                    "the download failed: readers still waiting were deleted so their controllers recreate them on their own download path: {}",
+                    deleted.join(", ")
+                ),
+                1024,
+            );
+            recorder
+                .normal(
+                    binding,
+                    "WaitingReadersDeleted",
+                    "DeleteWaitingReaders",
+                    Some(&note),
+                )
+                .await;
+        }
+        Ok(())
     }
 
     /// Writes the writer Lease: a create (AlreadyExists: another controller chose first) or an
@@ -798,33 +867,25 @@ impl Bindings {
                 }
                 Err(err) => return Err(api_error("create", api.resource_url(), &name, err)),
             },
-            LeaseWrite::Update(_) => {
+            LeaseWrite::Update(_) | LeaseWrite::TakeOver(_) => {
                 match api.replace(&name, &PostParams::default(), lease).await {
-                    Ok(_) => {
-                        let moved = binding
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.writer.as_ref())
-                            .is_some_and(|w| w.namespace != writer && !w.namespace.is_empty());
-                        if moved {
-                            self.metrics.lease_write("taken_over");
-                            tracing::info!(lease = %name, writer = %writer, "took the download over");
-                            if let Some(recorder) = &self.recorder {
-                                recorder
-                                    .normal(
-                                        binding,
-                                        "WriterTakenOver",
-                                        "TakeOverWriter",
-                                        Some(&format!(
-                                            "namespace {writer} takes the download over"
-                                        )),
-                                    )
-                                    .await;
-                            }
-                        } else {
-                            self.metrics.lease_write("updated");
-                            tracing::info!(lease = %name, writer = %writer, state = %state, "updated the writer record");
+                    Ok(_) if matches!(write, LeaseWrite::TakeOver(_)) => {
+                        self.metrics.lease_write("taken_over");
+                        tracing::info!(lease = %name, writer = %writer, "took the download over");
+                        if let Some(recorder) = &self.recorder {
+                            recorder
+                                .normal(
+                                    binding,
+                                    "WriterTakenOver",
+                                    "TakeOverWriter",
+                                    Some(&format!("namespace {writer} takes the download over")),
+                                )
+                                .await;
                         }
+                    }
+                    Ok(_) => {
+                        self.metrics.lease_write("updated");
+                        tracing::info!(lease = %name, writer = %writer, state = %state, "updated the writer record");
                     }
                     Err(err)
                         if warmcache_kube::is_conflict(&err)
@@ -941,6 +1002,7 @@ fn action_label(action: &Action) -> &'static str {
         Action::MarkComplete { .. } => "mark_complete",
         Action::ReleaseWriterClaim { .. } => "release_writer_claim",
         Action::CreateView(..) => "create_view",
+        Action::DeleteWaitingReaders { .. } => "delete_waiting_readers",
         Action::WriteLease(_) => "write_lease",
     }
 }

@@ -75,6 +75,10 @@ pub struct ControllerArgs {
     /// sharing domain takes the download over through the writer Lease.
     #[arg(long, default_value_t = warmcache_modelvolume::lease::DEFAULT_TAKEOVER_GRACE_SECONDS)]
     pub writer_takeover_grace_seconds: i64,
+    /// Seconds a failure record holds after a failed download: admission leaves new pods of the
+    /// model on their own download, readers still waiting are deleted, no retry starts.
+    #[arg(long, default_value_t = warmcache_modelvolume::lifecycle::DEFAULT_FAILURE_RECORD_SECONDS)]
+    pub failure_record_seconds: i64,
     /// How many bindings are reconciled at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
@@ -252,6 +256,11 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
                 .to_owned(),
         ));
     }
+    if args.failure_record_seconds < 0 {
+        return Err(Error::Setting(
+            "--failure-record-seconds must not be negative".to_owned(),
+        ));
+    }
     if !(0..=i64::from(i32::MAX)).contains(&args.writer_takeover_grace_seconds) {
         return Err(Error::Setting(
             "--writer-takeover-grace-seconds must be between 0 and 2147483647".to_owned(),
@@ -271,6 +280,7 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
             extra_mount_options: args.view_mount_option.clone(),
             writer,
             takeover_grace_seconds: args.writer_takeover_grace_seconds,
+            failure_record_seconds: args.failure_record_seconds,
         },
     })
 }

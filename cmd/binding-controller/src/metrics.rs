@@ -12,6 +12,7 @@
 //! | `views_created_total` | | read-only view claims created |
 //! | `actions_total` | `action` (the fixed [`warmcache_modelvolume::Action`] kinds) | writes the lifecycle asked for |
 //! | `time_to_ready_seconds` | | from a binding's creation to its primary stored complete (buckets up to 12 h) |
+//! | `waiting_readers_deleted_total` | | reading pods still waiting for a failed download, deleted so their controllers recreate them |
 //! | `writer_lease_writes_total` | `result` (`created`, `updated`, `taken_over`, `lost`) | writes of the writer Lease: the first writer recorded, bookkeeping (Job UID, gone), a takeover by another namespace, a write another controller won |
 //!
 //! Every label value is a fixed word; no binding, namespace or model is a label.
@@ -27,7 +28,7 @@ use warmcache_telemetry::prometheus::{
 pub const POPULATIONS: [&str; 5] = ["Unknown", "Pending", "Populating", "Ready", "Failed"];
 
 /// Label values of `actions_total`.
-pub const ACTIONS: [&str; 9] = [
+pub const ACTIONS: [&str; 10] = [
     "create_primary_claim",
     "adopt_primary",
     "create_writer_view",
@@ -37,6 +38,7 @@ pub const ACTIONS: [&str; 9] = [
     "release_writer_claim",
     "create_view",
     "write_lease",
+    "delete_waiting_readers",
 ];
 
 /// Label values of `writer_lease_writes_total`.
@@ -61,6 +63,7 @@ pub struct Metrics {
     actions: IntCounterVec,
     time_to_ready: Histogram,
     lease_writes: IntCounterVec,
+    waiting_readers_deleted: IntCounter,
 }
 
 fn reg<M>(
@@ -145,6 +148,14 @@ impl Metrics {
                 &["result"],
             ),
         )?;
+        let waiting_readers_deleted = reg(
+            registry,
+            "waiting_readers_deleted_total",
+            IntCounter::new(
+                "waiting_readers_deleted_total",
+                "Reading pods still waiting for a failed download, deleted.",
+            ),
+        )?;
         for r in LEASE_WRITES {
             lease_writes.with_label_values(&[r]);
         }
@@ -163,6 +174,7 @@ impl Metrics {
             actions,
             time_to_ready,
             lease_writes,
+            waiting_readers_deleted,
         })
     }
 
@@ -195,6 +207,11 @@ impl Metrics {
     /// A writer Lease write ended with `result` (one of [`LEASE_WRITES`]).
     pub fn lease_write(&self, result: &'static str) {
         self.lease_writes.with_label_values(&[result]).inc();
+    }
+
+    /// A reader waiting for a failed download was deleted.
+    pub fn waiting_reader_deleted(&self) {
+        self.waiting_readers_deleted.inc();
     }
 
     /// The lifecycle asked for `action`.

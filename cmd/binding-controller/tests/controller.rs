@@ -72,6 +72,8 @@ async fn running_controller_with(
                 backoff_limit: 0,
                 ..WriterOptions::default()
             },
+            // Short, so the retry test does not wait an hour.
+            failure_record_seconds: 3,
             ..LifecycleConfig::default()
         },
     )
@@ -149,7 +151,11 @@ fn binding(control: &str, app: &str) -> ModelCacheBinding {
 }
 
 fn binding_for(control: &str, app: &str, workflow: Workflow, domain: &str) -> ModelCacheBinding {
-    let identity = BindingIdentity::new(workflow, domain, HANDLE);
+    binding_of_identity(control, app, BindingIdentity::new(workflow, domain, HANDLE))
+}
+
+fn binding_of_identity(control: &str, app: &str, identity: BindingIdentity) -> ModelCacheBinding {
+    let workflow = identity.workflow;
     let name = binding_name(&identity);
     let spec = ModelCacheBindingSpec {
         identity: identity.clone(),
@@ -2024,4 +2030,276 @@ async fn a_failure_after_the_lease_write_converges() {
     let _ = Api::<PersistentVolume>::all(client.clone())
         .delete(&pv_name, &DeleteParams::default())
         .await;
+}
+
+/// A reader as the webhook renders it (role reader, the wait init container), metadata and
+/// spec only: `binding` names the binding it reads.
+fn waiting_reader_pod(name: &str, hash: &str, binding: &str, uid: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {
+                MODEL_LABEL: hash,
+                warmcache_modelvolume::keys::ROLE_LABEL: warmcache_modelvolume::keys::ROLE_READER,
+            },
+            "annotations": { BINDING_ANNOTATION: binding, BINDING_UID_ANNOTATION: uid },
+        },
+        "spec": {
+            "initContainers": [{
+                "name": warmcache_modelvolume::keys::WAIT_CONTAINER,
+                "image": "vllm:1",
+                "command": ["sh", "-c", "sleep 1"],
+            }],
+            "containers": [{ "name": "vllm", "image": "vllm:1" }],
+        },
+    }))
+    .unwrap()
+}
+
+/// A failed download writes the failure record (valid `failure_record_seconds`) and deletes
+/// the readers still waiting and not Ready, keeping Ready ones and pods of other bindings;
+/// admission refuses the model while the record holds and joins again once it expired; the
+/// retried download's success clears the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers() {
+    use warmcache_modelvolume::{BindingAction, Options, Request, SkipReason, Verdict};
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-frec-ctl").await.unwrap();
+    let app = TestNamespace::new("mcb-frec-app").await.unwrap();
+    // The binding an admission of this engine pod in `app` joins.
+    let engine: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "qwen" },
+        "spec": { "containers": [{
+            "name": "vllm", "image": "vllm/vllm-openai:v0.20.0",
+            "args": ["--model", "Qwen/Qwen3-8B"],
+            "env": [{ "name": "HF_HOME", "value": "/models/hf" }],
+            "resources": { "limits": { "nvidia.com/gpu": "1" } },
+            "volumeMounts": [{ "name": "m", "mountPath": "/models" }],
+        }], "volumes": [{ "name": "m", "emptyDir": {} }] },
+    }))
+    .unwrap();
+    let labels = std::collections::BTreeMap::new();
+    let options = Options {
+        control_namespace: control.name.clone(),
+        ..Options::default()
+    };
+    let req = Request {
+        pod: &engine,
+        namespace: &app.name,
+        namespace_labels: &labels,
+        leader_worker_set: None,
+        traceparent: None,
+        options: &options,
+    };
+    let storage = warmcache_modelvolume::StorageInputs {
+        storage_class: None,
+        csi_driver: None,
+        catalog: warmcache_catalog::CatalogInput::Absent,
+        gates: warmcache_catalog::Gates {
+            caching_support: true,
+            helm_model_caching: true,
+            model_cache_encryption: false,
+        },
+    };
+    let plan = warmcache_modelvolume::plan(&req).unwrap();
+    let identity = plan.identity().clone();
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(
+            &PostParams::default(),
+            &binding_of_identity(&control.name, &app.name, identity.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.name_any(), plan.binding_name());
+    let name = created.name_any();
+    let uid = created.uid().unwrap();
+    let hash = identity_hash(&identity);
+    let claim_name = writer_pvc_name(&identity);
+    let pv_name = format!("{}-primary", control.name);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&pv_name, &control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let (stop, task, admin) = running_controller_cfg(
+        plane,
+        &control.name,
+        None,
+        None,
+        LifecycleConfig {
+            writer: WriterOptions {
+                backoff_limit: 0,
+                ..WriterOptions::default()
+            },
+            failure_record_seconds: 10,
+            ..LifecycleConfig::default()
+        },
+    )
+    .await;
+    let pods: Api<Pod> = app.api();
+    let mut source = reader_pod("reader-0", &created);
+    source
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(MODEL_LABEL.into(), hash.clone());
+    pods.create(&PostParams::default(), &source).await.unwrap();
+    for pod in [
+        waiting_reader_pod("waiting-1", &hash, &name, &uid),
+        waiting_reader_pod("ready-1", &hash, &name, &uid),
+        waiting_reader_pod("other-1", &hash, "model-cache-another", "another-uid"),
+    ] {
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let kubelet = Kubelet::new(client.clone());
+    kubelet.set_running(&app.name, "ready-1").await.unwrap();
+
+    // The download fails.
+    let job_name = writer_job_name(&identity);
+    let jp = job_pod(&client, &app.name, &job_name).await;
+    kubelet
+        .terminate_container(&app.name, &jp.name_any(), "download", 1, "403 Forbidden")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&app.name, &jp.name_any(), "Failed")
+        .await
+        .unwrap();
+    let failed = eventually("Failed with a failure record", WAIT, || {
+        let api = bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Failed)
+                && b.status.as_ref()?.failure_record.is_some())
+            .then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let record = failed
+        .status
+        .as_ref()
+        .unwrap()
+        .failure_record
+        .clone()
+        .unwrap();
+    assert!(record.message.contains("403 Forbidden"), "{record:?}");
+    assert_eq!(
+        record.retry_after.0.as_second() - record.failed_at.0.as_second(),
+        10
+    );
+    // The waiting reader is deleted; the Ready one, the step's pod and the other binding's
+    // pod are kept.
+    eventually("the waiting reader deleted", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            match pods.get_opt("waiting-1").await {
+                Ok(None) => Some(()),
+                Ok(Some(p)) if p.metadata.deletion_timestamp.is_some() => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    for kept in ["ready-1", "other-1", "reader-0"] {
+        let p = pods.get(kept).await.unwrap();
+        assert!(p.metadata.deletion_timestamp.is_none(), "{kept} kept");
+    }
+    // Admission refuses the model while the record holds...
+    let now = k8s_openapi::jiff::Timestamp::now();
+    assert!(now < record.retry_after.0);
+    let stored_failed = bindings.get(&name).await.unwrap();
+    match warmcache_modelvolume::decide(
+        &req,
+        warmcache_modelvolume::plan(&req).unwrap(),
+        Some(&stored_failed),
+        &storage,
+        now,
+    ) {
+        Verdict::Skip(s) => assert_eq!(s.reason, SkipReason::DownloadFailed),
+        other => panic!("{other:?}"),
+    }
+    // ...and joins again once it expired.
+    let wait = record
+        .retry_after
+        .0
+        .duration_since(now)
+        .as_secs_f64()
+        .max(0.0)
+        + 0.5;
+    tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+    let stored_expired = bindings.get(&name).await.unwrap();
+    match warmcache_modelvolume::decide(
+        &req,
+        warmcache_modelvolume::plan(&req).unwrap(),
+        Some(&stored_expired),
+        &storage,
+        k8s_openapi::jiff::Timestamp::now(),
+    ) {
+        Verdict::Rewrite(r) => assert!(matches!(r.binding, BindingAction::Join { .. })),
+        other => panic!("{other:?}"),
+    }
+    // The failed Job's TTL: gone. The step's pod retries; success clears the record.
+    let jobs: Api<Job> = app.api();
+    let old_uid = jobs.get(&job_name).await.unwrap().uid();
+    jobs.delete(
+        &job_name,
+        &DeleteParams {
+            propagation_policy: Some(kube::api::PropagationPolicy::Foreground),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let _ = pods.delete(&jp.name_any(), &DeleteParams::default()).await;
+    let retry = eventually("the retry Job", WAIT, || {
+        let jobs = jobs.clone();
+        let job_name = job_name.clone();
+        let old_uid = old_uid.clone();
+        async move {
+            jobs.get_opt(&job_name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|j| j.uid() != old_uid && j.metadata.deletion_timestamp.is_none())
+        }
+    })
+    .await
+    .unwrap();
+    succeed_job(&client, &app.name, &retry.name_any(), "2048").await;
+    let done = eventually("Ready, the record cleared", WAIT, || {
+        let api = bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(done.status.as_ref().unwrap().failure_record, None);
+    let metrics = scrape(admin).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "warmcache_binding_controller_waiting_readers_deleted_total"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    stop.cancel();
+    let _ = task.await;
+    for p in ["reader-0", "ready-1", "other-1"] {
+        let _ = pods.delete(p, &DeleteParams::default()).await;
+    }
+    let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
 }

@@ -800,7 +800,13 @@ impl Admitter {
                     catalog,
                     gates: self.gates,
                 };
-                decide(&req, plan, binding.as_deref(), &storage)
+                decide(
+                    &req,
+                    plan,
+                    binding.as_deref(),
+                    &storage,
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
             }
         };
         let (ending, reply) = match verdict {

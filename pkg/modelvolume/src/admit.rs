@@ -2,6 +2,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition};
 use warmcache_catalog::{CatalogInput, DecisionInputs, Gates, NonDurable, Outcome};
 use warmcache_cli::text::shown;
@@ -177,18 +178,21 @@ fn reader_mode(
 }
 
 /// The rewrite of `req` planned as `plan`, given the binding found under the plan's name
-/// (`None` when there is none) and the storage a new binding would be decided on.
+/// (`None` when there is none), the storage a new binding would be decided on, and the time
+/// (`now`, the caller's clock) a binding's failure record is compared with
+/// ([`check_joinable`]).
 pub fn decide(
     req: &Request<'_>,
     plan: Plan,
     binding: Option<&ModelCacheBinding>,
     storage: &StorageInputs<'_>,
+    now: Timestamp,
 ) -> Verdict {
     let uri = plan.uri.clone();
     let skip = |s: Skip| Verdict::Skip(s.with_uri(uri.clone()));
     match binding {
         Some(b) => {
-            let uid = match check_joinable(&plan, b) {
+            let uid = match check_joinable(&plan, b, now) {
                 Ok(uid) => uid,
                 Err(s) => return skip(s),
             };
@@ -253,17 +257,28 @@ pub fn decide(
     }
 }
 
-/// One admission, start to end: [`plan`], look the binding up with `lookup(namespace, name)`
-/// (a cache read), then [`decide`].
+/// One admission, start to end, without a clock: [`admit_at`] with [`Timestamp::MIN`], so a
+/// binding's failure record holds whatever its age (offline callers such as `webhook preview`).
 pub fn admit<'b>(
     req: &Request<'_>,
     lookup: impl FnOnce(&str, &str) -> Option<&'b ModelCacheBinding>,
     storage: &StorageInputs<'_>,
+) -> Verdict {
+    admit_at(req, lookup, storage, Timestamp::MIN)
+}
+
+/// One admission, start to end, at `now`: [`plan`], look the binding up with
+/// `lookup(namespace, name)` (a cache read), then [`decide`].
+pub fn admit_at<'b>(
+    req: &Request<'_>,
+    lookup: impl FnOnce(&str, &str) -> Option<&'b ModelCacheBinding>,
+    storage: &StorageInputs<'_>,
+    now: Timestamp,
 ) -> Verdict {
     let plan = match plan(req) {
         Ok(p) => p,
         Err(v) => return v,
     };
     let found = lookup(plan.binding_namespace(), plan.binding_name());
-    decide(req, plan, found, storage)
+    decide(req, plan, found, storage, now)
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::v2beta1::{
     BindingIdentity, BindingResources, ModelCacheBinding, ModelCacheBindingSpec, PopulationState,
     Workflow,
@@ -91,14 +92,23 @@ fn conflict(name: &str, why: impl std::fmt::Display) -> Skip {
     )
 }
 
-/// Whether `binding` (read under `plan`'s binding name) may be joined: the same identity, in the
-/// control namespace, carrying warmcache's finalizer, with a UID, not being deleted, not
-/// Retiring, and its download not failed.
+/// Whether `binding` (read under `plan`'s binding name) may be joined at `now`: the same
+/// identity, in the control namespace, carrying warmcache's finalizer, with a UID, not being
+/// deleted, not Retiring, and no failure record that still holds at `now`
+/// (`status.failureRecord.retryAfter` after `now`). A failed binding whose record has expired
+/// is joined again: the binding controller then retries the download. A failed binding
+/// without a record (written before records existed) is not joined until the controller
+/// records one. `now` is the caller's
+/// clock (no clock is read here); [`Timestamp::MIN`] makes every failure record hold.
 ///
 /// # Errors
 ///
 /// The skip: `binding-conflict`, `binding-deleting`, `binding-retiring` or `download-failed`.
-pub fn check_joinable(plan: &Plan, binding: &ModelCacheBinding) -> Result<String, Skip> {
+pub fn check_joinable(
+    plan: &Plan,
+    binding: &ModelCacheBinding,
+    now: Timestamp,
+) -> Result<String, Skip> {
     let name = &plan.binding_name;
     if binding.metadata.name.as_deref() != Some(name.as_str()) {
         return Err(conflict(
@@ -166,17 +176,33 @@ pub fn check_joinable(plan: &Plan, binding: &ModelCacheBinding) -> Result<String
             ),
         ));
     }
-    let failed = binding
+    if let Some(record) = binding
         .status
         .as_ref()
-        .and_then(|s| s.realized.as_ref())
-        .and_then(|r| r.population_state)
-        == Some(PopulationState::Failed);
-    if failed {
+        .and_then(|s| s.failure_record.as_ref())
+        .filter(|r| r.holds_at(now))
+    {
         return Err(Skip::new(
             SkipReason::DownloadFailed,
             format!(
-                "the download of ModelCacheBinding {} failed (see its conditions); the pod downloads on its own until the binding controller retries",
+                "the download of ModelCacheBinding {} failed at {} (see its conditions); pods download on their own until {}, when admission joins the cache again and the binding controller retries",
+                shown(name),
+                record.failed_at.0,
+                record.retry_after.0
+            ),
+        ));
+    }
+    let status = binding.status.as_ref();
+    let failed_without_record = status.is_some_and(|s| s.failure_record.is_none())
+        && status
+            .and_then(|s| s.realized.as_ref())
+            .and_then(|r| r.population_state)
+            == Some(PopulationState::Failed);
+    if failed_without_record {
+        return Err(Skip::new(
+            SkipReason::DownloadFailed,
+            format!(
+                "the download of ModelCacheBinding {} failed (see its conditions) and no failure record says until when; the pod downloads on its own until the binding controller records one",
                 shown(name)
             ),
         ));

@@ -150,13 +150,15 @@ pub enum LeaseWrite {
     /// Replace it, with its resourceVersion and UID as preconditions (a conflict: someone
     /// else wrote first).
     Update(Box<Lease>),
+    /// Replace it naming another writer namespace (a takeover), with the same preconditions.
+    TakeOver(Box<Lease>),
 }
 
 impl LeaseWrite {
     /// The Lease written.
     pub fn lease(&self) -> &Lease {
         match self {
-            Self::Create(l) | Self::Update(l) => l,
+            Self::Create(l) | Self::Update(l) | Self::TakeOver(l) => l,
         }
     }
 }
@@ -344,7 +346,7 @@ pub fn elect(input: &ElectionInput<'_>) -> Election {
         out.takeover_at = Some((candidate, at));
         return out;
     }
-    out.claim = Some(LeaseWrite::Update(Box::new(writer_lease(
+    out.claim = Some(LeaseWrite::TakeOver(Box::new(writer_lease(
         b,
         Some(record),
         &candidate,
@@ -590,7 +592,7 @@ mod tests {
         let e = elect(&input(&b, &lease, None, &others, at(160)));
         assert_eq!(e.namespace, "team-b");
         assert_eq!(e.previous.as_deref(), Some("team-a"));
-        let Some(w @ LeaseWrite::Update(l)) = &e.claim else {
+        let Some(w @ LeaseWrite::TakeOver(l)) = &e.claim else {
             panic!("{e:?}")
         };
         assert_eq!(

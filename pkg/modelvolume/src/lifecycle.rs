@@ -19,9 +19,13 @@
 //!   claim. Ready is read from the PV, so it survives the Job's TTL.
 //! - **Views**: every namespace with a reading pod gets its view recorded in
 //!   `status.realized.views`; only views already in the *stored* status are created.
-//! - **Failure**: a failed Job sets population Failed with the download's last words, retires
-//!   the writer view, keeps the primary; once the Job is gone (its TTL, one hour) the next
-//!   request retries, and a later success clears the failure.
+//! - **Failure**: a failed Job sets population Failed with the download's last words, writes
+//!   the failure record (`status.failureRecord`, valid [`LifecycleConfig::failure_record_seconds`],
+//!   one hour: the webhook leaves new pods on their own download while it holds), deletes the
+//!   readers still waiting for the copy ([`waiting_reader`]) so their controllers recreate them
+//!   on that path, retires the writer view and keeps the primary; once the record has expired
+//!   and the Job is gone (its TTL) the next reading pod's step retries with a new Job, and a
+//!   later success clears the record.
 //! - **Nothing is deleted** except the writer view's claim, and only after completion is
 //!   persisted or on failure; PVs and data are the reaper's.
 
@@ -33,8 +37,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::v2beta1::{
-    BindingPhase, ModelCacheBinding, ModelCacheBindingStatus, PopulationState, ReadOnlyView,
-    RealizedStorage, RequestReference, Transition,
+    BindingPhase, FailureRecord, ModelCacheBinding, ModelCacheBindingStatus, PopulationState,
+    ReadOnlyView, RealizedStorage, RequestReference, Transition,
 };
 use warmcache_api_modelcache::{identity_hash, writer_pvc_name};
 
@@ -194,6 +198,13 @@ pub enum Action {
     },
     /// Create a read-only view (PV, then claim) recorded in the stored status.
     CreateView(PersistentVolume, PersistentVolumeClaim),
+    /// Delete the readers of the binding in these namespaces that still wait for the copy and
+    /// are not Ready ([`waiting_reader`], UID precondition), so their controllers recreate them:
+    /// while the failure record holds, admission leaves the new pods on their own download.
+    DeleteWaitingReaders {
+        /// Reader namespaces.
+        namespaces: Vec<String>,
+    },
     /// Write the writer Lease ([`crate::lease`]): a create (AlreadyExists: another controller
     /// chose first) or an update with its resourceVersion and UID (a conflict: someone else
     /// wrote first). When it precedes a [`Action::CreateJob`], a lost write stops the actions:
@@ -211,7 +222,7 @@ pub struct Step {
     /// Writes to make after the status, in order.
     pub actions: Vec<Action>,
     /// When the controller should look again although nothing it watches may change (the end
-    /// of a takeover's grace period).
+    /// of a takeover's grace period, the expiry of a failure record).
     pub recheck_at: Option<Timestamp>,
 }
 
@@ -236,7 +247,16 @@ pub struct LifecycleConfig {
     /// Seconds the holder of the writer Lease has been gone (its Job gone, no reading pod with
     /// a step left in its namespace) before another namespace takes the download over.
     pub takeover_grace_seconds: i64,
+    /// Seconds a failure record holds (admission leaves new pods on their own download, waiting
+    /// readers are deleted, no retry starts).
+    pub failure_record_seconds: i64,
 }
+
+/// Default validity of a failure record: one hour (nvsnap's failed-record TTL).
+pub const DEFAULT_FAILURE_RECORD_SECONDS: i64 = 3600;
+
+/// The longest failure message recorded (`status.failureRecord.message`).
+pub const MAX_FAILURE_MESSAGE_BYTES: usize = 2048;
 
 impl Default for LifecycleConfig {
     fn default() -> Self {
@@ -245,6 +265,7 @@ impl Default for LifecycleConfig {
             extra_mount_options: Vec::new(),
             writer: WriterOptions::default(),
             takeover_grace_seconds: crate::lease::DEFAULT_TAKEOVER_GRACE_SECONDS,
+            failure_record_seconds: DEFAULT_FAILURE_RECORD_SECONDS,
         }
     }
 }
@@ -595,7 +616,7 @@ pub fn step(obs: &Observed<'_>) -> Step {
     if obs.writer.stored.is_some() {
         status.writer.clone_from(&obs.writer.stored);
     }
-    rwx(obs, &mut realized, &mut out);
+    rwx(obs, &mut realized, &mut status.failure_record, &mut out);
     status.realized = Some(realized);
     finish(status, out)
 }
@@ -621,7 +642,12 @@ fn degraded(out: &mut Builder, reason: Reason, message: String) {
     out.set(DEGRADED, true, reason, message);
 }
 
-fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
+fn rwx(
+    obs: &Observed<'_>,
+    realized: &mut RealizedStorage,
+    failure: &mut Option<FailureRecord>,
+    out: &mut Builder,
+) {
     let b = obs.binding;
     let claim_name = writer_pvc_name(&b.spec.identity);
     let writer_ns = obs.writer.namespace.as_str();
@@ -719,6 +745,7 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
     if is_complete(b, primary) {
         let bytes = recorded_bytes(primary);
         realized.population_state = Some(PopulationState::Ready);
+        *failure = None;
         realized.bytes = bytes.and_then(|n| i64::try_from(n).ok());
         realized.source_namespace = primary
             .metadata
@@ -809,12 +836,22 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
             let words = last_words(job, &obs.job_pods);
             realized.population_state = Some(PopulationState::Failed);
             release_writer_claim(obs, out);
+            let kept = failure_record(obs, failure.as_ref(), job, &words);
+            let holds = kept.holds_at(obs.now.0);
+            let retry = kept.retry_after.0;
+            *failure = Some(kept);
+            if holds {
+                delete_waiting_readers(obs, out);
+                out.recheck_at = Some(retry);
+            }
             let m = format!(
                 "the writer Job {} failed: {words}",
                 job.metadata.name.clone().unwrap_or_default()
             );
             out.set(READY, false, Reason::DownloadFailed, m.clone());
-            out.set(PROGRESSING, false, Reason::DownloadFailed, "the primary claim is kept; the download is retried by the next reading pod once the failed Job is gone (its TTL)");
+            out.set(PROGRESSING, false, Reason::DownloadFailed, format!(
+                "the primary claim is kept; new pods download on their own until {retry}, then the download is retried by a reading pod's step once the failed Job is gone (its TTL)"
+            ));
             out.set(DEGRADED, true, Reason::DownloadFailed, m);
             out.actions.extend(record);
             return;
@@ -842,7 +879,35 @@ fn rwx(obs: &Observed<'_>, realized: &mut RealizedStorage, out: &mut Builder) {
         return;
     }
 
-    // 5. No Job: start (or retry) the download.
+    // 5. No Job: start (or retry) the download, unless a failure record still holds. A failure
+    // stored before records existed gets one from now.
+    if failed_before && failure.is_none() {
+        let retry = obs
+            .now
+            .0
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+                obs.config.failure_record_seconds.max(0),
+            ))
+            .unwrap_or(Timestamp::MAX);
+        *failure = Some(FailureRecord {
+            failed_at: obs.now.clone(),
+            retry_after: Time(retry),
+            job_uid: None,
+            message: "the download failed before this failure record existed".to_owned(),
+        });
+    }
+    if failed_before && let Some(record) = failure.as_ref().filter(|r| r.holds_at(obs.now.0)) {
+        let retry = record.retry_after.0;
+        delete_waiting_readers(obs, out);
+        out.recheck_at = Some(retry);
+        let m = format!(
+            "the download failed ({}); new pods download on their own until {retry}, then a reading pod's step retries it",
+            record.message
+        );
+        out.set(READY, false, Reason::DownloadFailed, m.clone());
+        out.set(PROGRESSING, false, Reason::DownloadFailed, m);
+        return;
+    }
     let Some(source) = &obs.step else {
         out.actions
             .extend(obs.writer.record.clone().map(Action::WriteLease));
@@ -970,6 +1035,83 @@ pub fn adoptable<'p>(
         .collect();
     candidates.sort_by_key(|pv| pv.metadata.name.clone());
     candidates.first().copied()
+}
+
+/// The failure record of the failed `job`: the stored one when it is this Job's (so its time
+/// does not move), else a new one from now.
+fn failure_record(
+    obs: &Observed<'_>,
+    stored: Option<&FailureRecord>,
+    job: &Job,
+    words: &str,
+) -> FailureRecord {
+    let uid = job.metadata.uid.clone();
+    if let Some(r) = stored.filter(|r| uid.is_some() && r.job_uid == uid) {
+        return r.clone();
+    }
+    let now = obs.now.0;
+    let retry = now
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+            obs.config.failure_record_seconds.max(0),
+        ))
+        .unwrap_or(Timestamp::MAX);
+    FailureRecord {
+        failed_at: Time(now),
+        retry_after: Time(retry),
+        job_uid: uid,
+        message: warmcache_cli::text::bounded(words, MAX_FAILURE_MESSAGE_BYTES),
+    }
+}
+
+fn delete_waiting_readers(obs: &Observed<'_>, out: &mut Builder) {
+    if !obs.reader_namespaces.is_empty() {
+        out.actions.push(Action::DeleteWaitingReaders {
+            namespaces: obs.reader_namespaces.iter().cloned().collect(),
+        });
+    }
+}
+
+/// Whether `pod` is a reader of `binding` still waiting for the copy: it names the binding (and
+/// its UID, when it records one), was rewritten as a reader (`nvsnap.io/model-role=reader`,
+/// with the wait init container), is not warmcache's own, not being deleted, not finished, not
+/// Ready, and its wait container has not completed. Such a pod is deleted after a failed
+/// download so its controller recreates it on its own download path.
+pub fn waiting_reader(binding: &ModelCacheBinding, pod: &Pod) -> bool {
+    let meta = &pod.metadata;
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    let labels = meta.labels.clone().unwrap_or_default();
+    let names_binding = annotations.get(crate::keys::BINDING_ANNOTATION)
+        == binding.metadata.name.as_ref()
+        && annotations
+            .get(crate::keys::BINDING_UID_ANNOTATION)
+            .is_none_or(|u| Some(u) == binding.metadata.uid.as_ref());
+    let reader = labels.get(crate::keys::ROLE_LABEL).map(String::as_str)
+        == Some(crate::keys::ROLE_READER)
+        && labels
+            .get(crate::keys::MANAGED_BY_LABEL)
+            .map(String::as_str)
+            != Some(crate::keys::MANAGED_BY_VALUE);
+    let waits = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.name == crate::keys::WAIT_CONTAINER));
+    if !(names_binding && reader && waits) || meta.deletion_timestamp.is_some() {
+        return false;
+    }
+    let status = pod.status.as_ref();
+    let finished = status
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| matches!(p, "Succeeded" | "Failed"));
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let wait_done = status
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == crate::keys::WAIT_CONTAINER))
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+        .is_some_and(|t| t.exit_code == 0);
+    !finished && !ready && !wait_done
 }
 
 fn release_writer_claim(obs: &Observed<'_>, out: &mut Builder) {
@@ -1474,7 +1616,8 @@ mod tests {
         let config = LifecycleConfig::default();
         let claim = bound_claim(&b);
         let pv = primary_pv();
-        let job = job_with(&b, Some("Failed"));
+        let mut job = job_with(&b, Some("Failed"));
+        job.metadata.uid = Some("job-uid-1".into());
         let failed = pod_terminated(1, "nvsnap: download exited 1: 401 Unauthorized");
         let (mut vpv, mut vclaim) = view::writer_view(&b, &pv).unwrap();
         vclaim.metadata.uid = Some("writer-claim-uid".into());
@@ -1500,17 +1643,68 @@ mod tests {
             "{:?}",
             s.actions
         );
+        // The failure record: valid one hour from now, naming the Job.
+        let record = s.status.failure_record.clone().unwrap();
+        assert_eq!(record.failed_at, now());
+        assert_eq!(record.retry_after.0.as_second(), now().0.as_second() + 3600);
+        assert_eq!(record.job_uid, job.metadata.uid);
+        assert!(record.message.contains("401 Unauthorized"));
+        assert_eq!(s.recheck_at, Some(record.retry_after.0));
+        // With readers: the waiting ones are deleted while the record holds.
+        obs.reader_namespaces = BTreeSet::from(["team-a".to_owned(), "team-b".to_owned()]);
+        let s = step(&obs);
+        assert!(
+            s.actions.contains(&Action::DeleteWaitingReaders {
+                namespaces: vec!["team-a".into(), "team-b".into()]
+            }),
+            "{:?}",
+            s.actions
+        );
+        // A later reconcile of the same failed Job keeps the record's time.
+        let mut again = b.clone();
+        again.status = Some(s.status.clone());
+        let mut obs2 = observed(&again, &config);
+        obs2.now = Time(Timestamp::from_second(now().0.as_second() + 60).unwrap());
+        obs2.primary_claim = Some(&claim);
+        obs2.primary_pv = Some(&pv);
+        obs2.job = Some(&job);
+        obs2.job_pods = vec![&failed];
+        let s2 = step(&obs2);
+        assert_eq!(s2.status.failure_record, Some(record.clone()));
 
-        // The Job is gone (TTL) and the claim released: retry through the same view PV, whose
-        // claimRef still names the released claim.
+        // The Job is gone (TTL) but the record holds: no retry, readers still deleted.
         let mut stored = b.clone();
         stored.status = Some(s.status.clone());
+        let mut held = observed(&stored, &config);
+        held.now = Time(Timestamp::from_second(now().0.as_second() + 3599).unwrap());
+        held.primary_claim = Some(&claim);
+        held.primary_pv = Some(&pv);
+        held.writer_view_pv = Some(&vpv);
+        held.reader_namespaces = BTreeSet::from(["team-a".to_owned()]);
+        held.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s3 = step(&held);
+        assert!(
+            matches!(s3.actions.as_slice(), [Action::DeleteWaitingReaders { .. }]),
+            "{:?}",
+            s3.actions
+        );
+        assert_eq!(population(&s3), Some(PopulationState::Failed));
+        assert_eq!(condition(&s3, READY).reason, Reason::DownloadFailed);
+        assert_eq!(s3.recheck_at, Some(record.retry_after.0));
+
+        // Expired and the Job gone: retry through the same view PV, whose claimRef still names
+        // the released claim; no reader is deleted any more.
         vpv.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
             uid: Some("writer-claim-uid".into()),
             ..ObjectReference::default()
         });
         vpv.metadata.resource_version = Some("77".into());
         let mut obs = observed(&stored, &config);
+        obs.now = record.retry_after.clone();
+        obs.reader_namespaces = BTreeSet::from(["team-a".to_owned()]);
         obs.primary_claim = Some(&claim);
         obs.primary_pv = Some(&pv);
         obs.writer_view_pv = Some(&vpv);
@@ -1536,6 +1730,165 @@ mod tests {
             !condition(&s, DEGRADED).status,
             "a retry clears the failure"
         );
+        assert_eq!(
+            s.status.failure_record.as_ref(),
+            Some(&record),
+            "the record stays until a success"
+        );
+    }
+
+    #[test]
+    fn success_clears_the_failure_record() {
+        let mut b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let mut pv = primary_pv();
+        let (labels, annotations) = completion_marks(&b, Some(1 << 20), "team-a");
+        pv.metadata.labels = Some(labels);
+        pv.metadata.annotations = Some(annotations);
+        b.status = Some(ModelCacheBindingStatus {
+            failure_record: Some(FailureRecord {
+                failed_at: now(),
+                retry_after: now(),
+                job_uid: Some("old".into()),
+                message: "boom".into(),
+            }),
+            ..ModelCacheBindingStatus::default()
+        });
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        let s = step(&obs);
+        assert_eq!(population(&s), Some(PopulationState::Ready));
+        assert_eq!(s.status.failure_record, None);
+    }
+
+    #[test]
+    fn a_failure_stored_without_a_record_gets_one() {
+        let mut b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        b.status = Some(ModelCacheBindingStatus {
+            realized: Some(RealizedStorage {
+                population_state: Some(PopulationState::Failed),
+                ..RealizedStorage::default()
+            }),
+            ..ModelCacheBindingStatus::default()
+        });
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        let r = s.status.failure_record.clone().unwrap();
+        assert_eq!(r.failed_at, now());
+        assert!(
+            s.actions.is_empty(),
+            "no retry while it holds: {:?}",
+            s.actions
+        );
+    }
+
+    fn reader(b: &ModelCacheBinding) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "r", "namespace": "team-a", "uid": "pod-1",
+                "labels": { crate::keys::ROLE_LABEL: crate::keys::ROLE_READER },
+                "annotations": {
+                    crate::keys::BINDING_ANNOTATION: b.metadata.name.clone().unwrap(),
+                    crate::keys::BINDING_UID_ANNOTATION: b.metadata.uid.clone().unwrap(),
+                },
+            },
+            "spec": {
+                "initContainers": [{ "name": crate::keys::WAIT_CONTAINER, "image": "x" }],
+                "containers": [{ "name": "vllm", "image": "x" }],
+            },
+            "status": { "phase": "Pending" },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn waiting_readers_are_the_rewritten_ones_not_ready_still_in_their_wait() {
+        let b = binding(Transition::RwxReadOnly);
+        let pod = reader(&b);
+        assert!(waiting_reader(&b, &pod));
+        // Its wait exited non-zero (the failure marker) and restarts: still waiting.
+        let mut failed_wait = pod.clone();
+        failed_wait.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Pending",
+                "initContainerStatuses": [{
+                    "name": crate::keys::WAIT_CONTAINER, "image": "x", "imageID": "", "ready": false,
+                    "restartCount": 1,
+                    "state": { "terminated": { "exitCode": 1 } },
+                }],
+            }))
+            .unwrap(),
+        );
+        assert!(waiting_reader(&b, &failed_wait));
+        let mut not = Vec::new();
+        let mut ready = pod.clone();
+        ready.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Running",
+                "conditions": [{ "type": "Ready", "status": "True" }],
+            }))
+            .unwrap(),
+        );
+        not.push(ready);
+        let mut past_wait = failed_wait.clone();
+        past_wait
+            .status
+            .as_mut()
+            .unwrap()
+            .init_container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .state
+            .as_mut()
+            .unwrap()
+            .terminated
+            .as_mut()
+            .unwrap()
+            .exit_code = 0;
+        not.push(past_wait);
+        let mut other = pod.clone();
+        other.metadata.annotations.as_mut().unwrap().insert(
+            crate::keys::BINDING_ANNOTATION.into(),
+            "model-cache-other".into(),
+        );
+        not.push(other);
+        let mut no_wait = pod.clone();
+        no_wait.spec.as_mut().unwrap().init_containers = None;
+        not.push(no_wait);
+        let mut not_reader = pod.clone();
+        not_reader.metadata.labels = None;
+        not.push(not_reader);
+        let mut ours = pod.clone();
+        ours.metadata.labels.as_mut().unwrap().insert(
+            crate::keys::MANAGED_BY_LABEL.into(),
+            crate::keys::MANAGED_BY_VALUE.into(),
+        );
+        not.push(ours);
+        let mut done = pod.clone();
+        done.status.as_mut().unwrap().phase = Some("Failed".into());
+        not.push(done);
+        let mut other_uid = pod.clone();
+        other_uid
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(crate::keys::BINDING_UID_ANNOTATION.into(), "other".into());
+        not.push(other_uid);
+        for p in &not {
+            assert!(!waiting_reader(&b, p), "{p:?}");
+        }
     }
 
     #[test]
@@ -1580,7 +1933,7 @@ mod tests {
         let s = step(&obs);
         match s.actions.as_slice() {
             [
-                Action::WriteLease(crate::lease::LeaseWrite::Update(_)),
+                Action::WriteLease(crate::lease::LeaseWrite::TakeOver(_)),
                 Action::ReleaseWriterClaim { namespace, uid, .. },
                 Action::CreateWriterView(vpv, vclaim),
                 Action::CreateJob(job),

@@ -105,12 +105,15 @@
 //!   `~/.cache/warmcache`); `local-up` also writes its kubeconfig under it.
 //! - `WARMCACHE_TESTKIT_CRD_DIR`: install the CRDs from this directory instead of
 //!   `<workspace>/config/crd`.
+//! - `WARMCACHE_HELM`: a prebuilt `helm` binary for the chart tests; when unset,
+//!   [`helm_binary`] runs `hack/build-helm.sh` (cached like the control plane).
 //! - `TMPDIR`: parent of the plane's temporary directory.
 
 mod crd;
 mod csi;
 mod error;
 mod faults;
+mod helm;
 mod https;
 mod image;
 mod kubelet;
@@ -127,6 +130,7 @@ pub use crd::{FIELD_MANAGER, apply_crd, install_crds_from_dir, parse_crds, wait_
 pub use csi::{CsiPublish, TestCsiDriver};
 pub use error::TestkitError;
 pub use faults::{Fault, FaultInjector, FaultLayer, FaultService};
+pub use helm::{ENV_HELM, chart_dir, helm_binary};
 pub use https::{HttpsClient, HttpsReply};
 pub use image::{ImageArchive, ImageBuilder, PAUSE_IMAGE, TOOLS_IMAGE};
 pub use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;

@@ -1,0 +1,186 @@
+//! Every object the chart renders, validated by the real kube-apiserver of the test kit:
+//! server-side apply with `dryRun=All` and `fieldValidation=Strict` (unknown or duplicate
+//! fields are errors, not warnings), and every pod template admitted by Pod Security
+//! "restricted" (a dry-run Pod in a namespace that enforces it). Kinds of other projects'
+//! CRDs (cert-manager, Prometheus Operator) are not installed on the test plane; they are
+//! counted, and only they may be skipped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Helm;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use serde_json::{Value, json};
+use warmcache_chart_tests::{NAMESPACE, key, of_kind, pod_templates};
+use warmcache_testkit::ControlPlane;
+
+const FOREIGN_GROUPS: [&str; 2] = ["cert-manager.io", "monitoring.coreos.com"];
+
+fn gvk(object: &Value) -> GroupVersionKind {
+    let api_version = object["apiVersion"].as_str().unwrap();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap())
+}
+
+async fn ensure_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    }))
+    .unwrap();
+    api.patch(
+        name,
+        &PatchParams::apply("chart-test").force(),
+        &Patch::Apply(&namespace),
+    )
+    .await
+    .unwrap();
+}
+
+/// Dry-runs every object; returns how many of each foreign group were skipped.
+async fn validate(client: &kube::Client, objects: &[Value]) -> usize {
+    let mut skipped = 0;
+    for object in objects {
+        let gvk = gvk(object);
+        if FOREIGN_GROUPS.contains(&gvk.group.as_str()) {
+            skipped += 1;
+            continue;
+        }
+        let (resource, capabilities) = pinned_kind(client, &gvk).await.unwrap_or_else(|e| {
+            panic!(
+                "{}: the API server does not serve {gvk:?}: {e}",
+                key(object)
+            )
+        });
+        let api: Api<DynamicObject> = match capabilities.scope {
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+            Scope::Namespaced => {
+                let namespace = object["metadata"]["namespace"].as_str().unwrap_or_else(|| {
+                    panic!("{}: namespaced object without a namespace", key(object))
+                });
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            }
+        };
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let params = PatchParams::apply("chart-test")
+            .force()
+            .dry_run()
+            .validation_strict();
+        if let Err(e) = api.patch(name, &params, &Patch::Apply(object)).await {
+            panic!("{}: refused by the API server: {e}", key(object));
+        }
+    }
+    skipped
+}
+
+/// Each pod template as a dry-run Pod in the release namespace, which enforces "restricted".
+async fn admit_pods(client: &kube::Client, objects: &[Value]) {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
+    for account in of_kind(objects, "ServiceAccount") {
+        let account: ServiceAccount = serde_json::from_value(account.clone()).unwrap();
+        let name = account.metadata.name.clone().unwrap();
+        accounts
+            .patch(
+                &name,
+                &PatchParams::apply("chart-test").force(),
+                &Patch::Apply(&account),
+            )
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for (what, template) in pod_templates(objects) {
+        let mut pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": template.get("metadata").cloned().unwrap_or(json!({})),
+            "spec": template["spec"],
+        });
+        pod["metadata"]["generateName"] = json!("chart-test-");
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        let params = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        if let Err(e) = pods.create(&params, &pod).await {
+            panic!("{what}: its pod is refused in a namespace enforcing restricted: {e}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_rendered_object_passes_strict_server_validation_and_restricted() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let helm = Helm::new().unwrap();
+    ensure_namespace(&client, NAMESPACE).await;
+    ensure_namespace(&client, "nvca-modelcache-init").await;
+
+    let objects = helm.template(&["serviceMonitor.enabled=true"]).unwrap();
+    assert_eq!(
+        validate(&client, &objects).await,
+        4,
+        "the four ServiceMonitors"
+    );
+    admit_pods(&client, &objects).await;
+
+    let objects = helm
+        .template(&[
+            "certManager.enabled=true",
+            "storageClass.create=true",
+            "storageClass.provisioner=csi.weka.io",
+        ])
+        .unwrap();
+    assert_eq!(
+        validate(&client, &objects).await,
+        4,
+        "two Issuers and two Certificates"
+    );
+}
+
+#[tokio::test]
+async fn a_value_that_breaks_an_object_is_caught_by_the_server() {
+    // The schema cannot know every Kubernetes rule; the dry run is the net. A node selector
+    // value that is not a label value passes the chart's schema and is refused by the server.
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let helm = Helm::new().unwrap();
+    ensure_namespace(&client, NAMESPACE).await;
+    let objects = helm
+        .template(&["webhook.nodeSelector.pool=not a label value!"])
+        .unwrap();
+    let deployment = objects
+        .iter()
+        .find(|o| key(o) == format!("Deployment/{NAMESPACE}/warmcache-webhook"))
+        .unwrap();
+    let (resource, _) = pinned_kind(&client, &gvk(deployment)).await.unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
+    let params = PatchParams::apply("chart-test")
+        .force()
+        .dry_run()
+        .validation_strict();
+    let err = api
+        .patch("warmcache-webhook", &params, &Patch::Apply(deployment))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("nodeSelector"), "{err}");
+    // And validation is strict: a field Kubernetes does not know is an error.
+    let objects = helm.template(&[]).unwrap();
+    let mut deployment = objects
+        .iter()
+        .find(|o| key(o) == format!("Deployment/{NAMESPACE}/warmcache-webhook"))
+        .unwrap()
+        .clone();
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = json!("Never");
+    let err = api
+        .patch("warmcache-webhook", &params, &Patch::Apply(&deployment))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("imagePullPolicyy"), "{err}");
+}

@@ -1,0 +1,711 @@
+//! The chart rendered by the real Helm CLI for every toggle combination the issue names
+//! (everything on, everything off, each component alone, cert-manager on and off, CRDs off),
+//! `helm lint --strict`, and the schema refusing bad values. Every rendered pod passes Pod
+//! Security "restricted", no role grants a wildcard, and the generated files (CRDs, catalog,
+//! webhook configurations, roles) arrive unchanged apart from what the chart must set.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use common::Helm;
+use serde_json::Value;
+use warmcache_chart_tests::{NAMESPACE, find, key, of_kind, pod_templates};
+
+fn helm() -> &'static Helm {
+    static HELM: OnceLock<Helm> = OnceLock::new();
+    HELM.get_or_init(|| Helm::new().expect("the helm binary (hack/build-helm.sh)"))
+}
+
+const DEPLOYMENTS: [(&str, &str); 4] = [
+    ("webhook", "warmcache-webhook"),
+    ("bindingController", "warmcache-binding-controller"),
+    ("kvcacheOperator", "warmcache-kvcache-operator"),
+    ("kvcacheOperator", "warmcache-kvcache-operator-webhook"),
+];
+
+const COMPONENTS: [&str; 3] = ["webhook", "bindingController", "kvcacheOperator"];
+
+fn names(objects: &[Value], kind: &str) -> BTreeSet<String> {
+    of_kind(objects, kind)
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{pointer} in {v}"))
+}
+
+/// Pod Security "restricted" (v1.30 rules), checked on a pod template.
+fn assert_restricted(what: &str, template: &Value) {
+    let spec = &template["spec"];
+    for forbidden in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert_ne!(
+            spec.get(forbidden),
+            Some(&Value::Bool(true)),
+            "{what}: {forbidden}"
+        );
+    }
+    for volume in spec["volumes"].as_array().into_iter().flatten() {
+        assert!(volume.get("hostPath").is_none(), "{what}: hostPath volume");
+    }
+    let pod = &spec["securityContext"];
+    assert_eq!(pod["runAsNonRoot"], true, "{what}: runAsNonRoot");
+    assert_eq!(
+        pod["seccompProfile"]["type"], "RuntimeDefault",
+        "{what}: seccomp"
+    );
+    let containers: Vec<&Value> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| spec[*k].as_array().into_iter().flatten())
+        .collect();
+    assert!(!containers.is_empty(), "{what}: no containers");
+    for c in containers {
+        let name = c["name"].as_str().unwrap_or("?");
+        let sc = &c["securityContext"];
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{what}/{name}");
+        assert_ne!(
+            sc.get("privileged"),
+            Some(&Value::Bool(true)),
+            "{what}/{name}"
+        );
+        assert_eq!(
+            sc["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{what}/{name}"
+        );
+        assert!(
+            sc["capabilities"].get("add").is_none(),
+            "{what}/{name}: adds capabilities"
+        );
+        assert_ne!(
+            sc.get("runAsUser"),
+            Some(&Value::from(0)),
+            "{what}/{name}: root"
+        );
+        assert!(
+            c.pointer("/resources/limits/memory").is_some(),
+            "{what}/{name}: memory limit"
+        );
+        assert!(
+            c.pointer("/resources/requests/cpu").is_some(),
+            "{what}/{name}: cpu request"
+        );
+        for port in c["ports"].as_array().into_iter().flatten() {
+            assert!(port.get("hostPort").is_none(), "{what}/{name}: hostPort");
+        }
+    }
+}
+
+/// No role grants a wildcard or an escalating verb, and every binding names a rendered role
+/// and a rendered ServiceAccount.
+fn assert_least_privilege(objects: &[Value]) {
+    for role in of_kind(objects, "ClusterRole")
+        .into_iter()
+        .chain(of_kind(objects, "Role"))
+    {
+        for rule in role["rules"].as_array().unwrap() {
+            for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+                for item in rule[field].as_array().into_iter().flatten() {
+                    assert_ne!(item, "*", "{}: {field} wildcard", key(role));
+                }
+            }
+            for verb in rule["verbs"].as_array().unwrap() {
+                assert!(
+                    warmcache_kube_verbs().contains(&verb.as_str().unwrap()),
+                    "{}: verb {verb}",
+                    key(role)
+                );
+            }
+            assert!(rule.get("nonResourceURLs").is_none(), "{}", key(role));
+        }
+    }
+    let accounts = names(objects, "ServiceAccount");
+    for kind in ["ClusterRoleBinding", "RoleBinding"] {
+        for binding in of_kind(objects, kind) {
+            let role_kind = str_at(binding, "/roleRef/kind");
+            let role_name = str_at(binding, "/roleRef/name");
+            let role = of_kind(objects, role_kind).into_iter().find(|r| {
+                r["metadata"]["name"] == role_name
+                    && r["metadata"].get("namespace") == binding["metadata"].get("namespace")
+            });
+            assert!(
+                role.is_some(),
+                "{}: names {role_kind} {role_name}",
+                key(binding)
+            );
+            for subject in binding["subjects"].as_array().unwrap() {
+                assert_eq!(subject["kind"], "ServiceAccount", "{}", key(binding));
+                assert_eq!(subject["namespace"], NAMESPACE, "{}", key(binding));
+                assert!(
+                    accounts.contains(str_at(subject, "/name")),
+                    "{}",
+                    key(binding)
+                );
+            }
+        }
+    }
+}
+
+fn warmcache_kube_verbs() -> [&'static str; 8] {
+    [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ]
+}
+
+fn assert_common(objects: &[Value]) {
+    for (what, template) in pod_templates(objects) {
+        assert_restricted(&what, template);
+    }
+    assert_least_privilege(objects);
+    let keys: Vec<String> = objects.iter().map(key).collect();
+    let unique: BTreeSet<&String> = keys.iter().collect();
+    assert_eq!(
+        unique.len(),
+        keys.len(),
+        "an object rendered twice: {keys:?}"
+    );
+    for object in objects {
+        let labels = &object["metadata"]["labels"];
+        assert_eq!(
+            labels["app.kubernetes.io/managed-by"],
+            "Helm",
+            "{}",
+            key(object)
+        );
+        assert_eq!(
+            labels["app.kubernetes.io/instance"],
+            "warmcache",
+            "{}",
+            key(object)
+        );
+    }
+}
+
+#[test]
+fn defaults_render_every_component_restricted_and_least_privileged() {
+    let objects = helm().template(&[]).unwrap();
+    assert_common(&objects);
+    let deployments = names(&objects, "Deployment");
+    for (_, name) in DEPLOYMENTS {
+        assert!(deployments.contains(name), "{deployments:?}");
+    }
+    // One ServiceAccount per component with API calls; the KVCacheBackend webhook has none
+    // and mounts no token.
+    assert_eq!(
+        names(&objects, "ServiceAccount"),
+        BTreeSet::from([
+            "warmcache-binding-controller".to_owned(),
+            "warmcache-kvcache-operator".to_owned(),
+            "warmcache-webhook".to_owned(),
+        ])
+    );
+    let kv_webhook = find(&objects, "Deployment", "warmcache-kvcache-operator-webhook").unwrap();
+    assert_eq!(
+        kv_webhook["spec"]["template"]["spec"]["automountServiceAccountToken"],
+        false
+    );
+    // The control namespace, enforcing restricted.
+    let control = find(&objects, "Namespace", "nvca-modelcache-init").unwrap();
+    assert_eq!(
+        control["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    // The webhook has a PodDisruptionBudget; the controllers are leader-elected singletons.
+    assert!(find(&objects, "PodDisruptionBudget", "warmcache-webhook").is_some());
+    // No StorageClass unless asked for.
+    assert!(of_kind(&objects, "StorageClass").is_empty());
+}
+
+fn normalized(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => n.as_f64().map(Value::from).unwrap_or(Value::Null),
+        Value::Array(items) => Value::Array(items.iter().map(normalized).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), normalized(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn the_generated_files_arrive_unchanged() {
+    let objects = helm().template(&[]).unwrap();
+    let root = warmcache_testkit::chart_dir().join("../..");
+    // CRDs: the generated schema, plus the keep annotation.
+    for crd in of_kind(&objects, "CustomResourceDefinition") {
+        let name = str_at(crd, "/metadata/name");
+        let file = root.join(format!(
+            "config/crd/{}_{}.yaml",
+            str_at(crd, "/spec/group"),
+            str_at(crd, "/spec/names/plural")
+        ));
+        let generated =
+            warmcache_cli::yaml::one_object(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        // Helm reads YAML numbers as floats: compare them as numbers (schemars writes some
+        // minimums as 0.0, Helm prints them as 0).
+        assert!(
+            normalized(&crd["spec"]) == normalized(&generated["spec"]),
+            "{name}: the rendered CRD differs from {}",
+            file.display()
+        );
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{name}"
+        );
+    }
+    assert_eq!(of_kind(&objects, "CustomResourceDefinition").len(), 2);
+    // The catalog: its data byte for byte, in the release namespace.
+    let catalog = find(&objects, "ConfigMap", "nvcf-storage-capabilities").unwrap();
+    assert_eq!(catalog["metadata"]["namespace"], NAMESPACE);
+    let generated = warmcache_cli::yaml::one_object(
+        &std::fs::read_to_string(
+            root.join("config/catalog/nvcf-storage-capabilities.configmap.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(catalog["data"], generated["data"]);
+    // Roles: the generated rules, namespaces set.
+    for (file, kind, namespace) in [
+        ("webhook.clusterrole.yaml", "ClusterRole", None),
+        ("webhook.role.yaml", "Role", Some(NAMESPACE)),
+        (
+            "webhook.control-role.yaml",
+            "Role",
+            Some("nvca-modelcache-init"),
+        ),
+        ("binding-controller.clusterrole.yaml", "ClusterRole", None),
+        ("kvcache-operator.role.yaml", "Role", Some(NAMESPACE)),
+    ] {
+        let generated = warmcache_cli::yaml::one_object(
+            &std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap(),
+        )
+        .unwrap();
+        let name = str_at(&generated, "/metadata/name");
+        let rendered = of_kind(&objects, kind)
+            .into_iter()
+            .find(|r| {
+                r["metadata"]["name"] == name
+                    && r["metadata"].get("namespace").and_then(Value::as_str) == namespace
+            })
+            .unwrap_or_else(|| panic!("{file}: {kind} {name} in {namespace:?}"));
+        assert_eq!(rendered["rules"], generated["rules"], "{file}");
+    }
+}
+
+#[test]
+fn webhook_configurations_get_the_namespace_the_exclusions_and_the_ca() {
+    let objects = helm()
+        .template(&["webhook.excludedNamespaces={batch-jobs,ci}"])
+        .unwrap();
+    let secret = find(&objects, "Secret", "warmcache-webhook-tls").unwrap();
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let ca = str_at(secret, "/data/ca.crt");
+    for key in ["tls.crt", "tls.key"] {
+        assert!(!str_at(secret, &format!("/data/{key}")).is_empty());
+    }
+    let pods = find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        "warmcache-webhook",
+    )
+    .unwrap();
+    let hook = &pods["webhooks"][0];
+    assert_eq!(hook["clientConfig"]["caBundle"], ca);
+    assert_eq!(hook["clientConfig"]["service"]["namespace"], NAMESPACE);
+    assert_eq!(hook["clientConfig"]["service"]["name"], "warmcache-webhook");
+    assert!(find(&objects, "Service", "warmcache-webhook").is_some());
+    let excluded = hook["namespaceSelector"]["matchExpressions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["key"] == "kubernetes.io/metadata.name")
+        .unwrap();
+    assert_eq!(excluded["operator"], "NotIn");
+    assert_eq!(
+        excluded["values"],
+        serde_json::json!([
+            "kube-system",
+            NAMESPACE,
+            "nvca-modelcache-init",
+            "batch-jobs",
+            "ci"
+        ])
+    );
+    // What the code generated stays: failure policy, timeout, reinvocation, side effects.
+    assert_eq!(hook["failurePolicy"], "Ignore");
+    assert_eq!(hook["timeoutSeconds"], 5);
+    assert_eq!(hook["reinvocationPolicy"], "IfNeeded");
+    assert_eq!(hook["sideEffects"], "NoneOnDryRun");
+    let kv = find(
+        &objects,
+        "ValidatingWebhookConfiguration",
+        "kvcache-operator",
+    )
+    .unwrap();
+    assert_eq!(kv["webhooks"][0]["clientConfig"]["caBundle"], ca);
+    assert_eq!(
+        kv["webhooks"][0]["clientConfig"]["service"]["namespace"],
+        NAMESPACE
+    );
+    assert!(find(&objects, "Service", "kvcache-operator-webhook").is_some());
+    // A second render generates another CA (helm template cannot look the Secret up); an
+    // install keeps the first one (the real-install test).
+    let again = helm().template(&[]).unwrap();
+    let again = find(&again, "Secret", "warmcache-webhook-tls").unwrap();
+    assert_ne!(str_at(again, "/data/ca.crt"), ca);
+}
+
+#[test]
+fn cert_manager_issues_the_certificate_and_injects_the_ca() {
+    let objects = helm().template(&["certManager.enabled=true"]).unwrap();
+    assert_common(&objects);
+    assert!(find(&objects, "Secret", "warmcache-webhook-tls").is_none());
+    let certificate = find(&objects, "Certificate", "warmcache-webhook").unwrap();
+    assert_eq!(certificate["spec"]["secretName"], "warmcache-webhook-tls");
+    let dns: Vec<&str> = certificate["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        dns.contains(&"warmcache-webhook.warmcache-system.svc"),
+        "{dns:?}"
+    );
+    assert!(
+        dns.contains(&"kvcache-operator-webhook.warmcache-system.svc"),
+        "{dns:?}"
+    );
+    assert_eq!(
+        certificate["spec"]["issuerRef"]["name"],
+        "warmcache-webhook-ca"
+    );
+    assert!(find(&objects, "Issuer", "warmcache-selfsigned").is_some());
+    for (kind, name) in [
+        ("MutatingWebhookConfiguration", "warmcache-webhook"),
+        ("ValidatingWebhookConfiguration", "kvcache-operator"),
+    ] {
+        let config = find(&objects, kind, name).unwrap();
+        assert_eq!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "warmcache-system/warmcache-webhook"
+        );
+        assert!(
+            config["webhooks"][0]["clientConfig"]
+                .get("caBundle")
+                .is_none()
+        );
+    }
+    // An issuer of the cluster's: no self-signed chain.
+    let objects = helm()
+        .template(&[
+            "certManager.enabled=true",
+            "certManager.issuerRef.name=corp-ca",
+            "certManager.issuerRef.kind=ClusterIssuer",
+        ])
+        .unwrap();
+    assert!(of_kind(&objects, "Issuer").is_empty());
+    let certificate = find(&objects, "Certificate", "warmcache-webhook").unwrap();
+    assert_eq!(certificate["spec"]["issuerRef"]["name"], "corp-ca");
+    assert_eq!(certificate["spec"]["issuerRef"]["kind"], "ClusterIssuer");
+}
+
+fn all_off() -> Vec<&'static str> {
+    vec![
+        "webhook.enabled=false",
+        "bindingController.enabled=false",
+        "kvcacheOperator.enabled=false",
+        "crds.enabled=false",
+        "catalog.enabled=false",
+        "controlNamespace.create=false",
+    ]
+}
+
+#[test]
+fn everything_off_renders_nothing() {
+    let objects = helm().template(&all_off()).unwrap();
+    assert!(
+        objects.is_empty(),
+        "{:?}",
+        objects.iter().map(key).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn each_component_alone_renders_only_its_objects() {
+    for component in COMPONENTS {
+        let mut sets: Vec<String> = all_off().into_iter().map(str::to_owned).collect();
+        sets.retain(|s| !s.starts_with(&format!("{component}.")));
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let objects = helm().template(&sets).unwrap();
+        assert_common(&objects);
+        let expected: BTreeSet<String> = DEPLOYMENTS
+            .iter()
+            .filter(|(c, _)| *c == component)
+            .map(|(_, name)| (*name).to_owned())
+            .collect();
+        assert_eq!(names(&objects, "Deployment"), expected, "{component}");
+        let has_webhook = component != "bindingController";
+        assert_eq!(
+            find(&objects, "Secret", "warmcache-webhook-tls").is_some(),
+            has_webhook,
+            "{component}"
+        );
+        assert_eq!(
+            find(
+                &objects,
+                "MutatingWebhookConfiguration",
+                "warmcache-webhook"
+            )
+            .is_some(),
+            component == "webhook"
+        );
+        assert_eq!(
+            find(
+                &objects,
+                "ValidatingWebhookConfiguration",
+                "kvcache-operator"
+            )
+            .is_some(),
+            component == "kvcacheOperator"
+        );
+        // Every role belongs to the component that is on.
+        let label = match component {
+            "webhook" => "webhook",
+            "bindingController" => "binding-controller",
+            _ => "kvcache-operator",
+        };
+        for kind in [
+            "ServiceAccount",
+            "ClusterRole",
+            "Role",
+            "ClusterRoleBinding",
+            "RoleBinding",
+        ] {
+            for object in of_kind(&objects, kind) {
+                assert_eq!(
+                    object["metadata"]["labels"]["app.kubernetes.io/component"],
+                    label,
+                    "{component}: {}",
+                    key(object)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn crds_off_and_not_kept() {
+    let objects = helm().template(&["crds.enabled=false"]).unwrap();
+    assert!(of_kind(&objects, "CustomResourceDefinition").is_empty());
+    let objects = helm().template(&["crds.keep=false"]).unwrap();
+    for crd in of_kind(&objects, "CustomResourceDefinition") {
+        assert!(
+            crd["metadata"]
+                .pointer("/annotations/helm.sh~1resource-policy")
+                .is_none(),
+            "{}",
+            key(crd)
+        );
+    }
+}
+
+#[test]
+fn the_storage_class_is_retained_and_needs_a_provisioner() {
+    let objects = helm()
+        .template(&[
+            "storageClass.create=true",
+            "storageClass.provisioner=csi.weka.io",
+            "storageClass.parameters.filesystemName=models",
+        ])
+        .unwrap();
+    let class = find(&objects, "StorageClass", "nvcf-sc").unwrap();
+    assert_eq!(class["provisioner"], "csi.weka.io");
+    assert_eq!(class["reclaimPolicy"], "Retain");
+    assert_eq!(class["parameters"]["filesystemName"], "models");
+    let err = helm().template(&["storageClass.create=true"]).unwrap_err();
+    assert!(
+        err.output().contains("storageClass.provisioner: required"),
+        "{err}"
+    );
+}
+
+#[test]
+fn values_reach_the_components() {
+    let objects = helm()
+        .template(&[
+            "webhook.gpuResources={nvidia.com/gpu,amd.com/gpu}",
+            "webhook.featureGates=ModelCacheEncryption=true",
+            "bindingController.primarySize=2Ti",
+            "bindingController.viewMountOptions={noatime}",
+            "kvcacheOperator.storeImageUsers={lmcache/=1000}",
+            "controlNamespace.name=models-control",
+            "otel.endpoint=http://collector:4317",
+            "image.repository=registry.example/warmcache",
+            "image.tag=1.2.3",
+        ])
+        .unwrap();
+    let args = |name: &str| -> Vec<String> {
+        let d = find(&objects, "Deployment", name).unwrap();
+        d["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let webhook = args("warmcache-webhook");
+    for expected in [
+        "--gpu-resource=nvidia.com/gpu",
+        "--gpu-resource=amd.com/gpu",
+        "--feature-gates=ModelCacheEncryption=true",
+        "--control-namespace=models-control",
+    ] {
+        assert!(webhook.contains(&expected.to_owned()), "{webhook:?}");
+    }
+    let controller = args("warmcache-binding-controller");
+    for expected in [
+        "--primary-size=2Ti",
+        "--view-mount-option=noatime",
+        "--control-namespace=models-control",
+        "--catalog-namespace=warmcache-system",
+    ] {
+        assert!(controller.contains(&expected.to_owned()), "{controller:?}");
+    }
+    assert!(
+        args("warmcache-kvcache-operator").contains(&"--store-image-user=lmcache/=1000".to_owned())
+    );
+    // The control-namespace Roles follow the name.
+    assert!(
+        of_kind(&objects, "Role")
+            .iter()
+            .any(|r| r["metadata"]["namespace"] == "models-control")
+    );
+    assert!(find(&objects, "Namespace", "models-control").is_some());
+    let deployment = find(&objects, "Deployment", "warmcache-webhook").unwrap();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "registry.example/warmcache:1.2.3");
+    let env = container["env"].as_array().unwrap();
+    assert!(env.iter().any(
+        |e| e["name"] == "OTEL_EXPORTER_OTLP_ENDPOINT" && e["value"] == "http://collector:4317"
+    ));
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "OTEL_SERVICE_NAME" && e["value"] == "webhook")
+    );
+}
+
+#[test]
+fn lint_strict_passes_for_the_matrix() {
+    for sets in [
+        vec![],
+        all_off(),
+        vec!["certManager.enabled=true"],
+        vec!["crds.enabled=false"],
+        vec!["serviceMonitor.enabled=true"],
+    ] {
+        let output = helm()
+            .lint(&sets)
+            .unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+        assert!(output.contains("0 chart(s) failed"), "{sets:?}: {output}");
+    }
+}
+
+#[test]
+fn the_schema_refuses_bad_values_naming_the_field() {
+    for (set, field) in [
+        ("webhook.replicas=0", "/webhook/replicas"),
+        ("webhook.bogus=1", "/webhook"),
+        ("bogus=1", "bogus"),
+        ("webhook.readerMode=nfs", "/webhook/readerMode"),
+        (
+            "webhook.featureGates=CachingSupport",
+            "/webhook/featureGates",
+        ),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("log.format=xml", "/log/format"),
+        (
+            "controlNamespace.name=Not_A_Namespace",
+            "/controlNamespace/name",
+        ),
+        (
+            "bindingController.primarySize=lots",
+            "/bindingController/primarySize",
+        ),
+        (
+            "bindingController.concurrency=0",
+            "/bindingController/concurrency",
+        ),
+        (
+            "kvcacheOperator.storeImageUsers={root}",
+            "/kvcacheOperator/storeImageUsers/0",
+        ),
+        (
+            "storageClass.volumeBindingMode=Later",
+            "/storageClass/volumeBindingMode",
+        ),
+        ("otel.env.NOT_OTEL=1", "/otel/env"),
+        (
+            "certManager.issuerRef.kind=Vault",
+            "/certManager/issuerRef/kind",
+        ),
+    ] {
+        let err = helm().template(&[set]).expect_err(set);
+        let output = err.output();
+        assert!(
+            output.contains("values don't meet the specifications of the schema"),
+            "{set}: {output}"
+        );
+        assert!(
+            output.contains(field),
+            "{set}: expected {field} in {output}"
+        );
+    }
+}
+
+#[test]
+fn service_monitors_select_each_components_admin_port() {
+    let objects = helm().template(&["serviceMonitor.enabled=true"]).unwrap();
+    let monitors = of_kind(&objects, "ServiceMonitor");
+    assert_eq!(monitors.len(), 4);
+    for monitor in monitors {
+        let component = str_at(
+            monitor,
+            "/spec/selector/matchLabels/app.kubernetes.io~1component",
+        );
+        let service = of_kind(&objects, "Service")
+            .into_iter()
+            .find(|s| s["spec"]["selector"]["app.kubernetes.io/component"] == component)
+            .unwrap_or_else(|| panic!("no Service for {component}"));
+        assert!(
+            service["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "admin")
+        );
+        // The Service's labels must match the monitor's selector (it selects Services).
+        assert_eq!(
+            service["metadata"]["labels"]["app.kubernetes.io/component"],
+            component
+        );
+        assert_eq!(monitor["spec"]["endpoints"][0]["port"], "admin");
+    }
+}
