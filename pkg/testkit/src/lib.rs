@@ -109,6 +109,7 @@
 //!   [`helm_binary`] runs `hack/build-helm.sh` (cached like the control plane).
 //! - `TMPDIR`: parent of the plane's temporary directory.
 
+mod account;
 mod crd;
 mod csi;
 mod error;
@@ -126,6 +127,7 @@ mod webhook;
 
 use std::time::{Duration, Instant};
 
+pub use account::ComponentAccount;
 pub use crd::{FIELD_MANAGER, apply_crd, install_crds_from_dir, parse_crds, wait_crd_established};
 pub use csi::{CsiPublish, TestCsiDriver};
 pub use error::TestkitError;

@@ -19,7 +19,7 @@ use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
 use warmcache_modelvolume::keys::{
     BINDING_ANNOTATION, BINDING_UID_ANNOTATION, MODEL_VOLUME, WAIT_CONTAINER,
 };
-use warmcache_testkit::{ControlPlane, WebhookPki, eventually};
+use warmcache_testkit::{ComponentAccount, ControlPlane, WebhookPki, eventually};
 use warmcache_webhook::serve::webhook_configurations;
 
 /// Tests that load the API server with hundreds of pods run one at a time.
@@ -165,6 +165,7 @@ pub struct Served {
     pub admin: SocketAddr,
     pub ca_pem: String,
     dir: tempfile::TempDir,
+    _account: ComponentAccount,
 }
 
 impl Drop for Served {
@@ -182,6 +183,11 @@ impl Served {
         let control = namespace(client, "pw-control", &[]).await;
         warm_binding_writes(client, &control).await;
         let home = namespace(client, "pw-home", &[]).await;
+        // The server runs as the ServiceAccount the chart gives it, with the roles generated
+        // from src/rbac.rs: a call the list forgot fails these tests.
+        let account = ComponentAccount::create(plane, client, "webhook", &home, &control)
+            .await
+            .unwrap();
         let pki = WebhookPki::generate().unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &pki.cert_pem).unwrap();
@@ -191,7 +197,7 @@ impl Served {
         let log = std::fs::File::create(dir.path().join("webhook.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_webhook"))
             .args(["serve", "--kubeconfig"])
-            .arg(plane.kubeconfig_path())
+            .arg(account.kubeconfig_path())
             .arg("--tls-dir")
             .arg(dir.path())
             .args(["--listen", &listen.to_string()])
@@ -213,6 +219,7 @@ impl Served {
             admin,
             ca_pem: pki.ca_pem.clone(),
             dir,
+            _account: account,
         };
         let ready = eventually("the webhook's /readyz", TIMEOUT, || {
             let admin = served.admin;
