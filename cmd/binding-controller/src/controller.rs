@@ -683,6 +683,20 @@ impl Bindings {
         action: &Action,
     ) -> Result<(), Failure> {
         let span = tracing::info_span!("action", kind = action_label(action));
+        // The Job continues the trace of the pod whose step it runs, each view the trace of a
+        // reader of its namespace, the completion the Job's (the lifecycle puts the trace
+        // context to continue on the object; it is replaced below by this span's own).
+        let parent = match action {
+            Action::CreateJob(job) => job.metadata.annotations.as_ref(),
+            Action::CreateView(_, claim) => claim.metadata.annotations.as_ref(),
+            Action::MarkComplete { annotations, .. } => Some(annotations),
+            _ => None,
+        };
+        if let Some(annotations) = parent
+            && let Err(err) = warmcache_telemetry::set_parent_from_annotations(&span, annotations)
+        {
+            tracing::debug!(error = %err, "the action span keeps the reconcile's trace");
+        }
         async {
             match action {
                 Action::CreatePrimaryClaim(claim) => {
@@ -708,7 +722,8 @@ impl Bindings {
                 }
                 Action::CreateJob(job) => {
                     let api = Api::namespaced(self.client.clone(), &job.namespace().unwrap_or_default());
-                    if self.create(&api, job.as_ref()).await? {
+                    let job = traced(job.as_ref());
+                    if self.create(&api, &job).await? {
                         self.metrics.download_started();
                         tracing::info!(job = %job.name_any(), namespace = ?job.namespace(), "created the writer Job");
                         if let Some(recorder) = &self.recorder {
@@ -719,7 +734,9 @@ impl Bindings {
                     }
                 }
                 Action::MarkComplete { pv, labels, annotations } => {
-                    let result = self.mark_complete(binding, pv, labels, annotations).await;
+                    let mut annotations = annotations.clone();
+                    warmcache_telemetry::inject_current(&mut annotations);
+                    let result = self.mark_complete(binding, pv, labels, &annotations).await;
                     let uid = binding.uid().unwrap_or_default();
                     if let Ok(mut errors) = self.completion_errors.lock() {
                         match &result {
@@ -747,8 +764,9 @@ impl Bindings {
                     }
                 }
                 Action::CreateView(pv, claim) => {
-                    self.create_pv(binding, pv).await?;
-                    if self.create_claim(binding, claim).await? {
+                    let (pv, claim) = (traced(pv), traced(claim));
+                    self.create_pv(binding, &pv).await?;
+                    if self.create_claim(binding, &claim).await? {
                         self.metrics.view_created();
                         tracing::info!(namespace = ?claim.namespace(), pv = %pv.name_any(), "created a read-only view");
                     }
@@ -992,6 +1010,16 @@ impl Bindings {
     }
 }
 
+/// `object` with the current span's trace context in its annotations (when there is one).
+fn traced<K: Resource + Clone>(object: &K) -> K {
+    let mut object = object.clone();
+    let mut annotations = object.meta().annotations.clone().unwrap_or_default();
+    if warmcache_telemetry::inject_current(&mut annotations) {
+        object.meta_mut().annotations = Some(annotations);
+    }
+    object
+}
+
 fn action_label(action: &Action) -> &'static str {
     match action {
         Action::CreatePrimaryClaim(_) => "create_primary_claim",
@@ -1027,6 +1055,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let (seen, stale) = self.references(b, &pods).await?;
             let reader_namespaces: BTreeSet<String> =
                 pods.iter().filter_map(|p| p.namespace()).collect();
+            let traceparents = traceparents(&pods);
             let model_uri = pods.iter().find_map(|p| {
                 let a = p.annotations();
                 let handle = a.get(HANDLE_ANNOTATION)?;
@@ -1119,6 +1148,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 seen,
                 stale,
                 reader_namespaces,
+                traceparents,
                 model_uri,
                 writer,
                 previous_writer_claim,
@@ -1140,6 +1170,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             seen,
             stale,
             reader_namespaces,
+            traceparents,
             model_uri,
             writer,
             previous_writer_claim,
@@ -1164,6 +1195,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 seen_references: seen,
                 stale_references: stale,
                 reader_namespaces,
+                traceparents,
                 model_uri,
                 writer,
                 step: step_source,
@@ -1280,6 +1312,30 @@ impl Bindings {
             tracing::warn!(error = %err, "could not record the failure on the binding");
         }
     }
+}
+
+/// The admission trace context of a reading pod per namespace (pods in name order; one whose
+/// download step the writer may run is preferred).
+fn traceparents(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, (bool, String)> = BTreeMap::new();
+    for pod in pods {
+        let a = pod.annotations();
+        let (Some(ns), Some(tp)) = (
+            pod.namespace(),
+            a.get(warmcache_telemetry::TRACE_PARENT_ANNOTATION),
+        ) else {
+            continue;
+        };
+        let has_step = a.contains_key(DOWNLOAD_STEP_ANNOTATION);
+        match out.get(&ns) {
+            Some((true, _)) => {}
+            Some((false, _)) if !has_step => {}
+            _ => {
+                out.insert(ns, (has_step, tp.clone()));
+            }
+        }
+    }
+    out.into_iter().map(|(ns, (_, tp))| (ns, tp)).collect()
 }
 
 /// The binding a pod reads (its [`BINDING_ANNOTATION`]), in the control namespace.

@@ -2303,3 +2303,106 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
     }
     let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
 }
+
+fn init_telemetry() {
+    static INIT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    INIT.get_or_init(|| {
+        let config = warmcache_telemetry::TelemetryConfig::from_lookup(
+            "binding-controller-test",
+            Some("warn,warmcache_runtime=info,warmcache_binding_controller=info"),
+            warmcache_telemetry::LogFormat::Plain,
+            |_| None,
+        );
+        let guard = warmcache_telemetry::init(&config).unwrap();
+        std::mem::forget(guard);
+    });
+}
+
+fn trace_id(annotations: Option<&std::collections::BTreeMap<String, String>>) -> Option<String> {
+    let tp = annotations?.get(warmcache_telemetry::TRACE_PARENT_ANNOTATION)?;
+    tp.split('-').nth(1).map(str::to_owned)
+}
+
+/// The admission's trace on the reading pod is continued by the controller: the writer Job
+/// carries a traceparent of that trace (its creation span's), the completion written on the
+/// primary PV continues the Job's, and the view of the pod's namespace continues the pod's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_job_completion_and_view_continue_the_readers_trace() {
+    init_telemetry();
+    let (s, stop) = setup("mcb-trace").await;
+    let name = s.binding.name_any();
+    let identity = s.binding.spec.identity.clone();
+    let claim_name = writer_pvc_name(&identity);
+    let pvs: Api<PersistentVolume> = Api::all(s.client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &primary_pv(&s.pv_name, &s.control.name, &claim_name),
+    )
+    .await
+    .unwrap();
+    let tid = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let admission_span = "00f067aa0ba902b7";
+    let mut pod = reader_pod("reader-0", &s.binding);
+    pod.metadata.annotations.as_mut().unwrap().insert(
+        warmcache_telemetry::TRACE_PARENT_ANNOTATION.into(),
+        format!("00-{tid}-{admission_span}-01"),
+    );
+    let pods: Api<Pod> = s.app.api();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let job_name = writer_job_name(&identity);
+    let jobs: Api<Job> = s.app.api();
+    let job = eventually("the writer Job", WAIT, || {
+        let jobs = jobs.clone();
+        let job_name = job_name.clone();
+        async move { jobs.get_opt(&job_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        trace_id(job.metadata.annotations.as_ref()).as_deref(),
+        Some(tid),
+        "{:?}",
+        job.metadata.annotations
+    );
+    let job_tp = job.annotations()[warmcache_telemetry::TRACE_PARENT_ANNOTATION].clone();
+    assert!(
+        !job_tp.contains(admission_span),
+        "the Job carries its creation span's context: {job_tp}"
+    );
+    succeed_job(&s.client, &s.app.name, &job_name, "77").await;
+    let view_claim = reader_pvc_name(&identity);
+    let claims: Api<PersistentVolumeClaim> = s.app.api();
+    let view = eventually("the view claim", WAIT, || {
+        let claims = claims.clone();
+        let view_claim = view_claim.clone();
+        async move { claims.get_opt(&view_claim).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        trace_id(view.metadata.annotations.as_ref()).as_deref(),
+        Some(tid)
+    );
+    eventually("Ready", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (population(&b) == Some(PopulationState::Ready)).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let primary = pvs.get(&s.pv_name).await.unwrap();
+    assert_eq!(
+        trace_id(primary.metadata.annotations.as_ref()).as_deref(),
+        Some(tid)
+    );
+    let pv_tp = primary.annotations()[warmcache_telemetry::TRACE_PARENT_ANNOTATION].clone();
+    assert_ne!(pv_tp, job_tp, "the completion has a span of its own");
+    let b = stored(&s.bindings, &name).await;
+    assert_eq!(population(&b), Some(PopulationState::Ready));
+    stop.cancel();
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}

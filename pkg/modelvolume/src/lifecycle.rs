@@ -42,6 +42,7 @@ use warmcache_api_modelcache::v2beta1::{
 };
 use warmcache_api_modelcache::{identity_hash, writer_pvc_name};
 
+use crate::keys::TRACE_PARENT_ANNOTATION;
 use crate::lease::{Election, LeaseWrite};
 use crate::step::DownloadStep;
 use crate::view::{self, ViewError};
@@ -284,6 +285,11 @@ pub struct Observed<'a> {
     pub stale_references: BTreeSet<String>,
     /// Namespaces with a live pod of the binding.
     pub reader_namespaces: BTreeSet<String>,
+    /// The W3C `traceparent` a reading pod of each namespace carries (the webhook's admission
+    /// trace; the pod whose step the writer runs is preferred): the writer Job and each view
+    /// continue it ([`TRACE_PARENT_ANNOTATION`] on the objects built), and the completion
+    /// continues the Job's.
+    pub traceparents: BTreeMap<String, String>,
     /// The model URI of a pod whose handle matches the binding.
     pub model_uri: Option<String>,
     /// The writer ([`crate::lease::elect`]): its namespace, and the Lease writes.
@@ -809,7 +815,16 @@ fn rwx(
         if job_condition(job, "Complete") {
             let bytes = measured_bytes(&obs.job_pods);
             let source = job.metadata.namespace.as_deref().unwrap_or(writer_ns);
-            let (labels, annotations) = completion_marks(b, bytes, source);
+            let (labels, mut annotations) = completion_marks(b, bytes, source);
+            // The completion continues the trace the Job carries.
+            if let Some(tp) = job
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TRACE_PARENT_ANNOTATION))
+            {
+                annotations.insert(TRACE_PARENT_ANNOTATION.to_owned(), tp.clone());
+            }
             out.actions.push(Action::MarkComplete {
                 pv: pv_name.clone(),
                 labels,
@@ -981,6 +996,13 @@ fn rwx(
             Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
             Err(e) => return degraded(out, Reason::InvalidPrimaryVolume, e.to_string()),
         },
+    }
+    let mut job = job;
+    if let Some(tp) = obs.traceparents.get(writer_ns) {
+        job.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(TRACE_PARENT_ANNOTATION.to_owned(), tp.clone());
     }
     out.actions.push(Action::CreateJob(Box::new(job)));
     out.actions
@@ -1171,7 +1193,16 @@ fn views(
             bytes,
             &obs.config.extra_mount_options,
         ) {
-            Ok((pv, claim)) => out.actions.push(Action::CreateView(pv, claim)),
+            Ok((pv, mut claim)) => {
+                if let Some(tp) = obs.traceparents.get(&v.namespace) {
+                    claim
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(TRACE_PARENT_ANNOTATION.to_owned(), tp.clone());
+                }
+                out.actions.push(Action::CreateView(pv, claim));
+            }
             Err(e) => {
                 degraded(
                     out,
@@ -1265,6 +1296,7 @@ mod tests {
             seen_references: Vec::new(),
             stale_references: BTreeSet::new(),
             reader_namespaces: BTreeSet::new(),
+            traceparents: BTreeMap::new(),
             model_uri: None,
             writer: crate::lease::fixed(b, None),
             step: None,
@@ -1990,6 +2022,75 @@ mod tests {
         assert_eq!(
             s.status.writer.as_ref().map(|w| w.namespace.as_str()),
             Some("team-a")
+        );
+    }
+
+    #[test]
+    fn the_job_views_and_completion_carry_the_readers_trace() {
+        let mut b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let tp_a = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let tp_b = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut obs = observed(&b, &config);
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.traceparents = BTreeMap::from([
+            ("team-a".to_owned(), tp_a.to_owned()),
+            ("team-b".to_owned(), tp_b.to_owned()),
+        ]);
+        obs.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&obs);
+        let Some(Action::CreateJob(job)) = s.actions.last() else {
+            panic!("{:?}", s.actions)
+        };
+        assert_eq!(
+            job.metadata.annotations.as_ref().unwrap()[TRACE_PARENT_ANNOTATION],
+            tp_a
+        );
+        // Completion continues the Job's trace.
+        let mut done = job_with(&b, Some("Complete"));
+        done.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(TRACE_PARENT_ANNOTATION.into(), tp_a.into());
+        let mut obs2 = observed(&b, &config);
+        obs2.primary_claim = Some(&claim);
+        obs2.primary_pv = Some(&pv);
+        obs2.job = Some(&done);
+        let s = step(&obs2);
+        let [Action::MarkComplete { annotations, .. }] = s.actions.as_slice() else {
+            panic!("{:?}", s.actions)
+        };
+        assert_eq!(annotations[TRACE_PARENT_ANNOTATION], tp_a);
+        // Each view continues the trace of its namespace's reader.
+        let mut complete = pv.clone();
+        let (labels, annotations) = completion_marks(&b, Some(1), "team-a");
+        complete.metadata.labels = Some(labels);
+        complete.metadata.annotations = Some(annotations);
+        b.status = Some(ModelCacheBindingStatus {
+            realized: Some(RealizedStorage {
+                views: vec![view::reader_view(&b, "team-b")],
+                ..RealizedStorage::default()
+            }),
+            ..ModelCacheBindingStatus::default()
+        });
+        let mut obs3 = observed(&b, &config);
+        obs3.primary_claim = Some(&claim);
+        obs3.primary_pv = Some(&complete);
+        obs3.traceparents = BTreeMap::from([("team-b".to_owned(), tp_b.to_owned())]);
+        let s = step(&obs3);
+        let [Action::CreateView(_, vclaim)] = s.actions.as_slice() else {
+            panic!("{:?}", s.actions)
+        };
+        assert_eq!(
+            vclaim.metadata.annotations.as_ref().unwrap()[TRACE_PARENT_ANNOTATION],
+            tp_b
         );
     }
 
