@@ -5,7 +5,8 @@
 //! makes no API call and gets no role.
 //!
 //! "Own namespace" is the operator's system namespace (`--namespace`), where it renders the
-//! workloads.
+//! workloads. Server-side apply of an object that does not exist yet is authorized as `create`
+//! as well as `patch`, so every applied kind needs both.
 
 use warmcache_kube::rbac::{Permission, Scope, events};
 
@@ -46,7 +47,7 @@ const PERMISSIONS: &[Permission] = &[
     Permission {
         group: "apps",
         resource: "deployments",
-        verbs: &["list", "watch", "patch", "delete"],
+        verbs: &["list", "watch", "create", "patch", "delete"],
         scope: Scope::OwnNamespace,
         names: &[],
         why: "the leader Deployment: watched, applied (server-side apply), pruned when no longer rendered",
@@ -54,7 +55,7 @@ const PERMISSIONS: &[Permission] = &[
     Permission {
         group: "apps",
         resource: "daemonsets",
-        verbs: &["list", "watch", "patch", "delete"],
+        verbs: &["list", "watch", "create", "patch", "delete"],
         scope: Scope::OwnNamespace,
         names: &[],
         why: "one member DaemonSet per group: watched, applied, pruned when the group is removed",
@@ -62,7 +63,7 @@ const PERMISSIONS: &[Permission] = &[
     Permission {
         group: "",
         resource: "services",
-        verbs: &["list", "watch", "patch", "delete"],
+        verbs: &["list", "watch", "create", "patch", "delete"],
         scope: Scope::OwnNamespace,
         names: &[],
         why: "the leader Service: watched, applied, pruned",
@@ -78,7 +79,7 @@ const PERMISSIONS: &[Permission] = &[
     Permission {
         group: "",
         resource: "serviceaccounts",
-        verbs: &["list", "patch", "delete"],
+        verbs: &["list", "create", "patch", "delete"],
         scope: Scope::OwnNamespace,
         names: &[],
         why: "the ServiceAccounts of an HA backend's Lease election: applied, pruned when HA is off",
@@ -86,7 +87,7 @@ const PERMISSIONS: &[Permission] = &[
     Permission {
         group: "rbac.authorization.k8s.io",
         resource: "roles",
-        verbs: &["list", "patch", "delete"],
+        verbs: &["list", "create", "patch", "delete"],
         scope: Scope::OwnNamespace,
         names: &[],
         why: "the Roles of an HA backend's Lease election: applied, pruned",
@@ -94,7 +95,7 @@ const PERMISSIONS: &[Permission] = &[
     Permission {
         group: "rbac.authorization.k8s.io",
         resource: "rolebindings",
-        verbs: &["list", "patch", "delete"],
+        verbs: &["list", "create", "patch", "delete"],
         scope: Scope::OwnNamespace,
         names: &[],
         why: "the RoleBindings of an HA backend's Lease election: applied, pruned",

@@ -38,8 +38,20 @@ async fn running_controller(
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
     std::net::SocketAddr,
 ) {
+    // The controller runs as the ServiceAccount the chart gives it, with the roles generated from
+    // src/rbac.rs: a call the list forgot fails these tests.
+    let admin_client = plane.client().await.unwrap();
+    let account = warmcache_testkit::ComponentAccount::create(
+        plane,
+        &admin_client,
+        "kvcache-operator",
+        namespace,
+        namespace,
+    )
+    .await
+    .unwrap();
     let args = RuntimeArgs {
-        kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
+        kubeconfig: Some(account.kubeconfig_path().to_path_buf()),
         kube_context: None,
         log_level: None,
         log_format: LogFormat::Plain,
@@ -79,7 +91,11 @@ async fn running_controller(
     .unwrap();
     let stop = runtime.shutdown_token();
     let admin = runtime.admin_addr();
-    (stop, tokio::spawn(runtime.run()), admin)
+    let run = async move {
+        let _account = account;
+        runtime.run().await
+    };
+    (stop, tokio::spawn(run), admin)
 }
 
 /// The controller's `/metrics` (HTTP/1.0, so the body is not chunked).
