@@ -16,6 +16,7 @@
 mod catalog;
 mod crds;
 mod rbac;
+mod values;
 mod webhooks;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,6 +80,13 @@ pub const ARTIFACTS: &[Artifact] = &[
             // ServiceAccounts and bindings.
             OutputDir::generated("charts/warmcache/files/rbac"),
         ],
+    },
+    Artifact {
+        name: "chart-values",
+        source: values::SOURCE,
+        render: values::render_all,
+        // Shared: docs/reference may hold hand-written pages too.
+        dirs: &[OutputDir::shared("docs/reference")],
     },
 ];
 
