@@ -172,6 +172,8 @@ pub struct Bindings {
     owners: OwnerResolver,
     bindings: Cache<ModelCacheBinding>,
     pods: Cache<PartialObjectMeta<Pod>>,
+    /// The pods of each binding, by the binding they name.
+    pod_index: Arc<PodIndex>,
     namespaces: Cache<PartialObjectMeta<Namespace>>,
     claims: Cache<PersistentVolumeClaim>,
     volumes: Cache<PersistentVolume>,
@@ -270,14 +272,25 @@ impl Bindings {
 
     /// The live pods of `binding`: annotated with its name (and UID, when set), not terminating,
     /// in its sharing domain.
+    /// Costs the binding's own pods: the candidates come from [`PodIndex`], each read from the
+    /// cache (an entry whose pod is gone or names another binding is dropped from the index).
     fn pods_of(&self, binding: &ModelCacheBinding) -> Vec<Arc<PartialObjectMeta<Pod>>> {
         let name = binding.name_any();
         let uid = binding.uid();
+        let store = self.pods.store();
         let mut pods: Vec<_> = self
-            .pods
-            .store()
-            .state()
+            .pod_index
+            .members(&name)
             .into_iter()
+            .filter_map(|(ns, pod)| {
+                let found = store
+                    .get(&ObjectRef::new(&pod).within(&ns))
+                    .filter(|p| p.annotations().get(BINDING_ANNOTATION) == Some(&name));
+                if found.is_none() {
+                    self.pod_index.forget(&name, &ns, &pod);
+                }
+                found
+            })
             .filter(|p| {
                 let a = p.annotations();
                 a.get(BINDING_ANNOTATION) == Some(&name)
@@ -1338,6 +1351,63 @@ fn traceparents(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<String, String
     out.into_iter().map(|(ns, (_, tp))| (ns, tp)).collect()
 }
 
+/// The pods of each binding (by the name their [`BINDING_ANNOTATION`] carries), kept from the pod
+/// watch's changes, so a reconcile reads its binding's pods instead of filtering every pod of
+/// the cluster. Kept as a superset: a pod is added on every change in which the cache holds it
+/// and removed when it is gone from the cache; readers check each entry against the cache and
+/// drop those that no longer match (a relabelled pod, a deletion missed while the watch lagged).
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    by_binding: std::sync::Mutex<BTreeMap<String, BTreeSet<(String, String)>>>,
+}
+
+impl PodIndex {
+    /// Records a change of `pod`: `present` when the cache now holds it.
+    pub fn observe(&self, pod: &PartialObjectMeta<Pod>, present: bool) {
+        let (Some(ns), Some(name)) = (pod.namespace(), pod.metadata.name.clone()) else {
+            return;
+        };
+        let Ok(mut index) = self.by_binding.lock() else {
+            return;
+        };
+        match pod.annotations().get(BINDING_ANNOTATION) {
+            Some(binding) if present => {
+                index.entry(binding.clone()).or_default().insert((ns, name));
+            }
+            Some(binding) => {
+                if let Some(set) = index.get_mut(binding) {
+                    set.remove(&(ns, name));
+                    if set.is_empty() {
+                        index.remove(binding);
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The `(namespace, name)` of the pods recorded for `binding`.
+    pub fn members(&self, binding: &str) -> Vec<(String, String)> {
+        self.by_binding
+            .lock()
+            .ok()
+            .and_then(|index| index.get(binding).map(|s| s.iter().cloned().collect()))
+            .unwrap_or_default()
+    }
+
+    /// Drops one entry found stale.
+    pub fn forget(&self, binding: &str, namespace: &str, name: &str) {
+        if let Ok(mut index) = self.by_binding.lock()
+            && let Some(set) = index.get_mut(binding)
+        {
+            set.remove(&(namespace.to_owned(), name.to_owned()));
+            if set.is_empty() {
+                index.remove(binding);
+            }
+        }
+    }
+}
+
 /// The binding a pod reads (its [`BINDING_ANNOTATION`]), in the control namespace.
 fn binding_of_pod(
     control: &str,
@@ -1409,6 +1479,7 @@ pub fn start(
         None => None,
     };
     let client = runtime.client()?;
+    let pod_index = Arc::new(PodIndex::default());
     let reconciler = Bindings {
         owners: OwnerResolver::new(client.clone()),
         client,
@@ -1416,6 +1487,7 @@ pub fn start(
         leadership: runtime.leadership(),
         bindings: bindings.clone(),
         pods: pods.clone(),
+        pod_index: Arc::clone(&pod_index),
         namespaces: namespaces.clone(),
         claims: claims.clone(),
         volumes: volumes.clone(),
@@ -1437,7 +1509,15 @@ pub fn start(
     );
     let controller = runtime
         .controller("modelcachebinding", &bindings, reconciler)
-        .watches(&pods, move |p| binding_of_pod(&c1, p))
+        .watches(&pods, {
+            let (index, pods) = (Arc::clone(&pod_index), pods.clone());
+            move |p| {
+                // The index is updated before the reconcile this change triggers is queued.
+                let present = pods.store().get(&ObjectRef::from_obj(p)).is_some();
+                index.observe(p, present);
+                binding_of_pod(&c1, p)
+            }
+        })
         .watches(&claims, move |c| binding_of(&c2, c))
         .watches(&volumes, move |v| binding_of(&c3, v))
         .watches(&jobs, move |j| binding_of(&c4, j))
@@ -1487,4 +1567,41 @@ pub fn start(
     };
     runtime.start_controller(controller);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, binding: Option<&str>) -> PartialObjectMeta<Pod> {
+        let mut p = PartialObjectMeta::<Pod>::default();
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.name = Some(name.into());
+        p.metadata.annotations =
+            binding.map(|b| BTreeMap::from([(BINDING_ANNOTATION.to_owned(), b.to_owned())]));
+        p
+    }
+
+    #[test]
+    fn the_pod_index_holds_each_bindings_pods() {
+        let index = PodIndex::default();
+        index.observe(&pod("a", "p1", Some("mcb-1")), true);
+        index.observe(&pod("b", "p2", Some("mcb-1")), true);
+        index.observe(&pod("a", "p3", Some("mcb-2")), true);
+        index.observe(&pod("a", "p4", None), true);
+        // The same change seen twice (a resync) changes nothing.
+        index.observe(&pod("a", "p1", Some("mcb-1")), true);
+        assert_eq!(
+            index.members("mcb-1"),
+            vec![("a".into(), "p1".into()), ("b".into(), "p2".into())]
+        );
+        assert_eq!(index.members("mcb-2"), vec![("a".into(), "p3".into())]);
+        assert!(index.members("mcb-3").is_empty());
+        // Deleted, and found stale on read.
+        index.observe(&pod("a", "p1", Some("mcb-1")), false);
+        index.forget("mcb-1", "b", "p2");
+        assert!(index.members("mcb-1").is_empty());
+        index.observe(&pod("a", "p3", Some("mcb-2")), false);
+        assert!(index.by_binding.lock().unwrap().is_empty());
+    }
 }
