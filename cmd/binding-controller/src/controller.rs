@@ -369,8 +369,15 @@ impl Bindings {
     ) -> Result<lease::Election, Failure> {
         let stored = self.lease(binding);
         let view = lease::view(binding, stored.as_deref());
+        // A Ready binding needs no writer: its Job being gone is not worth a read.
+        let ready = binding
+            .status
+            .as_ref()
+            .and_then(|s| s.realized.as_ref())
+            .and_then(|r| r.population_state)
+            == Some(warmcache_api_modelcache::v2beta1::PopulationState::Ready);
         let (holder, confirm) = match &view {
-            LeaseView::Ours(r) if !r.namespace.is_empty() => (r.namespace.clone(), true),
+            LeaseView::Ours(r) if !r.namespace.is_empty() => (r.namespace.clone(), !ready),
             _ => (binding.spec.resources.writer_namespace.clone(), false),
         };
         let holder_job = self.writer_job_uid(binding, &holder, confirm).await?;
