@@ -320,6 +320,17 @@ mod tests {
         assert_eq!(s.control_namespace, "nvca-modelcache-init");
         assert_eq!(s.lifecycle.primary_size.0, "100Gi");
         assert_eq!(s.lifecycle.writer.active_deadline_seconds, 6 * 3600);
+        assert_eq!(s.lifecycle.takeover_grace_seconds, 120);
+        assert_eq!(s.lifecycle.failure_record_seconds, 3600);
+        let s = settings(&args(&[
+            "--writer-takeover-grace-seconds",
+            "30",
+            "--failure-record-seconds",
+            "600",
+        ]))
+        .unwrap();
+        assert_eq!(s.lifecycle.takeover_grace_seconds, 30);
+        assert_eq!(s.lifecycle.failure_record_seconds, 600);
         let s = settings(&args(&[
             "--primary-size",
             "2Ti",
@@ -337,10 +348,22 @@ mod tests {
             &["--primary-size", "Gi"],
             &["--control-namespace", "Not_A_Namespace"],
             &["--writer-deadline-seconds", "0"],
+            &["--writer-takeover-grace-seconds", "3000000000"],
         ] {
             let err = settings(&args(bad)).unwrap_err();
             assert_eq!(err.exit_code(), warmcache_cli::exit::UNUSABLE, "{bad:?}");
             assert!(err.to_string().contains(bad[0]), "{err}");
+        }
+        for (bad, flag) in [
+            ("--failure-record-seconds=-1", "--failure-record-seconds"),
+            (
+                "--writer-takeover-grace-seconds=-5",
+                "--writer-takeover-grace-seconds",
+            ),
+        ] {
+            let err = settings(&args(&[bad])).unwrap_err();
+            assert_eq!(err.exit_code(), warmcache_cli::exit::UNUSABLE, "{bad}");
+            assert!(err.to_string().contains(flag), "{err}");
         }
     }
 }
