@@ -110,6 +110,7 @@
 //! - `TMPDIR`: parent of the plane's temporary directory.
 
 mod account;
+mod component_image;
 mod crd;
 mod csi;
 mod error;
@@ -128,6 +129,7 @@ mod webhook;
 use std::time::{Duration, Instant};
 
 pub use account::ComponentAccount;
+pub use component_image::{COMPONENT_BINARIES, NONROOT, component_image, shared_libraries};
 pub use crd::{FIELD_MANAGER, apply_crd, install_crds_from_dir, parse_crds, wait_crd_established};
 pub use csi::{CsiPublish, TestCsiDriver};
 pub use error::TestkitError;
