@@ -15,6 +15,19 @@ use warmcache_kube::rbac::{LEADER_ELECTION, Permission, Scope, events};
 /// The component name: roles, Lease, metrics.
 pub const COMPONENT: &str = "binding-controller";
 
+/// `get` on a kind that can own reading pods: top-level owners and stale request references
+/// (the owner walk follows controller references with metadata-only GETs).
+const fn owner(group: &'static str, resource: &'static str) -> Permission {
+    Permission {
+        group,
+        resource,
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "top-level owners of reading pods, and stale request references",
+    }
+}
+
 const OWN: &[Permission] = &[
     Permission {
         group: "nvca.nvcf.nvidia.io",
@@ -96,54 +109,12 @@ const OWN: &[Permission] = &[
         names: &[],
         why: "the writer Job (created in the writer namespace; get confirms a Lease holder's Job is gone), and Job owners of reading pods",
     },
-    Permission {
-        group: "apps",
-        resource: "replicasets",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &[],
-        why: "top-level owners of reading pods, and stale request references",
-    },
-    Permission {
-        group: "apps",
-        resource: "deployments",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &[],
-        why: "top-level owners of reading pods, and stale request references",
-    },
-    Permission {
-        group: "apps",
-        resource: "statefulsets",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &[],
-        why: "top-level owners of reading pods, and stale request references",
-    },
-    Permission {
-        group: "apps",
-        resource: "daemonsets",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &[],
-        why: "top-level owners of reading pods, and stale request references",
-    },
-    Permission {
-        group: "batch",
-        resource: "cronjobs",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &[],
-        why: "top-level owners of reading pods, and stale request references",
-    },
-    Permission {
-        group: "leaderworkerset.x-k8s.io",
-        resource: "leaderworkersets",
-        verbs: &["get"],
-        scope: Scope::Cluster,
-        names: &[],
-        why: "top-level owners of LeaderWorkerSet pods, and stale request references",
-    },
+    owner("apps", "replicasets"),
+    owner("apps", "deployments"),
+    owner("apps", "statefulsets"),
+    owner("apps", "daemonsets"),
+    owner("batch", "cronjobs"),
+    owner("leaderworkerset.x-k8s.io", "leaderworkersets"),
     Permission {
         group: "storage.k8s.io",
         resource: "storageclasses",

@@ -107,7 +107,9 @@ pub enum RbacError {
 /// `resourceNames` only with verbs that can be authorized by name, no wildcard resource or
 /// group, and no verb declared twice for the same resource, scope and names.
 pub fn check(component: &str, permissions: &[Permission]) -> Result<(), RbacError> {
-    let mut seen: BTreeMap<(Scope, &str, &str, Vec<&str>, &str), usize> = BTreeMap::new();
+    // (scope, group, resource, sorted names, verb) -> the permission granting it
+    type Grant<'a> = (Scope, &'a str, &'a str, Vec<&'a str>, &'a str);
+    let mut seen: BTreeMap<Grant<'_>, usize> = BTreeMap::new();
     for (index, p) in permissions.iter().enumerate() {
         let invalid = |problem: String| RbacError::Invalid {
             component: component.to_owned(),
@@ -165,7 +167,8 @@ fn display_resource(p: &Permission) -> String {
 /// everything sorted so the output is stable.
 pub fn rules(permissions: &[Permission], scope: Scope) -> Vec<PolicyRule> {
     // (group, names) -> resource -> verbs
-    let mut by_target: BTreeMap<(&str, Vec<&str>), BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    type Verbs<'a> = BTreeMap<&'a str, Vec<&'a str>>;
+    let mut by_target: BTreeMap<(&str, Vec<&str>), Verbs<'_>> = BTreeMap::new();
     for p in permissions.iter().filter(|p| p.scope == scope) {
         let mut names = p.names.to_vec();
         names.sort_unstable();

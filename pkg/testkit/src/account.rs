@@ -8,15 +8,39 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use crate::plane::{kubeconfig_yaml, workspace_root};
 use crate::{ControlPlane, TestkitError};
 
 const MANAGER: &str = "warmcache-testkit";
+
+/// Server-side applies an RBAC object (`Role`, `ClusterRole` or their bindings).
+async fn apply_object(
+    client: &Client,
+    namespace: Option<&str>,
+    kind: &str,
+    name: &str,
+    object: &serde_json::Value,
+) -> Result<(), kube::Error> {
+    let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
+    let plural = format!("{}s", kind.to_ascii_lowercase());
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
+    let api: Api<DynamicObject> = match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map(|_| ())
+}
 
 fn from_json<T: k8s_openapi::serde::de::DeserializeOwned>(
     value: serde_json::Value,
@@ -83,58 +107,37 @@ impl ComponentAccount {
                 path: path.clone(),
                 message,
             };
-            match namespace {
+            let mut role: serde_json::Value =
+                serde_saphyr::from_str(&text).map_err(|e| manifest(e.to_string()))?;
+            let role_name = role["metadata"]["name"]
+                .as_str()
+                .ok_or_else(|| manifest("no metadata.name".to_owned()))?
+                .to_owned();
+            let (kind, binding_kind) = match namespace {
                 Some(namespace) => {
-                    let mut role: Role =
-                        serde_saphyr::from_str(&text).map_err(|e| manifest(e.to_string()))?;
-                    role.metadata.namespace = Some(namespace.to_owned());
-                    let role_name = role.name_any();
-                    let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
-                    roles
-                        .patch(&role_name, &apply, &Patch::Apply(&role))
-                        .await
-                        .map_err(|e| {
-                            TestkitError::kube(format!("applying {}", path.display()), e)
-                        })?;
-                    let binding: RoleBinding = from_json(json!({
-                        "apiVersion": "rbac.authorization.k8s.io/v1",
-                        "kind": "RoleBinding",
-                        "metadata": {"name": format!("{role_name}-{own_namespace}"), "namespace": namespace},
-                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
-                        "subjects": [subject],
-                    }))?;
-                    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
-                    bindings
-                        .patch(&binding.name_any(), &apply, &Patch::Apply(&binding))
-                        .await
-                        .map_err(|e| TestkitError::kube("binding the Role", e))?;
+                    role["metadata"]["namespace"] = json!(namespace);
+                    ("Role", "RoleBinding")
                 }
-                None => {
-                    let role: ClusterRole =
-                        serde_saphyr::from_str(&text).map_err(|e| manifest(e.to_string()))?;
-                    let role_name = role.name_any();
-                    let roles: Api<ClusterRole> = Api::all(client.clone());
-                    roles
-                        .patch(&role_name, &apply, &Patch::Apply(&role))
-                        .await
-                        .map_err(|e| {
-                            TestkitError::kube(format!("applying {}", path.display()), e)
-                        })?;
-                    // One binding per account: tests in one process use several namespaces.
-                    let binding: ClusterRoleBinding = from_json(json!({
-                        "apiVersion": "rbac.authorization.k8s.io/v1",
-                        "kind": "ClusterRoleBinding",
-                        "metadata": {"name": format!("{role_name}-{own_namespace}")},
-                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
-                        "subjects": [subject],
-                    }))?;
-                    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-                    bindings
-                        .patch(&binding.name_any(), &apply, &Patch::Apply(&binding))
-                        .await
-                        .map_err(|e| TestkitError::kube("binding the ClusterRole", e))?;
-                }
+                None => ("ClusterRole", "ClusterRoleBinding"),
+            };
+            apply_object(client, namespace, kind, &role_name, &role)
+                .await
+                .map_err(|e| TestkitError::kube(format!("applying {}", path.display()), e))?;
+            // One binding per account: tests in one process use several namespaces.
+            let binding_name = format!("{role_name}-{own_namespace}");
+            let mut binding = json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": binding_kind,
+                "metadata": {"name": binding_name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role_name},
+                "subjects": [subject],
+            });
+            if let Some(namespace) = namespace {
+                binding["metadata"]["namespace"] = json!(namespace);
             }
+            apply_object(client, namespace, binding_kind, &binding_name, &binding)
+                .await
+                .map_err(|e| TestkitError::kube(format!("binding {kind} {role_name}"), e))?;
         }
         if !found {
             return Err(TestkitError::InvalidArgument(format!(

@@ -118,7 +118,7 @@ fn assert_least_privilege(objects: &[Value]) {
             }
             for verb in rule["verbs"].as_array().unwrap() {
                 assert!(
-                    warmcache_kube_verbs().contains(&verb.as_str().unwrap()),
+                    warmcache_kube::rbac::VERBS.contains(&verb.as_str().unwrap()),
                     "{}: verb {verb}",
                     key(role)
                 );
@@ -151,19 +151,6 @@ fn assert_least_privilege(objects: &[Value]) {
             }
         }
     }
-}
-
-fn warmcache_kube_verbs() -> [&'static str; 8] {
-    [
-        "get",
-        "list",
-        "watch",
-        "create",
-        "update",
-        "patch",
-        "delete",
-        "deletecollection",
-    ]
 }
 
 fn assert_common(objects: &[Value]) {
