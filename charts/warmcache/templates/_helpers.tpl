@@ -88,11 +88,13 @@ readinessProbe:
 {{/*
 The ServiceAccount, roles and bindings of one component: (dict "root" $ "component" "webhook").
 The roles are generated from the component's code (files/rbac/<component>.*.yaml, `cargo xtask
-gen`); this sets their namespaces and binds them to the component's ServiceAccount.
+gen`); this sets their namespaces and binds them to the component's ServiceAccount. An optional
+"annotations" dict is put on every object (the uninstall hook's Helm hook annotations).
 */}}
 {{- define "warmcache.rbac" -}}
 {{- $root := .root -}}
 {{- $component := .component -}}
+{{- $annotations := .annotations -}}
 {{- $name := printf "warmcache-%s" $component -}}
 apiVersion: v1
 kind: ServiceAccount
@@ -101,6 +103,10 @@ metadata:
   namespace: {{ $root.Release.Namespace }}
   labels:
     {{- include "warmcache.componentLabels" . | nindent 4 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 automountServiceAccountToken: true
 {{- range $suffix := list "clusterrole" "role" "control-role" }}
 {{- $file := printf "files/rbac/%s.%s.yaml" $component $suffix }}
@@ -112,18 +118,23 @@ automountServiceAccountToken: true
 {{- if eq $suffix "control-role" }}{{ $namespace = $root.Values.controlNamespace.name }}{{ end }}
 {{- if $namespace }}{{ $_ := set $role.metadata "namespace" $namespace }}{{ end }}
 {{- $_ := set $role.metadata "labels" (merge (fromYaml (include "warmcache.componentLabels" (dict "root" $root "component" $component))) $role.metadata.labels) }}
+{{- with $annotations }}{{ $_ := set $role.metadata "annotations" . }}{{ end }}
 ---
 {{ toYaml $role }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: {{ if $namespace }}RoleBinding{{ else }}ClusterRoleBinding{{ end }}
 metadata:
-  name: {{ $name }}
+  name: {{ $role.metadata.name }}
   {{- with $namespace }}
   namespace: {{ . }}
   {{- end }}
   labels:
     {{- include "warmcache.componentLabels" (dict "root" $root "component" $component) | nindent 4 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: {{ $role.kind }}

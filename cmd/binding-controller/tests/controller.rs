@@ -91,8 +91,32 @@ async fn running_controller_cfg(
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
     std::net::SocketAddr,
 ) {
+    // Without a client of the test's own (fault injection), the controller runs as the
+    // ServiceAccount the chart gives it, with the roles generated from src/rbac.rs: a call the
+    // list forgot fails these tests.
+    let account = match client {
+        Some(_) => None,
+        None => {
+            let admin = plane.client().await.unwrap();
+            let own = catalog_namespace.unwrap_or(control);
+            Some(
+                warmcache_testkit::ComponentAccount::create(
+                    plane,
+                    &admin,
+                    "binding-controller",
+                    own,
+                    control,
+                )
+                .await
+                .unwrap(),
+            )
+        }
+    };
+    let kubeconfig = account
+        .as_ref()
+        .map_or(plane.kubeconfig_path(), |a| a.kubeconfig_path());
     let args = RuntimeArgs {
-        kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
+        kubeconfig: Some(kubeconfig.to_path_buf()),
         kube_context: None,
         log_level: None,
         log_format: LogFormat::Plain,
@@ -118,7 +142,11 @@ async fn running_controller_cfg(
     .unwrap();
     let stop = runtime.shutdown_token();
     let admin = runtime.admin_addr();
-    (stop, tokio::spawn(runtime.run()), admin)
+    let run = async move {
+        let _account = account;
+        runtime.run().await
+    };
+    (stop, tokio::spawn(run), admin)
 }
 
 /// The controller's `/metrics` (HTTP/1.0, so the body is not chunked).

@@ -202,14 +202,19 @@ pub fn rules(permissions: &[Permission], scope: Scope) -> Vec<PolicyRule> {
     out
 }
 
-/// The name of a component's roles and bindings: `warmcache-<component>`.
-pub fn role_name(component: &str) -> String {
-    format!("{MANAGED_BY_VALUE}-{component}")
+/// The name of a component's role at `scope` (and of its binding): `warmcache-<component>`,
+/// with `-control` for the control namespace's, so the two Roles stay apart when the control
+/// namespace is also the component's own.
+pub fn role_name(component: &str, scope: Scope) -> String {
+    match scope {
+        Scope::ControlNamespace => format!("{MANAGED_BY_VALUE}-{component}-control"),
+        Scope::Cluster | Scope::OwnNamespace => format!("{MANAGED_BY_VALUE}-{component}"),
+    }
 }
 
-fn metadata(component: &str, namespace: Option<&str>) -> ObjectMeta {
+fn metadata(component: &str, scope: Scope, namespace: Option<&str>) -> ObjectMeta {
     ObjectMeta {
-        name: Some(role_name(component)),
+        name: Some(role_name(component, scope)),
         namespace: namespace.map(str::to_owned),
         labels: Some(
             [
@@ -242,14 +247,14 @@ pub fn roles(
     let role = |scope: Scope, namespace: &str| {
         let rules = rules(permissions, scope);
         (!rules.is_empty()).then(|| Role {
-            metadata: metadata(component, Some(namespace)),
+            metadata: metadata(component, scope, Some(namespace)),
             rules: Some(rules),
         })
     };
     let cluster_rules = rules(permissions, Scope::Cluster);
     Ok(Roles {
         cluster: (!cluster_rules.is_empty()).then(|| ClusterRole {
-            metadata: metadata(component, None),
+            metadata: metadata(component, Scope::Cluster, None),
             rules: Some(cluster_rules),
             aggregation_rule: None,
         }),
@@ -427,7 +432,7 @@ mod tests {
         let control = roles.control_namespace.unwrap();
         assert_eq!(
             control.metadata.name.as_deref(),
-            Some("warmcache-binding-controller")
+            Some("warmcache-binding-controller-control")
         );
         assert_eq!(control.metadata.namespace.as_deref(), Some("ctl"));
         let labels = control.metadata.labels.unwrap();

@@ -696,3 +696,20 @@ fn service_monitors_select_each_components_admin_port() {
         assert_eq!(monitor["spec"]["endpoints"][0]["port"], "admin");
     }
 }
+
+#[test]
+fn the_control_namespace_may_be_the_release_namespace() {
+    // Two Roles of one component in one namespace stay apart (warmcache-<component> and
+    // warmcache-<component>-control), and so do their bindings.
+    let objects = helm()
+        .template(&[
+            "controlNamespace.name=warmcache-system",
+            "controlNamespace.create=false",
+        ])
+        .unwrap();
+    assert_common(&objects);
+    let roles = names(&objects, "Role");
+    assert!(roles.contains("warmcache-webhook"), "{roles:?}");
+    assert!(roles.contains("warmcache-webhook-control"), "{roles:?}");
+    assert_eq!(names(&objects, "RoleBinding"), roles);
+}
