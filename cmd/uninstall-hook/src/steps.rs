@@ -373,7 +373,7 @@ fn namespace_conditions(namespace: &Namespace) -> String {
         })
         .collect();
     if conditions.is_empty() {
-        "no condition says why yet".to_owned()
+        "no condition says why yet (kubectl get namespace -o yaml shows the namespace controller's progress)".to_owned()
     } else {
         conditions.join("; ")
     }
@@ -477,6 +477,10 @@ async fn namespace(
         {
             Pause::Again => {}
             Pause::TimedOut => {
+                // The namespace controller may have said why since the last look.
+                if let Ok(Some(fresh)) = namespaces.get_opt(ns).await {
+                    why = namespace_conditions(&fresh);
+                }
                 report.leave(
                     object,
                     format!(
