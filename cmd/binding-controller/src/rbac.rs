@@ -10,7 +10,7 @@
 
 use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
 use warmcache_catalog::CONFIG_MAP_NAME;
-use warmcache_kube::rbac::{LEADER_ELECTION, Permission, Scope, events};
+use warmcache_kube::rbac::{Permission, Scope, events, leader_election};
 
 /// The component name: roles, Lease, metrics.
 pub const COMPONENT: &str = "binding-controller";
@@ -144,7 +144,10 @@ const OWN: &[Permission] = &[
 
 /// The controller's permissions: its own calls and the runtime's leader election.
 pub fn permissions() -> Vec<Permission> {
-    OWN.iter().chain(LEADER_ELECTION).copied().collect()
+    OWN.iter()
+        .copied()
+        .chain(leader_election(&[COMPONENT]))
+        .collect()
 }
 
 #[cfg(test)]

@@ -23,10 +23,10 @@ const PERMISSIONS: &[Permission] = &[
     Permission {
         group: "worker.gpustack.ai",
         resource: "kvcachebackends",
-        verbs: &["patch"],
+        verbs: &["get", "patch"],
         scope: Scope::Cluster,
         names: &[],
-        why: "add and remove the teardown finalizer (JSON patches guarded by a test op)",
+        why: "add and remove the teardown finalizer (JSON patches guarded by a test op; get re-reads the backend when the guard fails)",
     },
     Permission {
         group: "worker.gpustack.ai",

@@ -263,26 +263,30 @@ pub fn roles(
     })
 }
 
-/// What the runtime's leader election calls on its Lease (own namespace): every leader-elected
-/// component adds these to its list.
-pub const LEADER_ELECTION: &[Permission] = &[
-    Permission {
-        group: "coordination.k8s.io",
-        resource: "leases",
-        verbs: &["get", "update"],
-        scope: Scope::OwnNamespace,
-        names: &[],
-        why: "leader election: read and renew the component's Lease (pkg/kube leader.rs)",
-    },
-    Permission {
-        group: "coordination.k8s.io",
-        resource: "leases",
-        verbs: &["create"],
-        scope: Scope::OwnNamespace,
-        names: &[],
-        why: "leader election: create the component's Lease when it does not exist",
-    },
-];
+/// What the runtime's leader election calls on its Lease `lease` (the component's name unless
+/// `--leader-election-lease` says otherwise) in its own namespace: every leader-elected component
+/// adds these to its list. `get` and `update` name the Lease, so a component cannot rewrite
+/// another's election; `create` cannot be restricted by name.
+pub const fn leader_election(lease: &'static [&'static str]) -> [Permission; 2] {
+    [
+        Permission {
+            group: "coordination.k8s.io",
+            resource: "leases",
+            verbs: &["get", "update"],
+            scope: Scope::OwnNamespace,
+            names: lease,
+            why: "leader election: read and renew the component's Lease (pkg/kube leader.rs)",
+        },
+        Permission {
+            group: "coordination.k8s.io",
+            resource: "leases",
+            verbs: &["create"],
+            scope: Scope::OwnNamespace,
+            names: &[],
+            why: "leader election: create the component's Lease when it does not exist",
+        },
+    ]
+}
 
 /// What [`EventRecorder`](crate::EventRecorder) calls: every component that records Events
 /// adds this at the scope of the objects it reports on.
@@ -442,7 +446,7 @@ mod tests {
 
     #[test]
     fn the_shared_lists_pass_the_check() {
-        let mut list = LEADER_ELECTION.to_vec();
+        let mut list = leader_election(&["component"]).to_vec();
         list.push(events(Scope::Cluster));
         check("shared", &list).unwrap();
     }

@@ -12,7 +12,12 @@ use std::process::Command;
 use crate::{ImageBuilder, TestkitError};
 
 /// The binaries of the image, as the chart's Deployments name them (`/usr/local/bin/<name>`).
-pub const COMPONENT_BINARIES: [&str; 3] = ["webhook", "binding-controller", "kvcache-operator"];
+pub const COMPONENT_BINARIES: [&str; 4] = [
+    "webhook",
+    "binding-controller",
+    "kvcache-operator",
+    "uninstall-hook",
+];
 
 /// The user the image runs as, `nonroot` (uid and gid 65532).
 pub const NONROOT: &str = "65532:65532";

@@ -197,6 +197,7 @@ fn defaults_render_every_component_restricted_and_least_privileged() {
         BTreeSet::from([
             "warmcache-binding-controller".to_owned(),
             "warmcache-kvcache-operator".to_owned(),
+            "warmcache-uninstall-hook".to_owned(),
             "warmcache-webhook".to_owned(),
         ])
     );
@@ -422,6 +423,7 @@ fn all_off() -> Vec<&'static str> {
         "crds.enabled=false",
         "catalog.enabled=false",
         "controlNamespace.create=false",
+        "uninstallHook.enabled=false",
     ]
 }
 
@@ -712,4 +714,77 @@ fn the_control_namespace_may_be_the_release_namespace() {
     assert!(roles.contains("warmcache-webhook"), "{roles:?}");
     assert!(roles.contains("warmcache-webhook-control"), "{roles:?}");
     assert_eq!(names(&objects, "RoleBinding"), roles);
+}
+
+#[test]
+fn the_dashboard_is_valid_json_and_queries_only_documented_metrics() {
+    let objects = helm()
+        .template(&["grafana.dashboards.enabled=true"])
+        .unwrap();
+    let map = find(&objects, "ConfigMap", "warmcache-grafana-dashboards").unwrap();
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dashboard: Value = serde_json::from_str(str_at(map, "/data/warmcache.json")).unwrap();
+    assert_eq!(dashboard["uid"], "warmcache");
+    let root = warmcache_testkit::chart_dir().join("../..");
+    let docs: String = [
+        "docs/binding-controller.md",
+        "docs/model-volume.md",
+        "docs/kvcache-local-disk.md",
+        "docs/operations.md",
+    ]
+    .iter()
+    .map(|d| std::fs::read_to_string(root.join(d)).unwrap())
+    .collect();
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = str_at(target, "/expr");
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                let Some(rest) = word.strip_prefix("warmcache_") else {
+                    continue;
+                };
+                queried += 1;
+                // The family as the docs name it: without the component prefix and the
+                // histogram's _bucket series.
+                let family = rest.strip_suffix("_bucket").unwrap_or(rest);
+                let suffix = ["binding_controller_", "kvcache_operator_", "webhook_"]
+                    .iter()
+                    .find_map(|p| family.strip_prefix(p))
+                    .unwrap_or(family);
+                assert!(
+                    docs.contains(&format!("`{suffix}"))
+                        || docs.contains(&format!("warmcache_{family}")),
+                    "{}: {word} is not a documented metric",
+                    panel["title"]
+                );
+            }
+        }
+    }
+    assert!(queried >= 10, "{queried}");
+    // Off by default.
+    let objects = helm().template(&[]).unwrap();
+    assert!(find(&objects, "ConfigMap", "warmcache-grafana-dashboards").is_none());
+}
+
+#[test]
+fn values_that_would_break_a_cluster_are_refused_or_adjusted() {
+    // A control namespace the chart would create and the uninstall hook delete must be its own.
+    for name in ["warmcache-system", "default", "kube-system"] {
+        let set = format!("controlNamespace.name={name}");
+        let err = helm().template(&[&set]).unwrap_err();
+        assert!(err.output().contains("cannot create"), "{name}: {err}");
+    }
+    // One replica: no PodDisruptionBudget that would block every drain.
+    let objects = helm()
+        .template(&["webhook.replicas=1", "kvcacheOperator.webhook.replicas=1"])
+        .unwrap();
+    assert!(of_kind(&objects, "PodDisruptionBudget").is_empty());
+    // The writer TTL must outlast the controller's look at a finished Job.
+    let err = helm()
+        .template(&["bindingController.writerTtlSeconds=0"])
+        .unwrap_err();
+    assert!(
+        err.output().contains("/bindingController/writerTtlSeconds"),
+        "{err}"
+    );
 }
