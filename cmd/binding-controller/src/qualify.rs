@@ -3,7 +3,12 @@
 //!
 //! One run, in order (every object carries the label [`RUN_LABEL`] with the run's id):
 //!
-//! 1. **writer**: a fresh claim of the class in namespace A (`--writer-access-mode`: ReadWriteMany,
+//! 0. the run's own StorageClass `wq-<run>` ([`objects::run_class`]): a Retain copy of the class
+//!    under test, which every claim of the run names, so no PersistentVolume that existed before
+//!    the run (someone's Available model-cache PV of the class) can bind it; and each bound PV is
+//!    checked ([`objects::verify_bound_pv`]: bound to the claim's UID, provisioned by the class's
+//!    provisioner, of the run's class) before anything writes to it or changes it;
+//! 1. **writer**: a fresh claim of the (run's) class in namespace A (`--writer-access-mode`: ReadWriteMany,
 //!    ReadWriteOnce, or `auto`: ReadWriteMany, then ReadWriteOnce when the provisioner refuses
 //!    it) and a Job writing a 16 MiB random payload and its SHA-256 (`writer-populates`); the
 //!    claim's PV must be `Retain` like the class (`reclaim-retain`);
@@ -22,8 +27,10 @@
 //! 4. **negative control**: a fresh claim naming only the class, in B, comes back without the
 //!    payload (`negative-control-empty`): what a reader claim that names only a class gets;
 //! 5. the report (JSON, or text to cite in a catalog change), then every object of the run is
-//!    removed, also after a failure or SIGINT/SIGTERM: pods and Jobs, claims, the views' PVs, and
-//!    the provisioned PVs after setting them to `Delete` so the provisioner frees the storage.
+//!    removed, also after a failure or SIGINT/SIGTERM: pods and Jobs, claims, the views' PVs, the
+//!    provisioned PVs after setting them to `Delete` so the provisioner frees the storage, and the
+//!    run's StorageClass. Only PVs the run derived or verified are ever labelled, patched or
+//!    deleted, and every delete names the object's UID.
 //!
 //! Exit codes: 0 qualified; 1 not qualified (each failed check named, on stdout and in the
 //! report); 2 the run could not be made or finished (bad flags, a missing namespace or class,

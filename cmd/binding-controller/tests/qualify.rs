@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -199,11 +200,33 @@ async fn assert_clean(run: &Run, node: &RealNode, driver: TestCsiDriver) {
             .map(|p| p.metadata.name.clone())
             .collect::<Vec<_>>()
     );
+    let classes = Api::<StorageClass>::all(client.clone())
+        .list(&lp)
+        .await
+        .unwrap();
+    assert!(
+        classes.items.is_empty(),
+        "the run's StorageClass is left: {:?}",
+        classes
+            .items
+            .iter()
+            .map(|c| c.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
     assert!(
         run.report["cleanup"]["leftovers"]
             .as_array()
             .unwrap()
             .is_empty()
+    );
+    assert!(
+        run.report["cleanup"]["removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == &json!(format!("StorageClass wq-{id}"))),
+        "{:#}",
+        run.report["cleanup"]
     );
     if let Some(handle) = run.report["writer"]["volumeHandle"].as_str() {
         assert!(
@@ -472,6 +495,115 @@ async fn an_interrupted_run_removes_what_it_created_and_gives_no_verdict() {
         b,
     };
     assert_clean(&run, node, driver).await;
+    run.a.cleanup().await;
+    run.b.cleanup().await;
+}
+
+/// The reviewer's case: someone's retained model-cache PV of the class, Available (its claimRef
+/// cleared), provisioned by the class's provisioner, 1Gi ReadWriteMany: a claim naming the
+/// class would bind it. The run's claims name the run's own copy of the class, so the PV is
+/// never bound, written, labelled, patched or deleted, and the profile still qualifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_available_pv_of_the_class_is_left_untouched() {
+    let _one = ONE_RUN.lock().await;
+    let node = start().await;
+    let driver = TestCsiDriver::SharedFs;
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let suffix = format!("{:x}", std::process::id());
+    let handle = format!("foreign-cache-{suffix}");
+    let pv_name = format!("foreign-model-cache-{suffix}");
+    // Its data, on the driver's storage, as a real cache holds it.
+    let dir = node.csi_volume_dir(driver, &handle);
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    let data = b"someone else's model weights\n".repeat(1000);
+    std::fs::write(dir.join("models/weights.bin"), &data).unwrap();
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    let _ = pvs.delete(&pv_name, &Default::default()).await;
+    let foreign: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {
+            "name": pv_name,
+            "labels": { "warmcache.io/testkit": "true" },
+            "annotations": { "pv.kubernetes.io/provisioned-by": driver.driver_name() },
+        },
+        "spec": {
+            "capacity": { "storage": "1Gi" },
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": driver.storage_class(),
+            "volumeMode": "Filesystem",
+            "csi": { "driver": driver.driver_name(), "volumeHandle": handle },
+        },
+    }))
+    .unwrap();
+    let created = pvs.create(&Default::default(), &foreign).await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let phase = |pv: &PersistentVolume| {
+        pv.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default()
+    };
+    warmcache_testkit::eventually("the foreign PV Available", Duration::from_secs(60), || {
+        let pvs = pvs.clone();
+        let name = pv_name.clone();
+        async move {
+            let pv = pvs.get(&name).await.ok()?;
+            (phase(&pv) == "Available").then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let before = pvs.get(&pv_name).await.unwrap();
+
+    let run = qualify(driver, &[]).await;
+    let r = &run.report;
+    assert_eq!(run.output.status.code(), Some(0), "{r:#}");
+    assert!(failed(r).is_empty(), "{:?}", failed(r));
+    assert_ne!(r["writer"]["persistentVolume"], json!(pv_name), "{r:#}");
+    assert_ne!(r["writer"]["volumeHandle"], json!(handle), "{r:#}");
+    assert_eq!(r["storageClass"]["name"], driver.storage_class());
+    assert_eq!(check(r, "reclaim-retain")["status"], "passed");
+
+    let after = pvs.get(&pv_name).await.unwrap();
+    assert_eq!(
+        after.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "recreated"
+    );
+    assert!(
+        after
+            .metadata
+            .labels
+            .as_ref()
+            .is_none_or(|l| !l.contains_key(RUN_LABEL)),
+        "labelled by the run: {:?}",
+        after.metadata.labels
+    );
+    let spec = after.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    assert_eq!(spec.claim_ref, None, "bound by the run");
+    assert_eq!(phase(&after), "Available");
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the run changed the PV"
+    );
+    assert_eq!(std::fs::read(dir.join("models/weights.bin")).unwrap(), data);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "written to");
+    assert!(
+        !node
+            .csi_publishes(driver)
+            .unwrap()
+            .iter()
+            .any(|p| p.volume_handle == handle),
+        "the foreign volume was mounted"
+    );
+    assert_clean(&run, node, driver).await;
+    pvs.delete(&pv_name, &Default::default()).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     run.a.cleanup().await;
     run.b.cleanup().await;
 }

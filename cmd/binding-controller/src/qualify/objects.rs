@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    Capabilities, Container, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, PodTemplateSpec,
     ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
     VolumeResourceRequirements,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use warmcache_api_modelcache::v2beta1::{
@@ -27,6 +28,8 @@ pub const RUN_LABEL: &str = "qualify.warmcache.io/run";
 pub const PART_LABEL: &str = "qualify.warmcache.io/part";
 /// Size of the random payload (seed 000: 16 MiB).
 pub const PAYLOAD_BYTES: u64 = 16 << 20;
+/// The annotation the PV controller puts on a dynamically provisioned PV: the provisioner.
+pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// Where the pods mount the volume.
 pub const MOUNT_PATH: &str = "/data";
 /// The payload, relative to the volume's root.
@@ -109,8 +112,107 @@ pub fn name(run: &str, part: &str) -> String {
     format!("wq-{run}-{part}")
 }
 
-/// A fresh claim of the class under test, naming only the class (the writer's, or the
-/// negative control's).
+/// The name of a run's own StorageClass (`wq-<run>`), the clone of the class under test.
+pub fn class_name(run: &str) -> String {
+    format!("wq-{run}")
+}
+
+/// The run's own StorageClass: the class under test as its provisioner sees it (provisioner,
+/// parameters, mountOptions, volumeBindingMode, allowVolumeExpansion, allowedTopologies), named
+/// [`class_name`], labelled with the run, reclaimPolicy Retain. The run's claims name it, so no
+/// PersistentVolume that existed before the run can bind them (a claim binds only a PV of the
+/// very class it names): the writer and the negative control always get a freshly provisioned
+/// volume, never someone's Available model-cache PV of the class under test.
+pub fn run_class(class: &StorageClass, run: &str) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(class_name(run)),
+            labels: Some(labels(run, "class")),
+            ..ObjectMeta::default()
+        },
+        provisioner: class.provisioner.clone(),
+        parameters: class.parameters.clone(),
+        mount_options: class.mount_options.clone(),
+        volume_binding_mode: class.volume_binding_mode.clone(),
+        allow_volume_expansion: class.allow_volume_expansion,
+        allowed_topologies: class.allowed_topologies.clone(),
+        reclaim_policy: Some("Retain".to_owned()),
+    }
+}
+
+/// Whether the PV `pv` that the run's claim (UID `claim_uid`) bound is the run's own: bound to
+/// that very claim (`spec.claimRef.uid`), provisioned by `provisioner`
+/// ([`PROVISIONED_BY`]) and of the run's class `class`. `Err` says what differs; the run then
+/// never labels, patches or deletes that PV.
+pub fn verify_bound_pv(
+    pv: &PersistentVolume,
+    claim_uid: &str,
+    provisioner: &str,
+    class: &str,
+) -> Result<(), String> {
+    let name = pv.metadata.name.as_deref().unwrap_or("?");
+    let spec = pv.spec.as_ref();
+    let mut wrong = Vec::new();
+    let bound_uid = spec
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.as_deref());
+    if claim_uid.is_empty() || bound_uid != Some(claim_uid) {
+        wrong.push(format!(
+            "spec.claimRef.uid is {} (the claim's is {claim_uid:?})",
+            bound_uid.map_or_else(|| "unset".to_owned(), |u| format!("{u:?}"))
+        ));
+    }
+    let by = pv
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PROVISIONED_BY));
+    if by.map(String::as_str) != Some(provisioner) {
+        wrong.push(format!(
+            "{PROVISIONED_BY} is {} (the class's provisioner is {provisioner:?})",
+            by.map_or_else(|| "unset".to_owned(), |b| format!("{b:?}"))
+        ));
+    }
+    let pv_class = spec.and_then(|s| s.storage_class_name.as_deref());
+    if pv_class != Some(class) {
+        wrong.push(format!(
+            "storageClassName is {} (the run's class is {class:?})",
+            pv_class.map_or_else(|| "unset".to_owned(), |c| format!("{c:?}"))
+        ));
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "PersistentVolume {name} is not one the run provisioned: {}",
+            wrong.join(", ")
+        ))
+    }
+}
+
+/// A pod that only consumes a claim, so a `WaitForFirstConsumer` class provisions and binds it
+/// before the run looks at the volume: it mounts the claim read-only, applies no fsGroup and
+/// exits at once, so it changes nothing on a volume that turns out not to be the run's.
+pub fn binder_pod(settings: &Settings, run: &str, part: &str, namespace: &str, claim: &str) -> Pod {
+    let part = format!("{part}-bind");
+    let mut spec = pod_spec(settings, "true".to_owned(), claim, true, "Never");
+    if let Some(psc) = spec.security_context.as_mut() {
+        psc.fs_group = None;
+    }
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name(run, &part)),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(labels(run, &part)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// A fresh claim of the run's class ([`class_name`], the clone of the class under test),
+/// naming only that class (the writer's, or the negative control's).
 pub fn writer_claim(
     settings: &Settings,
     run: &str,
@@ -127,7 +229,7 @@ pub fn writer_claim(
         },
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec![mode.to_owned()]),
-            storage_class_name: Some(settings.storage_class.clone()),
+            storage_class_name: Some(class_name(run)),
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([(
                     "storage".to_owned(),
@@ -523,11 +625,142 @@ mod tests {
         );
     }
 
+    fn class_under_test(policy: &str) -> k8s_openapi::api::storage::v1::StorageClass {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "fast-rwx", "uid": "sc-1", "resourceVersion": "7",
+                "labels": { "team": "infra" },
+                "annotations": { "storageclass.kubernetes.io/is-default-class": "true" },
+            },
+            "provisioner": "csi.example.com",
+            "parameters": { "csi.storage.k8s.io/fstype": "xfs", "tier": "gold" },
+            "mountOptions": ["nconnect=4"],
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "allowVolumeExpansion": true,
+            "allowedTopologies": [{ "matchLabelExpressions": [
+                { "key": "topology.kubernetes.io/zone", "values": ["z1"] },
+            ] }],
+            "reclaimPolicy": policy,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_run_class_copies_what_the_provisioner_sees_and_retains() {
+        for policy in ["Delete", "Retain"] {
+            let class = class_under_test(policy);
+            let clone = run_class(&class, "r1");
+            assert_eq!(clone.metadata.name.as_deref(), Some("wq-r1"));
+            assert_eq!(clone.metadata.labels.as_ref().unwrap()[RUN_LABEL], "r1");
+            assert_eq!(
+                clone.metadata.labels.as_ref().unwrap().get("team"),
+                None,
+                "the class's own labels are not the run's"
+            );
+            // Not the default class, no uid or resourceVersion of the original.
+            assert_eq!(clone.metadata.annotations, None);
+            assert_eq!(clone.metadata.uid, None);
+            assert_eq!(clone.metadata.resource_version, None);
+            assert_eq!(clone.provisioner, class.provisioner);
+            assert_eq!(clone.parameters, class.parameters);
+            assert_eq!(clone.mount_options, class.mount_options);
+            assert_eq!(clone.volume_binding_mode, class.volume_binding_mode);
+            assert_eq!(clone.allow_volume_expansion, Some(true));
+            assert_eq!(clone.allowed_topologies, class.allowed_topologies);
+            assert_eq!(clone.reclaim_policy.as_deref(), Some("Retain"));
+        }
+    }
+
+    fn bound_pv(claim_uid: Option<&str>, by: Option<&str>, class: &str) -> PersistentVolume {
+        let mut v = serde_json::json!({
+            "metadata": { "name": "pvc-1" },
+            "spec": {
+                "storageClassName": class,
+                "claimRef": { "namespace": "team-a", "name": "wq-r1-writer" },
+            },
+        });
+        if let Some(uid) = claim_uid {
+            v["spec"]["claimRef"]["uid"] = uid.into();
+        }
+        if let Some(by) = by {
+            v["metadata"]["annotations"] = serde_json::json!({ PROVISIONED_BY: by });
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn only_a_pv_the_run_provisioned_for_its_claim_is_verified() {
+        let p = "csi.example.com";
+        let ours = bound_pv(Some("claim-1"), Some(p), "wq-r1");
+        assert_eq!(verify_bound_pv(&ours, "claim-1", p, "wq-r1"), Ok(()));
+        // Someone's retained PV of the class under test (its claimRef cleared, then bound).
+        for (pv, claim_uid, what) in [
+            (
+                bound_pv(Some("claim-1"), Some(p), "fast-rwx"),
+                "claim-1",
+                "storageClassName",
+            ),
+            (
+                bound_pv(Some("other"), Some(p), "wq-r1"),
+                "claim-1",
+                "claimRef.uid",
+            ),
+            (
+                bound_pv(None, Some(p), "wq-r1"),
+                "claim-1",
+                "claimRef.uid is unset",
+            ),
+            (
+                bound_pv(Some("claim-1"), None, "wq-r1"),
+                "claim-1",
+                "provisioned-by is unset",
+            ),
+            (
+                bound_pv(Some("claim-1"), Some("other.csi"), "wq-r1"),
+                "claim-1",
+                "provisioned-by",
+            ),
+            (bound_pv(Some(""), Some(p), "wq-r1"), "", "claimRef.uid"),
+        ] {
+            let e = verify_bound_pv(&pv, claim_uid, p, "wq-r1").unwrap_err();
+            assert!(e.contains(what), "{what}: {e}");
+            assert!(e.contains("pvc-1"), "{e}");
+        }
+        let all_wrong = bound_pv(None, None, "fast-rwx");
+        let e = verify_bound_pv(&all_wrong, "claim-1", p, "wq-r1").unwrap_err();
+        for what in ["claimRef.uid", PROVISIONED_BY, "storageClassName"] {
+            assert!(e.contains(what), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_binder_mounts_read_only_without_fs_group_and_writes_nothing() {
+        let pod = binder_pod(&settings(), "r1", "writer", "team-a", "wq-r1-writer");
+        assert_eq!(pod.metadata.name.as_deref(), Some("wq-r1-writer-bind"));
+        assert_eq!(
+            pod.metadata.labels.as_ref().unwrap()[PART_LABEL],
+            "writer-bind"
+        );
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.security_context.as_ref().unwrap().fs_group, None);
+        let claim = spec.volumes.as_ref().unwrap()[0]
+            .persistent_volume_claim
+            .clone()
+            .unwrap();
+        assert_eq!(claim.read_only, Some(true));
+        assert_eq!(
+            spec.containers[0].volume_mounts.as_ref().unwrap()[0].read_only,
+            Some(true)
+        );
+        assert_eq!(spec.containers[0].command.as_ref().unwrap()[2], "true");
+    }
+
     #[test]
     fn claims_name_only_the_class() {
         let c = writer_claim(&settings(), "r1", "control", "team-b", "ReadWriteOnce");
         let spec = c.spec.unwrap();
-        assert_eq!(spec.storage_class_name.as_deref(), Some("fast-rwx"));
+        // The run's own class, never the class under test: no pre-existing PV can match.
+        assert_eq!(spec.storage_class_name.as_deref(), Some("wq-r1"));
         assert_eq!(spec.volume_name, None);
         assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
         assert_eq!(c.metadata.name.as_deref(), Some("wq-r1-control"));

@@ -705,9 +705,13 @@ impl Report {
                 String::new()
             } else {
                 format!(
-                    "; LEFT OVER: {}; remove with: {}",
+                    "; LEFT OVER: {}{}",
                     self.cleanup.leftovers.join("; "),
-                    self.cleanup.command.as_deref().unwrap_or("?")
+                    self.cleanup
+                        .command
+                        .as_deref()
+                        .map(|c| format!("; remove with: {c}"))
+                        .unwrap_or_default()
                 )
             }
         );

@@ -2,9 +2,17 @@
 //! `--step-timeout` and ended by SIGINT/SIGTERM), feeds what the pods reported to the pure
 //! checks, and always removes what it made (bounded by `--cleanup-timeout`).
 //!
-//! API calls: get Namespaces, StorageClasses and CSIDrivers; create, get, list and delete
-//! PersistentVolumeClaims, Pods and Jobs in the two namespaces; list Events there; create, get,
-//! list, patch (labels, reclaim policy) and delete PersistentVolumes; list VolumeAttachments.
+//! API calls: get Namespaces and CSIDrivers; get StorageClasses, and create, list and delete the
+//! run's own (a Retain copy of the class under test, so the run's claims can only bind volumes
+//! provisioned for them); create, get, list and delete PersistentVolumeClaims, Pods and Jobs in
+//! the two namespaces; list Events there; create, get, list, patch (labels, reclaim policy) and
+//! delete PersistentVolumes; list VolumeAttachments.
+//!
+//! A PersistentVolume is labelled, patched or deleted only when the run made it: a view it
+//! created, or a volume bound to one of its claims that passed [`objects::verify_bound_pv`]
+//! (bound to that claim's UID, provisioned by the class's provisioner, of the run's class);
+//! every patch and delete names the object's UID, so an object recreated under the same name is
+//! never touched.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -13,6 +21,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttachment};
 use k8s_openapi::jiff::Timestamp;
+use kube::api::Preconditions;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -20,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::Settings;
-use super::objects::{self, RUN_LABEL};
+use super::objects::{self, PROVISIONED_BY, RUN_LABEL};
 use super::report::{
     Check, CheckName, Payload, ReaderOutput, Report, StorageFacts, ViewFacts, WriteOp,
     evaluate_negative, evaluate_reader, evaluate_retain, evaluate_unchanged, evaluate_write,
@@ -28,8 +37,6 @@ use super::report::{
 };
 
 const POLL: Duration = Duration::from_millis(500);
-/// The annotation the PV controller puts on a dynamically provisioned PV.
-const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 
 /// Why `qualify` could not run at all (nothing was created).
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +120,19 @@ struct Run<'a> {
     settings: &'a Settings,
     id: String,
     cancel: CancellationToken,
+    /// The PersistentVolumes the run may label, patch and delete (name, UID): the volumes
+    /// provisioned for its claims that passed [`objects::verify_bound_pv`], and its views.
+    ours: std::sync::Mutex<Vec<(String, String)>>,
+    /// The class under test, read by the preflight.
+    class: std::sync::OnceLock<StorageClass>,
+}
+
+/// Delete options that only delete the object of that UID (none: no precondition).
+fn by_uid(uid: Option<String>) -> DeleteParams {
+    DeleteParams::default().preconditions(Preconditions {
+        uid,
+        resource_version: None,
+    })
 }
 
 fn run_id() -> String {
@@ -140,6 +160,8 @@ pub async fn qualify(
         settings,
         id: id.clone(),
         cancel,
+        ours: std::sync::Mutex::new(Vec::new()),
+        class: std::sync::OnceLock::new(),
     };
     let span = tracing::info_span!("qualify", run = %id, storage_class = %settings.storage_class);
     async move {
@@ -150,9 +172,9 @@ pub async fn qualify(
             &settings.namespace_b,
         );
         report.image = settings.image.clone();
-        run.preflight(&mut report).await?;
+        let class = run.preflight(&mut report).await?;
         tracing::info!(run = %id, "qualification started; every object is labelled {RUN_LABEL}={id}");
-        let outcome = run.checks(&mut report).await;
+        let outcome = run.checks(&mut report, &class).await;
         match outcome {
             Ok(()) => {}
             Err(StepError::Interrupted) => {
@@ -170,7 +192,7 @@ pub async fn qualify(
 }
 
 impl Run<'_> {
-    async fn preflight(&self, report: &mut Report) -> Result<(), QualifyError> {
+    async fn preflight(&self, report: &mut Report) -> Result<StorageClass, QualifyError> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         for (flag, ns) in [
             ("--namespace-a", &self.settings.namespace_a),
@@ -224,7 +246,95 @@ impl Run<'_> {
             fs_group_policy: driver.as_ref().and_then(|d| d.spec.fs_group_policy.clone()),
             attach_required: driver.as_ref().and_then(|d| d.spec.attach_required),
         };
-        Ok(())
+        let _ = self.class.set(class.clone());
+        Ok(class)
+    }
+
+    fn provisioner(&self) -> &str {
+        self.class.get().map_or("", |c| c.provisioner.as_str())
+    }
+
+    fn ours(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
+        self.ours
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The UID of a PV the run may touch, `None` for any other.
+    fn our_uid(&self, pv: &str) -> Option<String> {
+        self.ours()
+            .iter()
+            .find(|(name, _)| name == pv)
+            .map(|(_, uid)| uid.clone())
+    }
+
+    /// Whether the run's claims wait for a consumer before they are provisioned.
+    fn waits_for_consumer(&self) -> bool {
+        self.class
+            .get()
+            .and_then(|c| c.volume_binding_mode.as_deref())
+            == Some("WaitForFirstConsumer")
+    }
+
+    /// Waits until the run's claim `ns/claim` is Bound, with a binder pod
+    /// ([`objects::binder_pod`]) consuming it first when the class waits for a consumer (the
+    /// pod is gone again when this returns a volume).
+    async fn bind(
+        &self,
+        ns: &str,
+        part: &str,
+        claim: &str,
+    ) -> Result<Result<String, String>, StepError> {
+        let binder = self.waits_for_consumer();
+        if binder {
+            let pod = objects::binder_pod(self.settings, &self.id, part, ns, claim);
+            self.pods(ns)
+                .create(&PostParams::default(), &pod)
+                .await
+                .map_err(|e| api(&format!("creating pod {ns}/{}", pod.name_any()), e))?;
+        }
+        let bound = self.wait_bound(ns, claim).await;
+        if binder && matches!(bound, Ok(Ok(_))) {
+            self.wait_gone_pods(ns, &format!("{part}-bind")).await?;
+        }
+        bound
+    }
+
+    /// Checks that the volume `pv` bound by the run's claim `ns/claim` is the run's own (see
+    /// [`objects::verify_bound_pv`]); only then may the run use, label, patch or delete it.
+    /// Any other volume stops the step: nothing is written to it, it is not changed.
+    async fn verify(&self, ns: &str, claim: &str, pv: &str) -> Result<(), StepError> {
+        let claim_uid = self
+            .pvcs(ns)
+            .get(claim)
+            .await
+            .map_err(|e| api(&format!("reading claim {ns}/{claim}"), e))?
+            .metadata
+            .uid
+            .unwrap_or_default();
+        let volume = self
+            .pvs()
+            .get(pv)
+            .await
+            .map_err(|e| api(&format!("reading PersistentVolume {pv}"), e))?;
+        match objects::verify_bound_pv(
+            &volume,
+            &claim_uid,
+            self.provisioner(),
+            &objects::class_name(&self.id),
+        ) {
+            Ok(()) => {
+                let uid = volume.metadata.uid.clone().unwrap_or_default();
+                self.ours().push((pv.to_owned(), uid));
+                Ok(())
+            }
+            Err(why) => {
+                tracing::error!(claim = %format!("{ns}/{claim}"), pv, "{why}");
+                Err(StepError::Api(format!(
+                    "the claim {ns}/{claim} bound a volume the run did not provision; the run stopped before using it and leaves that PersistentVolume untouched: {why}"
+                )))
+            }
+        }
     }
 
     fn pvcs(&self, ns: &str) -> Api<PersistentVolumeClaim> {
@@ -345,22 +455,42 @@ impl Run<'_> {
         .await
     }
 
+    /// Labels one of the run's PVs (the UID in the patch is a precondition: the API server
+    /// refuses it for any other object of that name). Refuses a PV that is not the run's.
     async fn label_pv(&self, pv: &str, part: &str) -> Result<(), StepError> {
+        let Some(uid) = self.our_uid(pv) else {
+            return Err(StepError::Api(format!(
+                "PersistentVolume {pv} is not the run's: not labelled"
+            )));
+        };
         let labels = objects::labels(&self.id, part);
         self.pvs()
             .patch(
                 pv,
                 &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "labels": labels } })),
+                &Patch::Merge(json!({ "metadata": { "uid": uid, "labels": labels } })),
             )
             .await
             .map_err(|e| api(&format!("labelling PersistentVolume {pv}"), e))?;
         Ok(())
     }
 
-    async fn checks(&self, report: &mut Report) -> Result<(), StepError> {
+    async fn checks(&self, report: &mut Report, class: &StorageClass) -> Result<(), StepError> {
         let s = self.settings;
         let (a, b) = (s.namespace_a.as_str(), s.namespace_b.as_str());
+
+        // 0. The run's own class: a Retain copy of the class under test that the run's claims
+        // name, so only volumes provisioned for them can bind them.
+        let run_class = objects::run_class(class, &self.id);
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &run_class)
+            .await
+            .map_err(|e| {
+                api(
+                    &format!("creating the run's StorageClass {}", run_class.name_any()),
+                    e,
+                )
+            })?;
 
         // 1. The writer: a fresh claim of the class and a Job filling it.
         let writer = async {
@@ -392,9 +522,10 @@ impl Run<'_> {
         report.set(Check::passed(
             CheckName::WriterPopulates,
             format!(
-                "a {} claim of class {} bound and the writer wrote {} bytes (sha256 {})",
+                "a {} claim of class {} (through the run's copy {}) bound and the writer wrote {} bytes (sha256 {})",
                 report.writer.access_mode.as_deref().unwrap_or("?"),
                 s.storage_class,
+                objects::class_name(&self.id),
                 payload.bytes,
                 payload.sha256
             ),
@@ -526,7 +657,8 @@ impl Run<'_> {
                     .unwrap_or_default(),
                 seen: None,
             });
-            self.pvs()
+            let created = self
+                .pvs()
                 .create(&PostParams::default(), pv)
                 .await
                 .map_err(|e| {
@@ -535,6 +667,8 @@ impl Run<'_> {
                         e,
                     )
                 })?;
+            self.ours()
+                .push((created.name_any(), created.uid().unwrap_or_default()));
             self.pvcs(&ns)
                 .create(&PostParams::default(), claim)
                 .await
@@ -546,10 +680,10 @@ impl Run<'_> {
             .create(&PostParams::default(), &control_claim)
             .await
             .map_err(|e| api("creating the negative control's claim", e))?;
+        // The control's pod is created once its volume is known to be the run's (`control`).
         for (ns, part, claim, writes) in [
             (a, "reader-a", claim_name.clone(), false),
             (b, "reader-b", claim_name.clone(), true),
-            (b, "control", objects::name(&self.id, "control"), false),
         ] {
             let pod = objects::reader_pod(s, &self.id, part, ns, &claim, writes);
             self.pods(ns)
@@ -649,22 +783,15 @@ impl Run<'_> {
             .create(&PostParams::default(), &claim)
             .await
             .map_err(|e| api(&format!("creating claim {a}/{claim_name}"), e))?;
-        let job = objects::writer_job(s, &self.id, a, &claim_name);
-        let jobs: Api<Job> = Api::namespaced(self.client.clone(), a);
-        jobs.create(&PostParams::default(), &job)
-            .await
-            .map_err(|e| api("creating the writer Job", e))?;
-        let pv = match self.wait_bound(a, &claim_name).await {
+        let pv = match self.bind(a, "writer", &claim_name).await {
             Ok(Ok(pv)) => pv,
             Ok(Err(refused)) => {
                 report
                     .writer
                     .attempts
                     .push(format!("{mode}: refused by the provisioner ({refused})"));
-                jobs.delete(&claim_name, &DeleteParams::background())
-                    .await
-                    .map_err(|e| api("deleting the writer Job", e))?;
-                self.wait_gone_pods(a, "writer").await?;
+                self.wait_gone_pods(a, "writer-bind").await?;
+                // Not bound: deleting it frees nothing but the claim.
                 self.pvcs(a)
                     .delete(&claim_name, &DeleteParams::default())
                     .await
@@ -684,7 +811,20 @@ impl Run<'_> {
             }
             Err(e) => return Err(e),
         };
+        // Before anything is written to it or changed on it: the volume must be the run's.
+        if let Err(e) = self.verify(a, &claim_name, &pv).await {
+            report
+                .writer
+                .attempts
+                .push(format!("{mode}: bound to {pv}, {e}"));
+            return Err(e);
+        }
         self.label_pv(&pv, "writer").await?;
+        let job = objects::writer_job(s, &self.id, a, &claim_name);
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), a);
+        jobs.create(&PostParams::default(), &job)
+            .await
+            .map_err(|e| api("creating the writer Job", e))?;
         report.writer.access_mode = Some(mode.to_owned());
         report.writer.persistent_volume_claim = Some(claim_name.clone());
         report.writer.persistent_volume = Some(pv.clone());
@@ -779,11 +919,21 @@ impl Run<'_> {
         }
     }
 
-    /// The negative control: its claim binds (it is provisioned from the class), its pod reads.
+    /// The negative control: its claim binds (it is provisioned from the class), its volume
+    /// is checked to be the run's, then its pod reads.
     async fn control(&self, ns: &str) -> Result<ReaderOutput, StepError> {
         let claim = objects::name(&self.id, "control");
-        match self.wait_bound(ns, &claim).await {
-            Ok(Ok(pv)) => self.label_pv(&pv, "control").await?,
+        match self.bind(ns, "control", &claim).await {
+            Ok(Ok(pv)) => {
+                self.verify(ns, &claim, &pv).await?;
+                self.label_pv(&pv, "control").await?;
+                let pod =
+                    objects::reader_pod(self.settings, &self.id, "control", ns, &claim, false);
+                self.pods(ns)
+                    .create(&PostParams::default(), &pod)
+                    .await
+                    .map_err(|e| api(&format!("creating pod {ns}/{}", pod.name_any()), e))?;
+            }
             Ok(Err(refused)) => {
                 return Err(StepError::Api(format!(
                     "the class-only claim {ns}/{claim} was not provisioned ({refused}): the control is inconclusive"
@@ -873,9 +1023,12 @@ impl Run<'_> {
     }
 
     /// Removes every object of the run, also after a failure or a signal: pods and Jobs first
-    /// (so volumes detach), then claims, the views' PVs, and the provisioned PVs set to Delete
-    /// so their provisioner frees the storage. Bounded by `--cleanup-timeout`; whatever is left
-    /// is reported with a command that removes it.
+    /// (so volumes detach), then claims, the views' PVs, the provisioned PVs set to Delete so
+    /// their provisioner frees the storage, and last the run's StorageClass. Only the run's PVs
+    /// are touched (its views and the volumes verified as provisioned for its claims); a claim
+    /// bound to any other PV is kept when deleting it would delete that volume, and reported.
+    /// Every delete names the object's UID. Bounded by `--cleanup-timeout`; whatever is left is
+    /// reported with a command that removes it.
     async fn cleanup(&self, report: &mut Report) {
         let span = tracing::info_span!("cleanup");
         let deadline = self.settings.cleanup_timeout;
@@ -886,18 +1039,25 @@ impl Run<'_> {
             self.settings.namespace_a.clone(),
             self.settings.namespace_b.clone(),
         ];
+        let ours: Vec<(String, String)> = self.ours().clone();
+        let pv_names: Vec<String> = ours.iter().map(|(n, _)| n.clone()).collect();
         async {
+            let mut notes: Vec<String> = Vec::new();
             let removed = &mut report.cleanup.removed;
             for ns in &namespaces {
                 let jobs: Api<Job> = Api::namespaced(self.client.clone(), ns);
                 for j in jobs.list(&lp).await.map(|l| l.items).unwrap_or_default() {
-                    if jobs.delete(&j.name_any(), &DeleteParams::background()).await.is_ok() {
+                    let dp = DeleteParams {
+                        preconditions: by_uid(j.uid()).preconditions,
+                        ..DeleteParams::background()
+                    };
+                    if jobs.delete(&j.name_any(), &dp).await.is_ok() {
                         removed.push(format!("Job {ns}/{}", j.name_any()));
                     }
                 }
                 let pods = self.pods(ns);
                 for p in pods.list(&lp).await.map(|l| l.items).unwrap_or_default() {
-                    if pods.delete(&p.name_any(), &DeleteParams::default()).await.is_ok() {
+                    if pods.delete(&p.name_any(), &by_uid(p.uid())).await.is_ok() {
                         removed.push(format!("Pod {ns}/{}", p.name_any()));
                     }
                 }
@@ -919,20 +1079,38 @@ impl Run<'_> {
                 }
             })
             .await;
-            // The PVs of the run: labelled, or bound to one of its claims.
-            let mut pv_names: Vec<String> = self
-                .pvs()
-                .list(&lp)
-                .await
-                .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
-                .unwrap_or_default();
+            // The run's claims; one bound to a volume that is not the run's is deleted only
+            // when that volume is Retain (it is then Released with its data), else kept.
+            let mut claims_to_delete: Vec<(String, PersistentVolumeClaim)> = Vec::new();
+            let mut kept: Vec<(String, String)> = Vec::new();
             for ns in &namespaces {
-                let claims = self.pvcs(ns);
-                for c in claims.list(&lp).await.map(|l| l.items).unwrap_or_default() {
-                    if let Some(v) = c.spec.as_ref().and_then(|s| s.volume_name.clone())
-                        && !pv_names.contains(&v)
-                    {
-                        pv_names.push(v);
+                for c in self.pvcs(ns).list(&lp).await.map(|l| l.items).unwrap_or_default() {
+                    let bound = c.spec.as_ref().and_then(|s| s.volume_name.clone());
+                    match bound {
+                        Some(pv) if !pv_names.contains(&pv) => {
+                            let policy = self
+                                .pvs()
+                                .get_opt(&pv)
+                                .await
+                                .ok()
+                                .flatten()
+                                .and_then(|v| v.spec.and_then(|s| s.persistent_volume_reclaim_policy));
+                            if policy.as_deref() == Some("Retain") {
+                                notes.push(format!(
+                                    "PersistentVolume {pv} (not the run's; left untouched, Released with its data when the run's claim {ns}/{} went: clear its spec.claimRef to make it Available again)",
+                                    c.name_any()
+                                ));
+                                claims_to_delete.push((ns.clone(), c));
+                            } else {
+                                notes.push(format!(
+                                    "PersistentVolumeClaim {ns}/{} (bound to PersistentVolume {pv}, which is not the run's, reclaimPolicy {}: kept, since deleting the claim would delete that volume; set the PV to Retain, then delete the claim)",
+                                    c.name_any(),
+                                    policy.as_deref().unwrap_or("unknown")
+                                ));
+                                kept.push((ns.clone(), c.name_any()));
+                            }
+                        }
+                        _ => claims_to_delete.push((ns.clone(), c)),
                     }
                 }
             }
@@ -955,9 +1133,11 @@ impl Run<'_> {
                 }
             })
             .await;
-            // Provisioned PVs: Delete, so the provisioner frees the storage once unbound.
-            for name in &pv_names {
+            // The run's provisioned PVs: Delete, so the provisioner frees the storage once
+            // unbound (the UID in the patch is a precondition).
+            for (name, uid) in &ours {
                 if let Ok(pv) = self.pvs().get(name).await
+                    && pv.uid().as_deref() == Some(uid.as_str())
                     && pv.annotations().contains_key(PROVISIONED_BY)
                 {
                     let _ = self
@@ -965,53 +1145,67 @@ impl Run<'_> {
                         .patch(
                             name,
                             &PatchParams::default(),
-                            &Patch::Merge(json!({ "spec": { "persistentVolumeReclaimPolicy": "Delete" } })),
+                            &Patch::Merge(json!({
+                                "metadata": { "uid": uid },
+                                "spec": { "persistentVolumeReclaimPolicy": "Delete" },
+                            })),
                         )
                         .await;
                 }
             }
-            for ns in &namespaces {
-                let claims = self.pvcs(ns);
-                for c in claims.list(&lp).await.map(|l| l.items).unwrap_or_default() {
-                    if claims.delete(&c.name_any(), &DeleteParams::default()).await.is_ok() {
-                        removed.push(format!("PersistentVolumeClaim {ns}/{}", c.name_any()));
-                    }
+            for (ns, c) in &claims_to_delete {
+                if self
+                    .pvcs(ns)
+                    .delete(&c.name_any(), &by_uid(c.uid()))
+                    .await
+                    .is_ok()
+                {
+                    removed.push(format!("PersistentVolumeClaim {ns}/{}", c.name_any()));
                 }
             }
             // Views (static copies) are deleted as objects; provisioned PVs go with their
-            // backing volume (the provisioner's), or as objects when already Released under
-            // Retain earlier in the run (the writer's claim released before the policy changed).
-            for name in &pv_names {
+            // backing volume (the provisioner's).
+            for (name, uid) in &ours {
                 let Ok(pv) = self.pvs().get(name).await else {
                     continue;
                 };
                 let provisioned = pv.annotations().contains_key(PROVISIONED_BY);
-                if !provisioned && self.pvs().delete(name, &DeleteParams::default()).await.is_ok() {
+                if !provisioned
+                    && self
+                        .pvs()
+                        .delete(name, &by_uid(Some(uid.clone())))
+                        .await
+                        .is_ok()
+                {
                     removed.push(format!("PersistentVolume {name}"));
                 }
             }
             let gone = poll("the run's objects to be gone", deadline, &never, || {
                 let lp = lp.clone();
                 let namespaces = namespaces.clone();
-                let pv_names = pv_names.clone();
+                let ours = ours.clone();
+                let kept = kept.clone();
                 async move {
                     for ns in &namespaces {
                         let left = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns)
                             .list(&lp)
                             .await
                             .map_err(|e| api("listing claims", e))?;
-                        if !left.items.is_empty() {
+                        if left
+                            .items
+                            .iter()
+                            .any(|c| !kept.contains(&(ns.clone(), c.name_any())))
+                        {
                             return Ok(None);
                         }
                     }
-                    for name in &pv_names {
-                        if self
+                    for (name, uid) in &ours {
+                        let pv = self
                             .pvs()
                             .get_opt(name)
                             .await
-                            .map_err(|e| api("reading PersistentVolumes", e))?
-                            .is_some()
-                        {
+                            .map_err(|e| api("reading PersistentVolumes", e))?;
+                        if pv.is_some_and(|p| p.uid().as_deref() == Some(uid.as_str())) {
                             return Ok(None);
                         }
                     }
@@ -1026,31 +1220,57 @@ impl Run<'_> {
                     removed.push(format!("PersistentVolume {name}"));
                 }
             }
+            // Last, the run's StorageClass: only the one of that name carrying the run's label.
+            let classes: Api<StorageClass> = Api::all(self.client.clone());
+            let class_name = objects::class_name(&self.id);
+            let mut class_left = false;
+            for c in classes.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+                if c.name_any() != class_name
+                    || c.labels().get(RUN_LABEL).map(String::as_str) != Some(self.id.as_str())
+                {
+                    continue;
+                }
+                if classes.delete(&class_name, &by_uid(c.uid())).await.is_ok() {
+                    removed.push(format!("StorageClass {class_name}"));
+                } else {
+                    class_left = true;
+                }
+            }
+            let mut left = Vec::new();
             if gone.is_err() {
-                let mut left = Vec::new();
                 for ns in &namespaces {
                     for c in self.pvcs(ns).list(&lp).await.map(|l| l.items).unwrap_or_default() {
-                        left.push(format!("PersistentVolumeClaim {ns}/{}", c.name_any()));
+                        if !kept.contains(&(ns.clone(), c.name_any())) {
+                            left.push(format!("PersistentVolumeClaim {ns}/{}", c.name_any()));
+                        }
                     }
                     for p in self.pods(ns).list(&lp).await.map(|l| l.items).unwrap_or_default() {
                         left.push(format!("Pod {ns}/{}", p.name_any()));
                     }
                 }
-                for name in &pv_names {
-                    if let Ok(Some(pv)) = self.pvs().get_opt(name).await {
+                for (name, uid) in &ours {
+                    if let Ok(Some(pv)) = self.pvs().get_opt(name).await
+                        && pv.uid().as_deref() == Some(uid.as_str())
+                    {
                         let phase = pv.status.and_then(|s| s.phase).unwrap_or_default();
                         left.push(format!("PersistentVolume {name} ({phase})"));
                     }
                 }
-                if !left.is_empty() {
-                    report.cleanup.command = Some(format!(
-                        "kubectl delete pod,job,pvc -l {selector} -n {} && kubectl delete pod,job,pvc -l {selector} -n {} && kubectl delete pv -l {selector}",
-                        namespaces[0], namespaces[1]
-                    ));
-                    tracing::warn!(left = ?left, "cleanup left objects behind");
-                }
-                report.cleanup.leftovers = left;
             }
+            if class_left {
+                left.push(format!("StorageClass {class_name}"));
+            }
+            if !left.is_empty() {
+                report.cleanup.command = Some(format!(
+                    "kubectl delete pod,job,pvc -l {selector} -n {} && kubectl delete pod,job,pvc -l {selector} -n {} && kubectl delete pv -l {selector} && kubectl delete storageclass -l {selector}",
+                    namespaces[0], namespaces[1]
+                ));
+            }
+            left.extend(notes);
+            if !left.is_empty() {
+                tracing::warn!(left = ?left, "cleanup left objects behind");
+            }
+            report.cleanup.leftovers = left;
         }
         .instrument(span)
         .await;
