@@ -17,7 +17,7 @@
 //! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces, the download step |
 //! | `pods` | get | writer namespace | literal secrets a derived step copies from its pod |
 //! | `pods` | list | writer namespace, label `batch.kubernetes.io/job-name` | the writer's last words and bytes |
-//! | `pods` | list, delete | reader namespaces, label `nvsnap.io/model=<hash>` | after a failed download, while the failure record holds: readers still waiting and not Ready are deleted (UID precondition) |
+//! | `pods` | list, delete | reader namespaces, label `nvsnap.io/model=<hash>` | after a failed download, while the failure record holds: readers still waiting, not Ready and controlled by a ReplicaSet, StatefulSet, DaemonSet or LeaderWorkerSet are deleted (UID and resourceVersion preconditions) |
 //! | `namespaces` | list, watch (metadata) | cluster | sharing-domain labels (tenancy check) |
 //! | `persistentvolumeclaims` | list, watch | all, label `app.kubernetes.io/managed-by=warmcache` | primary, writer view, views |
 //! | `persistentvolumeclaims` | create | control, writer and reader namespaces | primary claim, writer view claim, view claims |
@@ -802,9 +802,12 @@ impl Bindings {
         .await
     }
 
-    /// Deletes the readers of `binding` in `namespaces` that still wait for the copy and are not
-    /// Ready ([`lifecycle::waiting_reader`] on a fresh list by the model label), each with its
-    /// UID as precondition; a pod already gone or replaced is skipped.
+    /// Deletes the readers of `binding` in `namespaces` that still wait for the copy, are not
+    /// Ready and whose controller recreates them ([`lifecycle::reader_after_failure`] on a fresh
+    /// list by the model label), each with its UID and resourceVersion as preconditions; a pod
+    /// already gone, replaced or changed since the list is skipped (its change queues another
+    /// reconcile). Waiting readers nothing would recreate (bare pods, Job pods) are kept and
+    /// named in a `WaitingReadersKept` Event: they stop at their wait deadline.
     async fn delete_waiting_readers(
         &self,
         binding: &ModelCacheBinding,
@@ -812,23 +815,28 @@ impl Bindings {
     ) -> Result<(), Failure> {
         let hash = warmcache_api_modelcache::identity_hash(&binding.spec.identity);
         let mut deleted = Vec::new();
+        let mut kept = Vec::new();
         for ns in namespaces {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
             let pods = api
                 .list(&ListParams::default().labels(&format!("{MODEL_LABEL}={hash}")))
                 .await
                 .map_err(|e| api_error("list", api.resource_url(), &hash, e))?;
-            for pod in pods
-                .items
-                .iter()
-                .filter(|p| lifecycle::waiting_reader(binding, p))
-            {
+            for pod in &pods.items {
+                match lifecycle::reader_after_failure(binding, pod) {
+                    lifecycle::WaitingReader::NotWaiting => continue,
+                    lifecycle::WaitingReader::Keep(why) => {
+                        kept.push(format!("{ns}/{} ({why})", pod.name_any()));
+                        continue;
+                    }
+                    lifecycle::WaitingReader::Delete => {}
+                }
                 self.ensure_leader()?;
                 let name = pod.name_any();
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
                         uid: pod.uid(),
-                        resource_version: None,
+                        resource_version: pod.resource_version(),
                     }),
                     ..DeleteParams::default()
                 };
@@ -863,6 +871,26 @@ impl Bindings {
                     Some(&note),
                 )
                 .await;
+        }
+        if !kept.is_empty() {
+            tracing::info!(pods = ?kept, "kept readers waiting for a failed download: nothing would recreate them");
+            if let Some(recorder) = &self.recorder {
+                let note = warmcache_cli::text::bounded(
+                    &format!(
+                        "the download failed: readers still waiting were kept, as nothing would recreate them if deleted; they stop at their wait deadline (or delete them to rerun them on their own download): {}",
+                        kept.join(", ")
+                    ),
+                    1024,
+                );
+                recorder
+                    .warning(
+                        binding,
+                        "WaitingReadersKept",
+                        "DeleteWaitingReaders",
+                        Some(&note),
+                    )
+                    .await;
+            }
         }
         Ok(())
     }

@@ -2086,7 +2086,9 @@ fn waiting_reader_pod(name: &str, hash: &str, binding: &str, uid: &str) -> Pod {
 }
 
 /// A failed download writes the failure record (valid `failure_record_seconds`) and deletes
-/// the readers still waiting and not Ready, keeping Ready ones and pods of other bindings;
+/// the readers still waiting and not Ready whose controller recreates them (a ReplicaSet's),
+/// keeping Ready ones, pods of other bindings, and waiting readers nothing would recreate (a
+/// bare pod, a Job's pod: reported in an Event);
 /// admission refuses the model while the record holds and joins again once it expired; the
 /// retried download's success clears the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2179,13 +2181,76 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
         .unwrap()
         .insert(MODEL_LABEL.into(), hash.clone());
     pods.create(&PostParams::default(), &source).await.unwrap();
+    // waiting-1 is adopted by a ReplicaSet (which recreates it from a template that is not a
+    // reader); bare-1 has no controller and the reader Job's pod is a Job's: both are kept.
+    let mut adopted = waiting_reader_pod("waiting-1", &hash, &name, &uid);
+    adopted
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("app".into(), "frec-rs".into());
     for pod in [
-        waiting_reader_pod("waiting-1", &hash, &name, &uid),
+        adopted,
+        waiting_reader_pod("bare-1", &hash, &name, &uid),
         waiting_reader_pod("ready-1", &hash, &name, &uid),
         waiting_reader_pod("other-1", &hash, "model-cache-another", "another-uid"),
     ] {
         pods.create(&PostParams::default(), &pod).await.unwrap();
     }
+    let replica_sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> = app.api();
+    replica_sets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": { "name": "frec-rs" },
+                "spec": {
+                    "replicas": 1,
+                    "selector": { "matchLabels": { "app": "frec-rs" } },
+                    "template": {
+                        "metadata": { "labels": { "app": "frec-rs" } },
+                        "spec": { "containers": [{ "name": "vllm", "image": "vllm:1" }] },
+                    },
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let waiting_uid = eventually("waiting-1 adopted by its ReplicaSet", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("waiting-1").await.ok()?;
+            p.owner_references()
+                .iter()
+                .any(|o| o.kind == "ReplicaSet" && o.controller == Some(true))
+                .then(|| p.uid())
+                .flatten()
+        }
+    })
+    .await
+    .unwrap();
+    let reader_job_pod = waiting_reader_pod("unused", &hash, &name, &uid);
+    let mut template = serde_json::to_value(&reader_job_pod).unwrap();
+    template["metadata"].as_object_mut().unwrap().remove("name");
+    template["spec"]["restartPolicy"] = json!("Never");
+    let reader_jobs: Api<Job> = app.api();
+    reader_jobs
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": { "name": "reader-job" },
+                "spec": { "backoffLimit": 0, "template": {
+                    "metadata": template["metadata"], "spec": template["spec"],
+                } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let job_reader = job_pod(&client, &app.name, "reader-job").await.name_any();
     let kubelet = Kubelet::new(client.clone());
     kubelet.set_running(&app.name, "ready-1").await.unwrap();
 
@@ -2228,17 +2293,46 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
     // pod are kept.
     eventually("the waiting reader deleted", WAIT, || {
         let pods = pods.clone();
+        let waiting_uid = waiting_uid.clone();
         async move {
             match pods.get_opt("waiting-1").await {
                 Ok(None) => Some(()),
                 Ok(Some(p)) if p.metadata.deletion_timestamp.is_some() => Some(()),
+                Ok(Some(p)) if p.uid().as_deref() != Some(waiting_uid.as_str()) => Some(()),
                 _ => None,
             }
         }
     })
     .await
     .unwrap();
-    for kept in ["ready-1", "other-1", "reader-0"] {
+    // The waiting readers nothing would recreate are reported, and kept.
+    let events: Api<k8s_openapi::api::events::v1::Event> = control.api();
+    let note = eventually("the WaitingReadersKept Event", WAIT, || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("WaitingReadersKept"))?
+                .note
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        note.contains("bare-1") && note.contains(&job_reader),
+        "{note}"
+    );
+    for kept in [
+        "ready-1",
+        "other-1",
+        "reader-0",
+        "bare-1",
+        job_reader.as_str(),
+    ] {
         let p = pods.get(kept).await.unwrap();
         assert!(p.metadata.deletion_timestamp.is_none(), "{kept} kept");
     }
@@ -2326,9 +2420,15 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
     );
     stop.cancel();
     let _ = task.await;
-    for p in ["reader-0", "ready-1", "other-1"] {
+    for p in ["reader-0", "ready-1", "other-1", "bare-1"] {
         let _ = pods.delete(p, &DeleteParams::default()).await;
     }
+    let _ = replica_sets
+        .delete("frec-rs", &DeleteParams::default())
+        .await;
+    let _ = reader_jobs
+        .delete("reader-job", &DeleteParams::background())
+        .await;
     let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
 }
 

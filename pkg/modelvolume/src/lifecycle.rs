@@ -22,8 +22,10 @@
 //! - **Failure**: a failed Job sets population Failed with the download's last words, writes
 //!   the failure record (`status.failureRecord`, valid [`LifecycleConfig::failure_record_seconds`],
 //!   one hour: the webhook leaves new pods on their own download while it holds), deletes the
-//!   readers still waiting for the copy ([`waiting_reader`]) so their controllers recreate them
-//!   on that path, retires the writer view and keeps the primary; once the record has expired
+//!   readers still waiting for the copy whose controller recreates them
+//!   ([`reader_after_failure`]: ReplicaSet, StatefulSet, DaemonSet, LeaderWorkerSet) so they
+//!   come back on that path (bare pods and Job pods are kept until their wait deadline),
+//!   retires the writer view and keeps the primary; once the record has expired
 //!   and the Job is gone (its TTL) the next reading pod's step retries with a new Job, and a
 //!   later success clears the record.
 //! - **Nothing is deleted** except the writer view's claim, and only after completion is
@@ -199,9 +201,11 @@ pub enum Action {
     },
     /// Create a read-only view (PV, then claim) recorded in the stored status.
     CreateView(PersistentVolume, PersistentVolumeClaim),
-    /// Delete the readers of the binding in these namespaces that still wait for the copy and
-    /// are not Ready ([`waiting_reader`], UID precondition), so their controllers recreate them:
-    /// while the failure record holds, admission leaves the new pods on their own download.
+    /// Delete the readers of the binding in these namespaces that still wait for the copy, are
+    /// not Ready and are controlled by a kind that recreates them ([`reader_after_failure`]; UID
+    /// and resourceVersion as preconditions): while the failure record holds, admission leaves
+    /// the new pods on their own download. Waiting readers nothing recreates (bare pods, Job
+    /// pods) are kept and reported.
     DeleteWaitingReaders {
         /// Reader namespaces.
         namespaces: Vec<String>,
@@ -1097,7 +1101,8 @@ fn delete_waiting_readers(obs: &Observed<'_>, out: &mut Builder) {
 /// its UID, when it records one), was rewritten as a reader (`nvsnap.io/model-role=reader`,
 /// with the wait init container), is not warmcache's own, not being deleted, not finished, not
 /// Ready, and its wait container has not completed. Such a pod is deleted after a failed
-/// download so its controller recreates it on its own download path.
+/// download so its controller recreates it on its own download path, when it has one that
+/// does ([`reader_after_failure`]).
 pub fn waiting_reader(binding: &ModelCacheBinding, pod: &Pod) -> bool {
     let meta = &pod.metadata;
     let annotations = meta.annotations.clone().unwrap_or_default();
@@ -1134,6 +1139,68 @@ pub fn waiting_reader(binding: &ModelCacheBinding, pod: &Pod) -> bool {
         .and_then(|c| c.state.as_ref()?.terminated.as_ref())
         .is_some_and(|t| t.exit_code == 0);
     !finished && !ready && !wait_done
+}
+
+/// Controller kinds that recreate a pod that is deleted: ReplicaSet, StatefulSet and
+/// DaemonSet (`apps`), LeaderWorkerSet (`leaderworkerset.x-k8s.io`). A Job's pod is not among
+/// them (a deleted one counts as failed), nor a bare pod or an unknown kind.
+pub const RECREATING_OWNERS: [(&str, &str); 4] = [
+    ("apps", "ReplicaSet"),
+    ("apps", "StatefulSet"),
+    ("apps", "DaemonSet"),
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"),
+];
+
+/// What happens to a reader still waiting for a failed download ([`reader_after_failure`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitingReader {
+    /// Not a waiting reader of the binding: left alone.
+    NotWaiting,
+    /// Waiting, and its controller recreates it: deleted (UID and resourceVersion as
+    /// preconditions), the new pod is left on its own download.
+    Delete,
+    /// Waiting, but nothing would recreate it (a bare pod, a Job's pod, an unknown controller
+    /// kind): kept, it stops at its wait deadline; the reason says who owns it.
+    Keep(String),
+}
+
+/// Whether `pod`'s controller ownerReference is a kind that recreates a deleted pod
+/// ([`RECREATING_OWNERS`]); `Err` names what controls it (nothing, or the kind).
+pub fn recreated_by_controller(pod: &Pod) -> Result<(), String> {
+    let controller = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    let Some(owner) = controller else {
+        return Err("no controller owns it (a bare pod)".to_owned());
+    };
+    let group = owner
+        .api_version
+        .split_once('/')
+        .map_or("", |(group, _)| group);
+    if RECREATING_OWNERS.contains(&(group, owner.kind.as_str())) && !owner.uid.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "its controller {} {} ({}) does not recreate deleted pods",
+            owner.kind, owner.name, owner.api_version
+        ))
+    }
+}
+
+/// What to do with `pod` after `binding`'s download failed, while the failure record holds:
+/// delete it only when it is a [`waiting_reader`] its controller recreates
+/// ([`recreated_by_controller`]); a waiting reader nothing recreates is kept.
+pub fn reader_after_failure(binding: &ModelCacheBinding, pod: &Pod) -> WaitingReader {
+    if !waiting_reader(binding, pod) {
+        return WaitingReader::NotWaiting;
+    }
+    match recreated_by_controller(pod) {
+        Ok(()) => WaitingReader::Delete,
+        Err(why) => WaitingReader::Keep(why),
+    }
 }
 
 fn release_writer_claim(obs: &Observed<'_>, out: &mut Builder) {
@@ -1921,6 +1988,78 @@ mod tests {
         for p in &not {
             assert!(!waiting_reader(&b, p), "{p:?}");
         }
+    }
+
+    fn owned_by(pod: &Pod, api_version: &str, kind: &str, controller: Option<bool>) -> Pod {
+        let mut p = pod.clone();
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "owner".into(),
+                uid: "owner-uid".into(),
+                controller,
+                block_owner_deletion: None,
+            },
+        ]);
+        p
+    }
+
+    #[test]
+    fn only_waiting_readers_whose_controller_recreates_them_are_deleted() {
+        let b = binding(Transition::RwxReadOnly);
+        let pod = reader(&b);
+        for (api_version, kind) in [
+            ("apps/v1", "ReplicaSet"),
+            ("apps/v1", "StatefulSet"),
+            ("apps/v1", "DaemonSet"),
+            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+        ] {
+            let p = owned_by(&pod, api_version, kind, Some(true));
+            assert_eq!(
+                reader_after_failure(&b, &p),
+                WaitingReader::Delete,
+                "{kind}"
+            );
+        }
+        // Nothing recreates a bare pod, a Job's pod (a deleted one counts as failed), a pod of
+        // an unknown kind, a kind of that name in another group, or a pod whose only owner is
+        // not its controller.
+        let kept = [
+            pod.clone(),
+            owned_by(&pod, "batch/v1", "Job", Some(true)),
+            owned_by(&pod, "argoproj.io/v1alpha1", "Workflow", Some(true)),
+            owned_by(&pod, "tekton.dev/v1", "TaskRun", Some(true)),
+            owned_by(&pod, "example.com/v1", "ReplicaSet", Some(true)),
+            owned_by(&pod, "apps/v1", "ReplicaSet", None),
+            owned_by(&pod, "apps/v1", "ReplicaSet", Some(false)),
+        ];
+        for p in &kept {
+            match reader_after_failure(&b, p) {
+                WaitingReader::Keep(why) => assert!(!why.is_empty()),
+                other => panic!("{other:?} for {:?}", p.metadata.owner_references),
+            }
+        }
+        assert!(
+            recreated_by_controller(&pod)
+                .unwrap_err()
+                .contains("bare pod")
+        );
+        assert!(
+            recreated_by_controller(&kept[1])
+                .unwrap_err()
+                .contains("Job owner")
+        );
+        // Not waiting: never deleted, whatever owns it.
+        let mut ready = owned_by(&pod, "apps/v1", "ReplicaSet", Some(true));
+        ready.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Running",
+                "conditions": [{ "type": "Ready", "status": "True" }],
+            }))
+            .unwrap(),
+        );
+        assert_eq!(reader_after_failure(&b, &ready), WaitingReader::NotWaiting);
     }
 
     #[test]
