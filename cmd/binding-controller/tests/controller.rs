@@ -260,11 +260,15 @@ fn reader_pod(name: &str, b: &ModelCacheBinding) -> Pod {
 }
 
 /// The PV a provisioner would create for the primary claim (there is none on the test control
-/// plane): pre-bound to it, so the real PV controller binds the pair.
+/// plane): pre-bound to it, so the real PV controller binds the pair, and annotated with the
+/// provisioner as the external provisioner does.
 fn primary_pv(name: &str, control: &str, claim: &str) -> PersistentVolume {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": { "name": name },
+        "metadata": {
+            "name": name,
+            "annotations": { "pv.kubernetes.io/provisioned-by": "fake.csi.warmcache.io" },
+        },
         "spec": {
             "capacity": { "storage": "100Gi" },
             "accessModes": ["ReadWriteMany"],
@@ -1104,6 +1108,116 @@ async fn a_foreign_claim_under_the_view_name_is_reported_and_left_alone() {
     stop.cancel();
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}
+
+/// The primary claim binds to an Available PV of the class that nobody provisioned for it (a
+/// static PV, no `pv.kubernetes.io/provisioned-by`): the binding reports ForeignObject naming
+/// it, and the PV is never labelled, retained or viewed, and no writer starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_bound_to_a_foreign_available_pv_is_never_written() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("mcb-fpv-ctl").await.unwrap();
+    let app = TestNamespace::new("mcb-fpv-app").await.unwrap();
+    // A size no other test's claim asks for, so only this test's primary claim matches it.
+    let size = "7Gi";
+    let pv_name = format!("{}-static", control.name);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": { "name": pv_name },
+            "spec": {
+                "capacity": { "storage": size },
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": "nvcf-sc",
+                "csi": { "driver": "fake.csi.warmcache.io", "volumeHandle": format!("{pv_name}-handle") },
+            },
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(&PostParams::default(), &binding(&control.name, &app.name))
+        .await
+        .unwrap();
+    let name = created.name_any();
+    let (stop, task, _) = running_controller_cfg(
+        plane,
+        &control.name,
+        None,
+        None,
+        LifecycleConfig {
+            primary_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity(size.into()),
+            ..LifecycleConfig::default()
+        },
+    )
+    .await;
+    let pods: Api<Pod> = app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &created))
+        .await
+        .unwrap();
+    let claims: Api<PersistentVolumeClaim> = control.api();
+    let claim_name = writer_pvc_name(&created.spec.identity);
+    eventually("the primary claim bound to the static PV", WAIT, || {
+        let claims = claims.clone();
+        let (claim_name, pv_name) = (claim_name.clone(), pv_name.clone());
+        async move {
+            let c = claims.get(&claim_name).await.ok()?;
+            (c.spec?.volume_name? == pv_name).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let b = eventually("Degraded ForeignObject", WAIT, || {
+        let api = bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            let (status, reason, _) = condition(&b, "Degraded")?;
+            (status == "True" && reason == "ForeignObject").then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let (_, _, message) = condition(&b, "Degraded").unwrap();
+    assert!(
+        message.contains(&pv_name) && message.contains("pv.kubernetes.io/provisioned-by"),
+        "{message}"
+    );
+    assert_settled(&bindings, &name).await;
+    let b = bindings.get(&name).await.unwrap();
+    let realized = b.status.unwrap().realized.unwrap_or_default();
+    assert_eq!(realized.bound_persistent_volume_name, None);
+    assert!(realized.views.is_empty());
+    let pv = pvs.get(&pv_name).await.unwrap();
+    assert!(!pv.labels().contains_key(COMPLETE_LABEL), "{pv:?}");
+    assert_eq!(
+        pv.spec.unwrap().persistent_volume_reclaim_policy.as_deref(),
+        Some("Delete")
+    );
+    let jobs: Api<Job> = app.api();
+    assert!(
+        jobs.get_opt(&writer_job_name(&created.spec.identity))
+            .await
+            .unwrap()
+            .is_none(),
+        "no writer Job"
+    );
+    let app_claims: Api<PersistentVolumeClaim> = app.api();
+    assert!(
+        app_claims.get_opt(&claim_name).await.unwrap().is_none(),
+        "no writer view"
+    );
+    stop.cancel();
+    let _ = task.await;
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = claims.delete(&claim_name, &DeleteParams::default()).await;
+    let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
 }
 
 /// The binding stops changing: no status churn (a reconcile that rewrites what it just wrote

@@ -13,6 +13,9 @@
 //! - **One writer**: the primary claim `rw-pvc-<hash>` in the control namespace, then (RWX) the
 //!   writer view and the writer Job in the writer namespace, both under deterministic names, so
 //!   the API server's AlreadyExists is the election.
+//! - **The primary PV is the claim's own**: nothing is written to, derived from or downloaded
+//!   into a PV the primary claim bound unless it was provisioned for that claim
+//!   ([`provisioned_for`]); otherwise `ForeignObject` names it.
 //! - **Completion**: a succeeded Job makes the controller label the primary PV complete (with
 //!   bytes, identity and source namespace) and set Retain ([`Action::MarkComplete`], re-read
 //!   until stored); only a PV observed with both makes the cache Ready and releases the writer
@@ -733,6 +736,18 @@ fn rwx(
             return;
         }
     };
+    // Nothing is written to (or derived from) a PV the claim bound that was not provisioned
+    // for it: a foreign Available PV of the class would otherwise be filled and retained.
+    if let Err(why) = provisioned_for(b, primary_claim, primary) {
+        degraded(
+            out,
+            Reason::ForeignObject,
+            format!(
+                "the primary claim {claim_name} is bound to {why}; nothing is written to that PersistentVolume, no view is derived from it and no download starts (release the claim, e.g. delete it, so a new one is provisioned)"
+            ),
+        );
+        return;
+    }
     let pv_name = primary.metadata.name.clone().unwrap_or_default();
     realized.bound_persistent_volume_name = Some(pv_name.clone()).filter(|n| !n.is_empty());
     if let Err(e) = view::primary_capacity(primary)
@@ -1023,8 +1038,80 @@ fn rwx(
     out.set(DEGRADED, false, Reason::AsExpected, "");
 }
 
+/// The annotation the external provisioner puts on a PV it provisioned: its name.
+pub const PROVISIONED_BY_ANNOTATION: &str = "pv.kubernetes.io/provisioned-by";
+
+/// Whether `pv`, bound to `b`'s primary claim `claim`, was provisioned for it: its
+/// `claimRef.uid` is the claim's UID, [`PROVISIONED_BY_ANNOTATION`] names the decision's
+/// provisioner, and it carries no other binding's or cache's labels
+/// ([`crate::volume_keys::BINDING_LABEL`], [`crate::keys::MODEL_LABEL`]). A retained primary a
+/// warm start adopted passes too (the provisioner made it for an earlier binding of this cache,
+/// and the PV controller records the new claim's UID). `Err` names the PV and what differs.
+pub fn provisioned_for(
+    b: &ModelCacheBinding,
+    claim: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+) -> Result<(), String> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let mut wrong = Vec::new();
+    let bound = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.as_deref());
+    let claim_uid = claim.metadata.uid.as_deref();
+    if claim_uid.is_none_or(str::is_empty) || bound != claim_uid {
+        wrong.push(format!(
+            "spec.claimRef.uid is {} (the claim's is {})",
+            bound.unwrap_or("unset"),
+            claim_uid.unwrap_or("unset")
+        ));
+    }
+    let by = pv
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PROVISIONED_BY_ANNOTATION));
+    if by != Some(&b.spec.decision.provisioner) {
+        wrong.push(format!(
+            "{PROVISIONED_BY_ANNOTATION} is {} (the decision's provisioner is {})",
+            by.map_or("unset", String::as_str),
+            b.spec.decision.provisioner
+        ));
+    }
+    let labels = pv.metadata.labels.as_ref();
+    if let Some(other) = labels
+        .and_then(|l| l.get(crate::volume_keys::BINDING_LABEL))
+        .filter(|n| Some(*n) != b.metadata.name.as_ref())
+    {
+        wrong.push(format!(
+            "it is labelled for ModelCacheBinding {other} ({})",
+            crate::volume_keys::BINDING_LABEL
+        ));
+    }
+    let hash = identity_hash(&b.spec.identity);
+    if let Some(other) = labels
+        .and_then(|l| l.get(crate::keys::MODEL_LABEL))
+        .filter(|h| **h != hash)
+    {
+        wrong.push(format!(
+            "it is labelled for another cache ({} {other})",
+            crate::keys::MODEL_LABEL
+        ));
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "PersistentVolume {name}, which was not provisioned for it: {}",
+            wrong.join(", ")
+        ))
+    }
+}
+
 /// A retained primary `b` may adopt: complete for this cache (labels, handle digest, Retain),
-/// on the decision's provisioner and the binding's StorageClass, not a read-only view, and free
+/// on the decision's provisioner (its CSI driver, and [`PROVISIONED_BY_ANNOTATION`]) and the
+/// binding's StorageClass, not a read-only view, and free
 /// (Released or Available, its claimRef, if any, naming the claim the binding would create).
 /// The first in name order.
 pub fn adoptable<'p>(
@@ -1051,8 +1138,15 @@ pub fn adoptable<'p>(
                 r.name.as_deref() == Some(claim.as_str())
                     && r.namespace.as_deref() == Some(control.as_str())
             });
+            let provisioned = pv
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PROVISIONED_BY_ANNOTATION))
+                == Some(&b.spec.decision.provisioner);
             pv.metadata.deletion_timestamp.is_none()
                 && is_complete(b, pv)
+                && provisioned
                 && csi_ok
                 && class_ok
                 && free
@@ -1290,13 +1384,28 @@ fn view_error(namespace: &str, e: &ViewError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{binding, init_step, primary_pv};
+    use crate::testing::{binding, init_step};
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStatus, ObjectReference,
         PersistentVolumeClaimStatus, PodStatus,
     };
     use k8s_openapi::jiff::Timestamp;
+
+    /// The fixture's primary PV as the provisioner leaves it for [`bound_claim`]: provisioned
+    /// by the decision's provisioner, bound to that claim's UID.
+    fn primary_pv() -> PersistentVolume {
+        let mut pv = crate::testing::primary_pv();
+        pv.metadata.annotations = Some(BTreeMap::from([(
+            PROVISIONED_BY_ANNOTATION.to_owned(),
+            "shared-fs.csi-test.warmcache.io".to_owned(),
+        )]));
+        pv.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+            uid: Some("primary-claim-uid".into()),
+            ..ObjectReference::default()
+        });
+        pv
+    }
 
     fn now() -> Time {
         Time(Timestamp::from_second(1_800_000_000).unwrap())
@@ -1634,7 +1743,10 @@ mod tests {
         // Labels stored but Retain not: still not complete.
         let mut half = pv.clone();
         half.metadata.labels = Some(labels.clone());
-        half.metadata.annotations = Some(annotations.clone());
+        half.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(annotations.clone());
         half.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
         obs.primary_pv = Some(&half);
         let s = step(&obs);
@@ -1685,7 +1797,10 @@ mod tests {
         let mut pv = primary_pv();
         let (labels, annotations) = completion_marks(&b, Some(3 << 30), "team-a");
         pv.metadata.labels = Some(labels);
-        pv.metadata.annotations = Some(annotations);
+        pv.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(annotations);
         b.status = Some(ModelCacheBindingStatus {
             realized: Some(RealizedStorage {
                 views: vec![view::reader_view(&b, "team-b")],
@@ -1844,7 +1959,10 @@ mod tests {
         let mut pv = primary_pv();
         let (labels, annotations) = completion_marks(&b, Some(1 << 20), "team-a");
         pv.metadata.labels = Some(labels);
-        pv.metadata.annotations = Some(annotations);
+        pv.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(annotations);
         b.status = Some(ModelCacheBindingStatus {
             failure_record: Some(FailureRecord {
                 failed_at: now(),
@@ -2211,7 +2329,11 @@ mod tests {
         let mut complete = pv.clone();
         let (labels, annotations) = completion_marks(&b, Some(1), "team-a");
         complete.metadata.labels = Some(labels);
-        complete.metadata.annotations = Some(annotations);
+        complete
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(annotations);
         b.status = Some(ModelCacheBindingStatus {
             realized: Some(RealizedStorage {
                 views: vec![view::reader_view(&b, "team-b")],
@@ -2231,6 +2353,102 @@ mod tests {
             vclaim.metadata.annotations.as_ref().unwrap()[TRACE_PARENT_ANNOTATION],
             tp_b
         );
+    }
+
+    #[test]
+    fn a_primary_bound_to_a_pv_not_provisioned_for_it_is_never_written() {
+        let b = binding(Transition::RwxReadOnly);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let ours = primary_pv();
+        assert_eq!(provisioned_for(&b, &claim, &ours), Ok(()));
+        let mut foreign = Vec::new();
+        // A static PV of the class (no provisioner recorded), one of another provisioner, one
+        // bound to another claim, one labelled for another binding or cache.
+        let mut static_pv = ours.clone();
+        static_pv.metadata.annotations = None;
+        foreign.push((static_pv, "unset"));
+        let mut other_provisioner = ours.clone();
+        other_provisioner.metadata.annotations = Some(BTreeMap::from([(
+            PROVISIONED_BY_ANNOTATION.to_owned(),
+            "other.csi".to_owned(),
+        )]));
+        foreign.push((other_provisioner, "other.csi"));
+        let mut other_claim = ours.clone();
+        other_claim.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+            uid: Some("someone-else".into()),
+            ..ObjectReference::default()
+        });
+        foreign.push((other_claim, "someone-else"));
+        let mut other_binding = ours.clone();
+        other_binding.metadata.labels = Some(BTreeMap::from([(
+            crate::volume_keys::BINDING_LABEL.to_owned(),
+            "model-cache-other".to_owned(),
+        )]));
+        foreign.push((other_binding, "model-cache-other"));
+        let mut other_cache = ours.clone();
+        other_cache.metadata.labels = Some(BTreeMap::from([(
+            crate::keys::MODEL_LABEL.to_owned(),
+            "0123".to_owned(),
+        )]));
+        foreign.push((other_cache, "0123"));
+        let done = job_with(&b, Some("Complete"));
+        for (pv, why) in &foreign {
+            let e = provisioned_for(&b, &claim, pv).unwrap_err();
+            assert!(e.contains("pvc-primary") && e.contains(why), "{e}");
+            // Not with a step (no writer view or Job), not with a succeeded Job (no completion
+            // labels or Retain), not when it even carries this cache's completion labels.
+            let mut complete = pv.clone();
+            let (labels, annotations) = completion_marks(&b, Some(1), "team-a");
+            if *why != "0123" && *why != "model-cache-other" {
+                complete
+                    .metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .extend(labels);
+            }
+            complete
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(annotations);
+            complete
+                .spec
+                .as_mut()
+                .unwrap()
+                .persistent_volume_reclaim_policy = Some(view::RETAIN.into());
+            for (pv, job) in [(pv, None), (pv, Some(&done)), (&complete, None)] {
+                let mut obs = observed(&b, &config);
+                obs.primary_claim = Some(&claim);
+                obs.primary_pv = Some(pv);
+                obs.job = job;
+                obs.reader_namespaces = BTreeSet::from(["team-a".to_owned()]);
+                obs.step = Some(StepSource {
+                    step: init_step(),
+                    pod_env: Vec::new(),
+                });
+                let s = step(&obs);
+                assert!(s.actions.is_empty(), "{why}: {:?}", s.actions);
+                let d = condition(&s, DEGRADED);
+                assert!(d.status);
+                assert_eq!(d.reason, Reason::ForeignObject);
+                assert!(d.message.contains("pvc-primary"), "{}", d.message);
+                assert!(!condition(&s, READY).status);
+                let realized = s.status.realized.clone().unwrap_or_default();
+                assert_eq!(realized.bound_persistent_volume_name, None);
+                assert!(realized.views.is_empty());
+            }
+        }
+        // A warm start adopts only a retained primary its provisioner recorded.
+        let mut retained = retained_pv(&b, "Released");
+        assert!(adoptable(&b, &[&retained]).is_some());
+        retained
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(PROVISIONED_BY_ANNOTATION);
+        assert!(adoptable(&b, &[&retained]).is_none());
     }
 
     #[test]
@@ -2277,7 +2495,10 @@ mod tests {
         pv.metadata.name = Some("pvc-old".into());
         let (labels, annotations) = completion_marks(b, Some(1 << 30), "team-a");
         pv.metadata.labels = Some(labels);
-        pv.metadata.annotations = Some(annotations);
+        pv.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(annotations);
         pv.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
             namespace: b.metadata.namespace.clone(),
             name: Some(writer_pvc_name(&b.spec.identity)),
