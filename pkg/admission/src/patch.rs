@@ -406,7 +406,20 @@ where
         path,
         message,
     })?;
-    let old = serde_json::to_value(&decoded).map_err(RawPatchError::Serialize)?;
+    raw_patch_decoded(raw, &decoded, mutated)
+}
+
+/// [`raw_patch`] with `raw` already decoded as `K` (`decoded`, as a typed route decodes it for
+/// its handler), so it is not decoded again.
+pub(crate) fn raw_patch_decoded<K>(
+    raw: &Value,
+    decoded: &K,
+    mutated: &K,
+) -> Result<Patch, RawPatchError>
+where
+    K: Serialize + DeserializeOwned,
+{
+    let old = serde_json::to_value(decoded).map_err(RawPatchError::Serialize)?;
     let new = serde_json::to_value(mutated).map_err(RawPatchError::Serialize)?;
     let mut ops = Vec::new();
     rebase(Some(raw), &old, &new, &mut PointerBuf::new(), &mut ops)?;

@@ -25,6 +25,7 @@ use kube::core::admission::{
     AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND,
 };
 use kube::core::{DynamicObject, TypeMeta};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::patch::json_type;
@@ -140,14 +141,18 @@ pub(crate) fn decode_review_parts(
             .map(Value::take)
             .filter(|v| !v.is_null());
     }
-    let review: AdmissionReview<DynamicObject> =
-        serde_path_to_error::deserialize(&value).map_err(|err| {
+    // Decoding is deterministic: a review that decodes does so without tracking the path, and
+    // one that does not is decoded again with it, for the message.
+    let review: AdmissionReview<DynamicObject> = match AdmissionReview::deserialize(&value) {
+        Ok(review) => review,
+        Err(_) => serde_path_to_error::deserialize(&value).map_err(|err| {
             let path = err.path().to_string();
             invalid(format!(
                 "the AdmissionReview cannot be decoded at {path}: {}",
                 err.into_inner()
             ))
-        })?;
+        })?,
+    };
     let request: AdmissionRequest<DynamicObject> = review
         .try_into()
         .map_err(|_| invalid("the AdmissionReview has no request to review".to_owned()))?;

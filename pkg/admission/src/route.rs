@@ -279,14 +279,16 @@ impl Route {
     /// [`Mutation<K>`]; for [`Mutation::Mutated`] the server computes the JSON patch from the
     /// typed change and applies it to the object as sent (see
     /// [`patch::raw_patch`](crate::patch::raw_patch)), so fields `K` does not model are kept.
+    /// A copy of the decoded object is kept for the patch (hence `K: Clone`), so the object as
+    /// sent is decoded once.
     pub fn mutating_typed<K, F, R>(path: impl Into<String>, handler: F) -> Self
     where
-        K: TypedResource,
+        K: TypedResource + Clone,
         F: Fn(typed::TypedRequest<K>) -> R + Send + Sync + 'static,
         R: TypedOutput<Mutation<K>>,
     {
         let handler = DynHandler::Sync(Arc::new(move |review: Review| {
-            let (request, finish) = typed::prepare::<K>(review)?;
+            let (request, finish) = typed::prepare_mutating::<K>(review)?;
             finish.mutation(handler(request).into_reply()?)
         }));
         Self::new(
@@ -327,13 +329,13 @@ impl Route {
     /// [`mutating_typed`](Self::mutating_typed) with an async handler.
     pub fn mutating_typed_async<K, F, Fut, R>(path: impl Into<String>, handler: F) -> Self
     where
-        K: TypedResource,
+        K: TypedResource + Clone,
         F: Fn(typed::TypedRequest<K>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = R> + Send + 'static,
         R: TypedOutput<Mutation<K>>,
     {
         let handler = DynHandler::Staged(Arc::new(move |review: Review| {
-            let (request, finish) = typed::prepare::<K>(review)?;
+            let (request, finish) = typed::prepare_mutating::<K>(review)?;
             let running = handler(request);
             let future: StagedFuture = Box::pin(async move {
                 let reply = running.await.into_reply()?;

@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::patch::{decode_at_path, raw_patch};
+use crate::patch::{decode_at_path, raw_patch, raw_patch_decoded};
 use crate::registration::RuleScope;
 use crate::route::Review;
 
@@ -244,12 +244,15 @@ impl<O: TypedOutcome, E: fmt::Display + Send + 'static> TypedOutput<O> for Resul
 }
 
 /// What is kept of a review to turn the handler's reply into a response.
-pub(crate) struct Finish {
+pub(crate) struct Finish<K> {
     base: AdmissionResponse,
     operation: Operation,
     name: String,
     kind: GroupVersionKind,
     raw_object: Option<Value>,
+    /// `raw_object` as decoded for the handler (kept on mutating routes, so the patch does not
+    /// decode the object as sent again).
+    decoded: Option<K>,
 }
 
 fn kind_text(group: &str, version: &str, kind: &str) -> String {
@@ -260,10 +263,24 @@ fn kind_text(group: &str, version: &str, kind: &str) -> String {
     }
 }
 
-/// Checks that `review` is about a `K` and decodes its objects.
+/// Checks that `review` is about a `K` and decodes its objects, for a validating route.
 pub(crate) fn prepare<K: TypedResource>(
     review: Review,
-) -> Result<(TypedRequest<K>, Finish), String> {
+) -> Result<(TypedRequest<K>, Finish<K>), String> {
+    prepare_with(review, |_| None)
+}
+
+/// [`prepare`] for a mutating route: a copy of the decoded object is kept for the patch.
+pub(crate) fn prepare_mutating<K: TypedResource + Clone>(
+    review: Review,
+) -> Result<(TypedRequest<K>, Finish<K>), String> {
+    prepare_with(review, |object: &Option<K>| object.clone())
+}
+
+fn prepare_with<K: TypedResource>(
+    review: Review,
+    keep: impl FnOnce(&Option<K>) -> Option<K>,
+) -> Result<(TypedRequest<K>, Finish<K>), String> {
     let Review { request, raw } = review;
     let expected = (K::group(&()), K::version(&()), K::kind(&()));
     let sent = &request.kind;
@@ -298,6 +315,7 @@ pub(crate) fn prepare<K: TypedResource>(
         name: request.name.clone(),
         kind: request.kind.clone(),
         raw_object: raw.object,
+        decoded: keep(&object),
     };
     let typed = TypedRequest {
         uid: request.uid,
@@ -315,7 +333,7 @@ pub(crate) fn prepare<K: TypedResource>(
     Ok((typed, finish))
 }
 
-impl Finish {
+impl<K: TypedResource> Finish<K> {
     pub(crate) fn validation(self, reply: Reply<Validation>) -> Result<AdmissionResponse, String> {
         let response = match reply.outcome {
             Validation::Allow => self.base,
@@ -324,10 +342,7 @@ impl Finish {
         Ok(with_warnings(response, reply.warnings))
     }
 
-    pub(crate) fn mutation<K: TypedResource>(
-        self,
-        reply: Reply<Mutation<K>>,
-    ) -> Result<AdmissionResponse, String> {
+    pub(crate) fn mutation(self, reply: Reply<Mutation<K>>) -> Result<AdmissionResponse, String> {
         let response = match reply.outcome {
             Mutation::Allow => self.base,
             Mutation::Deny { message, causes } => self.deny(message, causes),
@@ -339,7 +354,11 @@ impl Finish {
                         self.operation
                     ));
                 };
-                let patch = raw_patch(raw, &object).map_err(|err| err.to_string())?;
+                let patch = match &self.decoded {
+                    Some(decoded) => raw_patch_decoded(raw, decoded, &object),
+                    None => raw_patch(raw, &object),
+                }
+                .map_err(|err| err.to_string())?;
                 if patch.0.is_empty() {
                     self.base
                 } else {
