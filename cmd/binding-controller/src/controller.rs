@@ -8,7 +8,8 @@
 //! stored, the writer claim's delete with a UID precondition). Each part runs in its own span
 //! inside the runtime's reconcile span.
 //!
-//! # API calls (the ClusterRole of the controller must grant exactly these; not written yet)
+//! # API calls (the chart's roles grant exactly these: generated from [`crate::rbac`] by
+//! `cargo xtask gen`)
 //!
 //! | resource | verbs | where | why |
 //! |---|---|---|---|
@@ -21,7 +22,7 @@
 //! | `namespaces` | list, watch (metadata) | cluster | sharing-domain labels (tenancy check) |
 //! | `persistentvolumeclaims` | list, watch | all, label `app.kubernetes.io/managed-by=warmcache` | primary, writer view, views |
 //! | `persistentvolumeclaims` | create | control, writer and reader namespaces | primary claim, writer view claim, view claims |
-//! | `persistentvolumeclaims` | delete | writer namespace | releasing the writer view claim (UID precondition) |
+//! | `persistentvolumeclaims` | delete | writer namespaces | releasing the writer view claim (UID precondition), and an earlier writer namespace's left behind (a crash during a takeover) |
 //! | `persistentvolumes` | list, watch | label `app.kubernetes.io/managed-by=warmcache` | views |
 //! | `persistentvolumes` | get, update | cluster | the primary PV: completion labels and Retain; rebinding the writer view |
 //! | `persistentvolumes` | create | cluster | writer view and read-only views |
@@ -33,6 +34,7 @@
 //! | `configmaps` | list, watch | `--catalog-namespace`, name `nvcf-storage-capabilities` | decision drift |
 //! | `leases` | get, create, update | the runtime's namespace | leader election |
 //! | `leases` | list, watch (label `app.kubernetes.io/managed-by=warmcache`), create, update | control namespace | the writer Lease of each helmModelCache binding (`spec.resources.leaseName`) |
+//! | `leases` | get | control namespace | a fresh read of the writer Lease before releasing a writer view claim an earlier writer left behind |
 //! | `jobs` | get | the writer Lease's namespace | confirming the holder's Job is gone (only NotFound means gone) |
 //! | `events` | create | | Events on bindings |
 //!
@@ -310,6 +312,37 @@ impl Bindings {
         self.claims
             .store()
             .get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// `binding`'s writer view claims (`rw-pvc-<hash>`, its binding label, role writer) outside
+    /// the control namespace and `writer_ns`, in namespaces where the cache holds no writer Job
+    /// of the binding: an earlier writer's, left behind ([`Observed::stale_writer_claims`]).
+    /// Reads the claim cache, which holds only warmcache's claims.
+    fn stale_writer_claims(
+        &self,
+        binding: &ModelCacheBinding,
+        writer_ns: &str,
+    ) -> Vec<Arc<PersistentVolumeClaim>> {
+        let name = binding.name_any();
+        let claim = writer_pvc_name(&binding.spec.identity);
+        let job = writer_job_name(&binding.spec.identity);
+        let jobs = self.jobs.store();
+        self.claims
+            .store()
+            .state()
+            .into_iter()
+            .filter(|c| {
+                let ns = c.namespace().unwrap_or_default();
+                c.name_any() == claim
+                    && !ns.is_empty()
+                    && ns != self.settings.control_namespace
+                    && ns != writer_ns
+                    && c.labels().get(BINDING_LABEL) == Some(&name)
+                    && c.labels().get(VOLUME_ROLE_LABEL).map(String::as_str) == Some(ROLE_WRITER)
+                    && c.metadata.deletion_timestamp.is_none()
+                    && jobs.get(&ObjectRef::new(&job).within(&ns)).is_none()
+            })
+            .collect()
     }
 
     fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
@@ -783,6 +816,9 @@ impl Bindings {
                         Err(err) => return Err(api_error("delete", api.resource_url(), name, err)),
                     }
                 }
+                Action::ReleaseStaleWriterClaim { namespace, name, uid } => {
+                    self.release_stale_writer_claim(binding, namespace, name, uid).await?;
+                }
                 Action::CreateView(pv, claim) => {
                     let (pv, claim) = (traced(pv), traced(claim));
                     self.create_pv(binding, &pv).await?;
@@ -800,6 +836,59 @@ impl Bindings {
         }
         .instrument(span)
         .await
+    }
+
+    /// Releases a writer view claim an earlier writer namespace left behind: reads the writer
+    /// Lease afresh (the caches may lag a takeover) and keeps the claim when the Lease names its
+    /// namespace; otherwise deletes it with its UID as precondition.
+    async fn release_stale_writer_claim(
+        &self,
+        binding: &ModelCacheBinding,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<(), Failure> {
+        let lease_name = &binding.spec.resources.lease_name;
+        if lease_name.is_empty() {
+            // Without a Lease the writer is always writerNamespace (never released here).
+            if *namespace == binding.spec.resources.writer_namespace {
+                return Ok(());
+            }
+        } else {
+            let leases: Api<Lease> =
+                Api::namespaced(self.client.clone(), &self.settings.control_namespace);
+            let fresh = leases
+                .get_opt(lease_name)
+                .await
+                .map_err(|e| api_error("get", leases.resource_url(), lease_name, e))?;
+            let holder = fresh.as_ref().and_then(|l| {
+                l.annotations()
+                    .get(warmcache_modelvolume::volume_keys::WRITER_NAMESPACE_ANNOTATION)
+                    .cloned()
+            });
+            if fresh.is_none() || holder.as_deref() == Some(namespace) {
+                return Ok(());
+            }
+        }
+        self.ensure_leader()?;
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => {
+                tracing::info!(claim = %name, namespace, "released a writer view claim an earlier writer left behind");
+                Ok(())
+            }
+            Err(err) if warmcache_kube::is_not_found(&err) || warmcache_kube::is_conflict(&err) => {
+                Ok(())
+            }
+            Err(err) => Err(api_error("delete", api.resource_url(), name, err)),
+        }
     }
 
     /// Deletes the readers of `binding` in `namespaces` that still wait for the copy, are not
@@ -1077,6 +1166,7 @@ fn action_label(action: &Action) -> &'static str {
         Action::CreateJob(_) => "create_job",
         Action::MarkComplete { .. } => "mark_complete",
         Action::ReleaseWriterClaim { .. } => "release_writer_claim",
+        Action::ReleaseStaleWriterClaim { .. } => "release_stale_writer_claim",
         Action::CreateView(..) => "create_view",
         Action::DeleteWaitingReaders { .. } => "delete_waiting_readers",
         Action::WriteLease(_) => "write_lease",
@@ -1124,6 +1214,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 .previous
                 .as_ref()
                 .and_then(|ns| self.claim(ns, &writer_pvc_name(identity)));
+            let stale_writer_claims = self.stale_writer_claims(b, &writer_ns);
             let primary_claim =
                 self.claim(&self.settings.control_namespace, &writer_pvc_name(identity));
             let primary_pv = match primary_claim
@@ -1200,6 +1291,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 model_uri,
                 writer,
                 previous_writer_claim,
+                stale_writer_claims,
                 step,
                 primary_claim,
                 primary_pv,
@@ -1222,6 +1314,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             model_uri,
             writer,
             previous_writer_claim,
+            stale_writer_claims,
             step_source,
             primary_claim,
             primary_pv,
@@ -1252,6 +1345,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 writer_view_pv: writer_view_pv.as_deref(),
                 writer_view_claim: writer_view_claim.as_deref(),
                 previous_writer_claim: previous_writer_claim.as_deref(),
+                stale_writer_claims: stale_writer_claims.iter().map(AsRef::as_ref).collect(),
                 job: job.as_deref(),
                 job_pods: job_pods.iter().collect(),
                 existing_views,

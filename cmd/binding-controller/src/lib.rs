@@ -67,7 +67,8 @@ pub struct ControllerArgs {
     /// activeDeadlineSeconds of writer Jobs.
     #[arg(long, default_value_t = warmcache_modelvolume::writer::DEFAULT_ACTIVE_DEADLINE_SECONDS)]
     pub writer_deadline_seconds: i64,
-    /// ttlSecondsAfterFinished of writer Jobs (also how long a failure is remembered).
+    /// ttlSecondsAfterFinished of writer Jobs (a failed Job's TTL gates its retry; how long a
+    /// failure holds is `--failure-record-seconds`).
     #[arg(long, default_value_t = warmcache_modelvolume::writer::DEFAULT_TTL_SECONDS_AFTER_FINISHED)]
     pub writer_ttl_seconds: i32,
     /// Seconds the writer of a helmModelCache download must have been gone (its Job gone, no

@@ -48,10 +48,10 @@ const OWN: &[Permission] = &[
     Permission {
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["list", "watch", "create", "update"],
+        verbs: &["get", "list", "watch", "create", "update"],
         scope: Scope::ControlNamespace,
         names: &[],
-        why: "the cluster-wide writer Lease of each binding (atomic create as election, update with preconditions)",
+        why: "the cluster-wide writer Lease of each binding (atomic create as election, update with preconditions; a fresh get before releasing a writer claim an earlier writer left behind)",
     },
     Permission {
         group: "",

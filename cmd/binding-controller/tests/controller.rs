@@ -1954,6 +1954,39 @@ async fn a_writer_namespace_without_pods_is_taken_over_after_the_grace_period() 
             .unwrap()
             .is_some()
     );
+    // A crash between the takeover's Lease write and that release leaves the old claim: the
+    // next reconcile releases it (the current writer's is kept).
+    let left: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": claim_name,
+            "labels": {
+                warmcache_modelvolume::volume_keys::BINDING_LABEL: name,
+                warmcache_modelvolume::volume_keys::VOLUME_ROLE_LABEL: "writer",
+                warmcache_modelvolume::keys::MANAGED_BY_LABEL: "warmcache",
+            },
+        },
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": format!("{}-left-behind", a.name),
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    }))
+    .unwrap();
+    a.api::<PersistentVolumeClaim>()
+        .create(&PostParams::default(), &left)
+        .await
+        .unwrap();
+    wait_gone(&a.api::<PersistentVolumeClaim>(), &claim_name).await;
+    assert!(
+        b_ns.api::<PersistentVolumeClaim>()
+            .get_opt(&claim_name)
+            .await
+            .unwrap()
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
+        "the current writer's claim is kept"
+    );
     succeed_job(&client, &b_ns.name, &job_name, "321").await;
     let bindings: Api<ModelCacheBinding> = control.api();
     let done = eventually("Ready, written from the other namespace", WAIT, || {
@@ -2464,7 +2497,8 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
         Verdict::Skip(s) => assert_eq!(s.reason, SkipReason::DownloadFailed),
         other => panic!("{other:?}"),
     }
-    // ...and joins again once it expired.
+    // ...and joins again once it expired, with admission's clock-skew margin past retryAfter
+    // (the webhook's clock is taken to be that far ahead).
     let wait = record
         .retry_after
         .0
@@ -2479,9 +2513,23 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
         warmcache_modelvolume::plan(&req).unwrap(),
         Some(&stored_expired),
         &storage,
-        k8s_openapi::jiff::Timestamp::now(),
+        k8s_openapi::jiff::Timestamp::now()
+            + k8s_openapi::jiff::SignedDuration::from_secs(
+                warmcache_modelvolume::lifecycle::FAILURE_RECORD_CLOCK_MARGIN_SECONDS,
+            ),
     ) {
         Verdict::Rewrite(r) => assert!(matches!(r.binding, BindingAction::Join { .. })),
+        other => panic!("{other:?}"),
+    }
+    // Within the margin it still holds.
+    match warmcache_modelvolume::decide(
+        &req,
+        warmcache_modelvolume::plan(&req).unwrap(),
+        Some(&stored_expired),
+        &storage,
+        k8s_openapi::jiff::Timestamp::now(),
+    ) {
+        Verdict::Skip(s) => assert_eq!(s.reason, SkipReason::DownloadFailed),
         other => panic!("{other:?}"),
     }
     // The failed Job's TTL: gone. The step's pod retries; success clears the record.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use warmcache_api_modelcache::v2beta1::{
     BindingIdentity, BindingResources, ModelCacheBinding, ModelCacheBindingSpec, PopulationState,
     Workflow,
@@ -15,6 +15,7 @@ use warmcache_catalog::Decision;
 use warmcache_cli::text::shown;
 
 use crate::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, TRACE_PARENT_ANNOTATION};
+use crate::lifecycle::FAILURE_RECORD_CLOCK_MARGIN_SECONDS;
 use crate::plan::Plan;
 use crate::skip::{Skip, SkipReason};
 
@@ -94,9 +95,11 @@ fn conflict(name: &str, why: impl std::fmt::Display) -> Skip {
 
 /// Whether `binding` (read under `plan`'s binding name) may be joined at `now`: the same
 /// identity, in the control namespace, carrying warmcache's finalizer, with a UID, not being
-/// deleted, not Retiring, and no failure record that still holds at `now`
-/// (`status.failureRecord.retryAfter` after `now`). A failed binding whose record has expired
-/// is joined again: the binding controller then retries the download. A failed binding
+/// deleted, not Retiring, and no failure record that still holds at `now`. Admission treats a
+/// record as holding until `status.failureRecord.retryAfter` plus
+/// [`FAILURE_RECORD_CLOCK_MARGIN_SECONDS`] (30 s), so a webhook whose clock runs behind the
+/// controller's does not join before the controller retries. A failed binding whose record has
+/// expired is joined again: the binding controller then retries the download. A failed binding
 /// without a record (written before records existed) is not joined until the controller
 /// records one. `now` is the caller's
 /// clock (no clock is read here); [`Timestamp::MIN`] makes every failure record hold.
@@ -176,18 +179,25 @@ pub fn check_joinable(
             ),
         ));
     }
+    let margin = SignedDuration::from_secs(FAILURE_RECORD_CLOCK_MARGIN_SECONDS);
     if let Some(record) = binding
         .status
         .as_ref()
         .and_then(|s| s.failure_record.as_ref())
-        .filter(|r| r.holds_at(now))
+        .filter(|r| r.holds_at(now.checked_sub(margin).unwrap_or(Timestamp::MIN)))
     {
+        let until = record
+            .retry_after
+            .0
+            .checked_add(margin)
+            .unwrap_or(Timestamp::MAX);
         return Err(Skip::new(
             SkipReason::DownloadFailed,
             format!(
-                "the download of ModelCacheBinding {} failed at {} (see its conditions); pods download on their own until {}, when admission joins the cache again and the binding controller retries",
+                "the download of ModelCacheBinding {} failed at {} (see its conditions); pods download on their own until {} (retryAfter {} plus {FAILURE_RECORD_CLOCK_MARGIN_SECONDS} s for clock skew), when admission joins the cache again and the binding controller retries",
                 shown(name),
                 record.failed_at.0,
+                until,
                 record.retry_after.0
             ),
         ));

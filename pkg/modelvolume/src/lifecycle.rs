@@ -202,6 +202,18 @@ pub enum Action {
         /// The observed UID.
         uid: String,
     },
+    /// Release a writer view claim an earlier writer namespace left behind
+    /// ([`Observed::stale_writer_claims`]): the controller first reads the writer Lease afresh
+    /// and keeps the claim when the Lease names its namespace (the caches may lag a takeover),
+    /// then deletes it with its UID as precondition.
+    ReleaseStaleWriterClaim {
+        /// Its namespace.
+        namespace: String,
+        /// `rw-pvc-<hash>`.
+        name: String,
+        /// The observed UID.
+        uid: String,
+    },
     /// Create a read-only view (PV, then claim) recorded in the stored status.
     CreateView(PersistentVolume, PersistentVolumeClaim),
     /// Delete the readers of the binding in these namespaces that still wait for the copy, are
@@ -263,6 +275,12 @@ pub struct LifecycleConfig {
 /// Default validity of a failure record: one hour (nvsnap's failed-record TTL).
 pub const DEFAULT_FAILURE_RECORD_SECONDS: i64 = 3600;
 
+/// Seconds past `status.failureRecord.retryAfter` that admission still treats a failure
+/// record as holding ([`crate::check_joinable`]): the webhook's clock may run behind the
+/// controller's that wrote `retryAfter`, and a pod joined before the controller sees the record
+/// expire would wait on a cache no writer retries yet.
+pub const FAILURE_RECORD_CLOCK_MARGIN_SECONDS: i64 = 30;
+
 /// The longest failure message recorded (`status.failureRecord.message`).
 pub const MAX_FAILURE_MESSAGE_BYTES: usize = 2048;
 
@@ -314,6 +332,12 @@ pub struct Observed<'a> {
     /// The writer view claim of the previous writer, when the election takes the download over
     /// ([`Election::previous`]): released with the takeover.
     pub previous_writer_claim: Option<&'a PersistentVolumeClaim>,
+    /// This binding's writer view claims (`rw-pvc-<hash>` labelled with it, role writer) in
+    /// namespaces other than the control namespace and [`Election::namespace`], where no writer
+    /// Job of the binding exists: left behind by an earlier writer (a crash between a takeover's
+    /// Lease write and the release of the previous claim). Released on every reconcile whose
+    /// election writes nothing, never the stored holder's ([`Election::stored`]).
+    pub stale_writer_claims: Vec<&'a PersistentVolumeClaim>,
     /// The writer Job.
     pub job: Option<&'a Job>,
     /// The writer Job's pods.
@@ -629,6 +653,7 @@ pub fn step(obs: &Observed<'_>) -> Step {
     if obs.writer.stored.is_some() {
         status.writer.clone_from(&obs.writer.stored);
     }
+    release_stale_writer_claims(obs, &mut out);
     rwx(obs, &mut realized, &mut status.failure_record, &mut out);
     status.realized = Some(realized);
     finish(status, out)
@@ -1297,6 +1322,42 @@ pub fn reader_after_failure(binding: &ModelCacheBinding, pod: &Pod) -> WaitingRe
     }
 }
 
+/// Releases [`Observed::stale_writer_claims`] ([`Action::ReleaseStaleWriterClaim`]) unless this reconcile's
+/// election writes the Lease (a first writer or a takeover: the previous holder's claim is then
+/// released after that write, see [`rwx`]); the claims of the elected and of the stored holder's
+/// namespace, and of the control namespace (the primary), are never released here.
+fn release_stale_writer_claims(obs: &Observed<'_>, out: &mut Builder) {
+    if obs.writer.claim.is_some() {
+        return;
+    }
+    let control = obs.binding.metadata.namespace.as_deref();
+    let holder = obs.writer.stored.as_ref().map(|w| w.namespace.as_str());
+    let elected = Some(obs.writer.namespace.as_str());
+    let name = writer_pvc_name(&obs.binding.spec.identity);
+    for claim in &obs.stale_writer_claims {
+        let ns = claim.metadata.namespace.as_deref();
+        if ns.is_none() || ns == control || ns == holder || ns == elected {
+            continue;
+        }
+        if claim.metadata.name.as_deref() != Some(name.as_str())
+            || claim.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        if let (Some(ns), Some(name), Some(uid)) = (
+            &claim.metadata.namespace,
+            &claim.metadata.name,
+            &claim.metadata.uid,
+        ) {
+            out.actions.push(Action::ReleaseStaleWriterClaim {
+                namespace: ns.clone(),
+                name: name.clone(),
+                uid: uid.clone(),
+            });
+        }
+    }
+}
+
 fn release_writer_claim(obs: &Observed<'_>, out: &mut Builder) {
     if let Some(claim) = obs.writer_view_claim {
         release_claim(claim, out);
@@ -1481,6 +1542,7 @@ mod tests {
             writer_view_pv: None,
             writer_view_claim: None,
             previous_writer_claim: None,
+            stale_writer_claims: Vec::new(),
             job: None,
             job_pods: Vec::new(),
             existing_views: BTreeSet::new(),
@@ -2178,6 +2240,88 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(reader_after_failure(&b, &ready), WaitingReader::NotWaiting);
+    }
+
+    #[test]
+    fn an_earlier_writers_claim_left_behind_is_released_on_the_next_reconcile() {
+        let mut b = binding(Transition::RwxReadOnly);
+        b.spec.resources.lease_name = warmcache_api_modelcache::init_lease_name(&b.spec.identity);
+        let config = LifecycleConfig::default();
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let writer_claim = |ns: &str, uid: &str| {
+            let (_, mut c) = view::writer_view_in(&b, &pv, ns).unwrap();
+            c.metadata.uid = Some(uid.into());
+            c
+        };
+        let (old, current, primary) = (
+            writer_claim("team-a", "old-claim"),
+            writer_claim("team-b", "current-claim"),
+            writer_claim("nvca-modelcache-init", "primary-claim-uid"),
+        );
+        // A takeover to team-b stored (the crash came after the Lease write): team-b holds and
+        // its Job runs.
+        let lease = crate::lease::writer_lease(
+            &b,
+            None,
+            "team-b",
+            Some("job-2"),
+            warmcache_api_modelcache::v2beta1::WriterState::Running,
+            1,
+            now().0,
+            60,
+        );
+        let view_of = crate::lease::view(&b, Some(&lease));
+        let steps = BTreeSet::from(["team-b".to_owned()]);
+        let election = crate::lease::elect(&crate::lease::ElectionInput {
+            binding: &b,
+            lease: &view_of,
+            holder_job: Some("job-2"),
+            step_namespaces: &steps,
+            now: now().0,
+            grace_seconds: 60,
+        });
+        assert_eq!(election.namespace, "team-b");
+        let job = job_with(&b, None);
+        let mut obs = observed(&b, &config);
+        obs.writer = election.clone();
+        obs.primary_claim = Some(&claim);
+        obs.primary_pv = Some(&pv);
+        obs.job = Some(&job);
+        obs.stale_writer_claims = vec![&old, &current, &primary];
+        let s = step(&obs);
+        let released: Vec<_> = s
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::ReleaseStaleWriterClaim { namespace, uid, .. } => {
+                    Some((namespace.as_str(), uid.as_str()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(released, vec![("team-a", "old-claim")], "{:?}", s.actions);
+        // Never while the election writes the Lease (the takeover releases the previous
+        // holder's claim itself, after its write), nor a claim being deleted.
+        let mut writing = election;
+        writing.claim = Some(crate::lease::LeaseWrite::Update(Box::new(lease)));
+        obs.writer = writing;
+        assert!(
+            !step(&obs)
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::ReleaseStaleWriterClaim { .. }))
+        );
+        obs.writer = crate::lease::fixed(&b, Some("job-2"));
+        let mut deleting = old.clone();
+        deleting.metadata.deletion_timestamp = Some(now());
+        obs.stale_writer_claims = vec![&deleting];
+        assert!(
+            !step(&obs)
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::ReleaseStaleWriterClaim { .. }))
+        );
     }
 
     #[test]

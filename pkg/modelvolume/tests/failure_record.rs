@@ -68,17 +68,23 @@ fn a_failure_record_refuses_joins_only_until_it_expires() {
         job_uid: Some("job-1".into()),
         message: "401 Unauthorized".into(),
     });
-    for now in [at(1), at(3599)] {
+    // It holds until retryAfter plus the clock-skew margin (30 s).
+    assert_eq!(
+        warmcache_modelvolume::lifecycle::FAILURE_RECORD_CLOCK_MARGIN_SECONDS,
+        30
+    );
+    for now in [at(1), at(3599), at(3600), at(3629)] {
         match admit_at(&req, |_, _| Some(&failed), &storage, now) {
             Verdict::Skip(s) => {
                 assert_eq!(s.reason, SkipReason::DownloadFailed);
                 assert!(s.message.contains(&at(3600).to_string()), "{}", s.message);
+                assert!(s.message.contains(&at(3630).to_string()), "{}", s.message);
             }
             other => panic!("{other:?}"),
         }
     }
-    // Expired: joined again (the controller retries).
-    for now in [at(3600), at(7200)] {
+    // Expired, margin included: joined again (the controller retries).
+    for now in [at(3630), at(7200)] {
         match admit_at(&req, |_, _| Some(&failed), &storage, now) {
             Verdict::Rewrite(r) => assert!(matches!(r.binding, BindingAction::Join { .. })),
             other => panic!("{other:?}"),
