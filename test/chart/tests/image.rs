@@ -106,5 +106,4 @@ async fn every_component_binary_runs_from_the_image_as_the_chart_runs_it() {
     }
     assert_eq!(phase.as_deref(), Some("Succeeded"), "{:?}", done.status);
     ns.cleanup().await;
-    let _ = node;
 }
