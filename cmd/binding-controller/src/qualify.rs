@@ -48,7 +48,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use warmcache_runtime::{LogFormat, RuntimeArgs, parse_duration};
+use warmcache_runtime::{OneShotArgs, parse_duration};
 
 pub use objects::{PAYLOAD_BYTES, RUN_LABEL};
 pub use report::{Check, CheckName, CheckStatus, Report, WriteOp};
@@ -111,24 +111,9 @@ pub struct QualifyArgs {
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
-    /// Kubeconfig file. Without it, `$KUBECONFIG` or `~/.kube/config` when present, else the
-    /// in-cluster service account.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context to use instead of the current one.
-    #[arg(long = "kube-context", value_name = "NAME")]
-    pub kube_context: Option<String>,
-    /// Log filter (RUST_LOG syntax); logs go to standard error.
-    #[arg(long, value_name = "FILTER")]
-    pub log_level: Option<String>,
-    /// Log format: plain or json.
-    #[arg(
-        long,
-        env = "WARMCACHE_LOG_FORMAT",
-        default_value = "plain",
-        value_name = "FORMAT"
-    )]
-    pub log_format: LogFormat,
+    /// The Kubernetes client and logging.
+    #[command(flatten)]
+    pub client: OneShotArgs,
 }
 
 /// `--image-pull-policy` values.
@@ -318,16 +303,7 @@ pub fn settings(args: &QualifyArgs) -> Result<Settings, Error> {
 /// Runs `qualify`: the report goes to `out` (and `--report`), the verdict is the exit code.
 pub fn run_command(args: QualifyArgs, out: &mut dyn std::io::Write) -> Result<Status, Error> {
     let settings = settings(&args)?;
-    let runtime_args = RuntimeArgs {
-        kubeconfig: args.kubeconfig.clone(),
-        kube_context: args.kube_context.clone(),
-        log_level: args.log_level.clone(),
-        log_format: args.log_format,
-        // A one-shot command: nothing scrapes it; the runtime's admin server stays on loopback.
-        admin_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        shutdown_grace: Duration::from_secs(1),
-        shutdown_delay: Duration::ZERO,
-    };
+    let runtime_args = args.client.clone().runtime_args();
     let report = warmcache_runtime::block_on(async move {
         let runtime = warmcache_runtime::Runtime::builder("binding-controller", runtime_args)
             .version(env!("CARGO_PKG_VERSION"))

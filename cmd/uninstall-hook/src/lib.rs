@@ -35,11 +35,10 @@ pub mod report;
 pub mod steps;
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use warmcache_runtime::{LogFormat, RuntimeArgs, parse_duration};
+use warmcache_runtime::{OneShotArgs, parse_duration};
 
 pub use report::Report;
 pub use steps::uninstall;
@@ -80,24 +79,9 @@ pub struct Cli {
     /// Pause between two looks at what is left.
     #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub poll_interval: Duration,
-    /// Kubeconfig file. Without it, `$KUBECONFIG` or `~/.kube/config` when present, else the
-    /// in-cluster service account.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context to use instead of the current one.
-    #[arg(long = "kube-context", value_name = "NAME")]
-    pub kube_context: Option<String>,
-    /// Log filter (RUST_LOG syntax); logs go to standard error, the report to standard output.
-    #[arg(long, value_name = "FILTER")]
-    pub log_level: Option<String>,
-    /// Log format: plain or json.
-    #[arg(
-        long,
-        env = "WARMCACHE_LOG_FORMAT",
-        default_value = "plain",
-        value_name = "FORMAT"
-    )]
-    pub log_format: LogFormat,
+    /// The Kubernetes client and logging.
+    #[command(flatten)]
+    pub client: OneShotArgs,
 }
 
 /// The checked settings of one run.
@@ -182,17 +166,7 @@ pub fn settings(cli: &Cli) -> Result<Settings, Error> {
 /// is left.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Report, Error> {
     let settings = settings(&cli)?;
-    let runtime_args = RuntimeArgs {
-        kubeconfig: cli.kubeconfig,
-        kube_context: cli.kube_context,
-        log_level: cli.log_level,
-        log_format: cli.log_format,
-        // A one-shot Job: nothing scrapes it; the admin server stays on an ephemeral loopback
-        // port.
-        admin_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        shutdown_grace: Duration::from_secs(1),
-        shutdown_delay: Duration::ZERO,
-    };
+    let runtime_args = cli.client.runtime_args();
     warmcache_runtime::block_on(async move {
         let runtime = warmcache_runtime::Runtime::builder(COMPONENT, runtime_args)
             .version(env!("CARGO_PKG_VERSION"))

@@ -72,6 +72,47 @@ pub struct RuntimeArgs {
     pub shutdown_delay: Duration,
 }
 
+/// Flags of a one-shot command (`binding-controller qualify`, `uninstall-hook`): the Kubernetes
+/// client and logging only, plain logs on standard error by default. Nothing scrapes a one-shot
+/// run, so [`OneShotArgs::runtime_args`] puts the admin server on an ephemeral loopback port.
+#[derive(Clone, Debug, Args)]
+pub struct OneShotArgs {
+    /// Kubeconfig file. Without it, `$KUBECONFIG` or `~/.kube/config` when present, else the
+    /// in-cluster service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use instead of the current one.
+    #[arg(long = "kube-context", value_name = "NAME")]
+    pub kube_context: Option<String>,
+    /// Log filter (RUST_LOG syntax); logs go to standard error, reports to standard output.
+    #[arg(long, value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// Log format: plain or json.
+    #[arg(
+        long,
+        env = "WARMCACHE_LOG_FORMAT",
+        default_value = "plain",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
+impl OneShotArgs {
+    /// The runtime's arguments for a one-shot run: the admin server on an ephemeral loopback
+    /// port, 1 s of shutdown grace, no shutdown delay.
+    pub fn runtime_args(self) -> RuntimeArgs {
+        RuntimeArgs {
+            kubeconfig: self.kubeconfig,
+            kube_context: self.kube_context,
+            log_level: self.log_level,
+            log_format: self.log_format,
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            shutdown_grace: Duration::from_secs(1),
+            shutdown_delay: Duration::ZERO,
+        }
+    }
+}
+
 /// Flags of components that lead through a Lease (controllers, the reaper). Webhooks and the
 /// admin server run on every replica regardless.
 #[derive(Clone, Debug, Args)]

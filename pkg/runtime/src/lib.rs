@@ -70,7 +70,7 @@ pub mod readiness;
 mod runtime;
 pub mod watch;
 
-pub use args::{AdmissionArgs, LeaderElectionArgs, RuntimeArgs, parse_duration};
+pub use args::{AdmissionArgs, LeaderElectionArgs, OneShotArgs, RuntimeArgs, parse_duration};
 pub use controller::{
     BackoffPolicy, Backoffs, Controller, PANIC_CATEGORY, ReconcileError, Reconciler, error_policy,
     event_reason,
