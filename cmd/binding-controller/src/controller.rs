@@ -22,12 +22,13 @@
 //! | `namespaces` | list, watch (metadata) | cluster | sharing-domain labels (tenancy check) |
 //! | `persistentvolumeclaims` | list, watch | all, label `app.kubernetes.io/managed-by=warmcache` | primary, writer view, views |
 //! | `persistentvolumeclaims` | create | control, writer and reader namespaces | primary claim, writer view claim, view claims |
-//! | `persistentvolumeclaims` | delete | writer namespaces | releasing the writer view claim (UID precondition), and an earlier writer namespace's left behind (a crash during a takeover) |
+//! | `persistentvolumeclaims` | delete | writer namespaces; control namespace | releasing the writer view claim (UID precondition), and an earlier writer namespace's left behind (a crash during a takeover); roxReadOnly: the complete primary claim, so its volume detaches |
+//! | `volumeattachments` | list, watch | cluster | roxReadOnly: the detach gate (views wait until nothing attaches the complete primary) |
 //! | `persistentvolumes` | list, watch | label `app.kubernetes.io/managed-by=warmcache` | views |
 //! | `persistentvolumes` | get, update | cluster | the primary PV: completion labels and Retain; rebinding the writer view |
 //! | `persistentvolumes` | create | cluster | writer view and read-only views |
 //! | `jobs` | list, watch | all, label `nvsnap.io/role=writer` | the writer Job |
-//! | `jobs` | create | writer namespace | the writer Job |
+//! | `jobs` | create | writer namespace | the writer Job (roxReadOnly: the staging Job) |
 //! | workload kinds (`replicasets`, `deployments`, `statefulsets`, `jobs`, `cronjobs`, `leaderworkersets`, ...) | get | reader namespaces | top-level owners and stale references |
 //! | `storageclasses` | list, watch | cluster, name `nvcf-sc` | decision drift (with `--catalog-namespace`) |
 //! | `csidrivers` | list, watch | cluster | decision drift (with `--catalog-namespace`) |
@@ -47,6 +48,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
@@ -181,6 +183,8 @@ pub struct Bindings {
     volumes: Cache<PersistentVolume>,
     jobs: Cache<Job>,
     leases: Cache<Lease>,
+    /// VolumeAttachments: the detach gate of roxReadOnly views.
+    attachments: Cache<VolumeAttachment>,
     /// StorageClass nvcf-sc, CSIDrivers and the catalog ConfigMap, for drift (with
     /// `catalog_namespace`).
     drift: Option<DriftCaches>,
@@ -816,6 +820,24 @@ impl Bindings {
                         Err(err) => return Err(api_error("delete", api.resource_url(), name, err)),
                     }
                 }
+                Action::ReleasePrimaryClaim { name, uid } => {
+                    self.ensure_leader()?;
+                    let control = &self.settings.control_namespace;
+                    let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), control);
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: Some(uid.clone()),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(name, &params).await {
+                        Ok(_) => tracing::info!(claim = %name, namespace = %control, "released the complete primary claim so its volume detaches"),
+                        Err(err) if warmcache_kube::is_not_found(&err) => {}
+                        Err(err) if warmcache_kube::is_conflict(&err) => {}
+                        Err(err) => return Err(api_error("delete", api.resource_url(), name, err)),
+                    }
+                }
                 Action::ReleaseStaleWriterClaim { namespace, name, uid } => {
                     self.release_stale_writer_claim(binding, namespace, name, uid).await?;
                 }
@@ -1167,6 +1189,7 @@ fn action_label(action: &Action) -> &'static str {
         Action::MarkComplete { .. } => "mark_complete",
         Action::ReleaseWriterClaim { .. } => "release_writer_claim",
         Action::ReleaseStaleWriterClaim { .. } => "release_stale_writer_claim",
+        Action::ReleasePrimaryClaim { .. } => "release_primary_claim",
         Action::CreateView(..) => "create_view",
         Action::DeleteWaitingReaders { .. } => "delete_waiting_readers",
         Action::WriteLease(_) => "write_lease",
@@ -1248,6 +1271,31 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             } else {
                 Vec::new()
             };
+            // The detach gate (roxReadOnly): attachments of every candidate primary PV.
+            let candidates: BTreeSet<String> = primary_pv
+                .iter()
+                .filter_map(|pv| pv.metadata.name.clone())
+                .chain(retained.iter().filter_map(|pv| pv.metadata.name.clone()))
+                .collect();
+            let mut attachments: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            if b.spec.decision.transition
+                == warmcache_api_modelcache::v2beta1::Transition::RoxReadOnly
+            {
+                for va in self.attachments.store().state() {
+                    if let Some(pv) = va
+                        .spec
+                        .source
+                        .persistent_volume_name
+                        .as_ref()
+                        .filter(|n| candidates.contains(*n))
+                    {
+                        attachments
+                            .entry(pv.clone())
+                            .or_default()
+                            .push(va.name_any());
+                    }
+                }
+            }
             let writer_view_claim = self.claim(&writer_ns, &writer_pvc_name(identity));
             let job = self
                 .jobs
@@ -1302,6 +1350,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 existing_views,
                 foreign,
                 retained,
+                attachments,
             ))
         }
         .instrument(tracing::info_span!("dereference"))
@@ -1325,6 +1374,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             existing_views,
             foreign,
             retained,
+            attachments,
         ) = observed;
 
         // Decide (pure).
@@ -1356,6 +1406,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                     .ok()
                     .and_then(|e| e.get(&b.uid().unwrap_or_default()).cloned()),
                 retained: retained.iter().map(AsRef::as_ref).collect(),
+                attachments,
                 config: &self.settings.lifecycle,
             })
         };
@@ -1561,6 +1612,41 @@ fn binding_of<K: Resource>(control: &str, object: &K) -> Vec<ObjectRef<ModelCach
         .collect()
 }
 
+/// The binding whose primary PV a VolumeAttachment attaches: the PV's claimRef names the
+/// binding's primary claim in the control namespace.
+fn binding_of_attachment(
+    control: &str,
+    bindings: &Cache<ModelCacheBinding>,
+    volumes: &Cache<PersistentVolume>,
+    va: &VolumeAttachment,
+) -> Vec<ObjectRef<ModelCacheBinding>> {
+    let Some(pv) = va
+        .spec
+        .source
+        .persistent_volume_name
+        .as_ref()
+        .and_then(|name| volumes.store().get(&ObjectRef::new(name)))
+    else {
+        return Vec::new();
+    };
+    let Some(claim) = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .filter(|r| r.namespace.as_deref() == Some(control))
+        .and_then(|r| r.name.clone())
+    else {
+        return Vec::new();
+    };
+    bindings
+        .store()
+        .state()
+        .iter()
+        .filter(|b| writer_pvc_name(&b.spec.identity) == claim)
+        .map(|b| ObjectRef::new(&b.name_any()).within(control))
+        .collect()
+}
+
 /// Registers the watches and starts the controller on `runtime` (reconciling while leading).
 pub fn start(
     runtime: &mut warmcache_runtime::Runtime,
@@ -1580,6 +1666,7 @@ pub fn start(
         )),
     )?;
     let leases = runtime.watch::<Lease>(Some(&control), ours.clone())?;
+    let attachments = runtime.watch::<VolumeAttachment>(None, WatcherConfig::default())?;
     let metrics = Metrics::register(runtime.metrics().registry()).map_err(|err| {
         warmcache_runtime::RuntimeError::Task {
             task: "controller metrics".to_owned(),
@@ -1622,6 +1709,7 @@ pub fn start(
         volumes: volumes.clone(),
         jobs: jobs.clone(),
         leases: leases.clone(),
+        attachments: attachments.clone(),
         drift: drift.clone(),
         recorder: runtime.recorder().cloned(),
         metrics,
@@ -1651,6 +1739,14 @@ pub fn start(
         .watches(&volumes, move |v| binding_of(&c3, v))
         .watches(&jobs, move |j| binding_of(&c4, j))
         .watches(&leases, move |l| binding_of(&c6, l))
+        .watches(&attachments, {
+            let (bindings, volumes, control) = (
+                bindings.clone(),
+                volumes.clone(),
+                settings.control_namespace.clone(),
+            );
+            move |va: &VolumeAttachment| binding_of_attachment(&control, &bindings, &volumes, va)
+        })
         .watches(&namespaces, {
             let bindings = bindings.clone();
             move |ns: &PartialObjectMeta<Namespace>| {

@@ -91,7 +91,7 @@ const OWN: &[Permission] = &[
         verbs: &["delete"],
         scope: Scope::Cluster,
         names: &[],
-        why: "releasing the writer view claim once completion is stored (UID precondition)",
+        why: "releasing the writer view claim once completion is stored, and (roxReadOnly) the complete primary claim so its volume detaches (UID precondition)",
     },
     Permission {
         group: "",
@@ -122,6 +122,14 @@ const OWN: &[Permission] = &[
         scope: Scope::Cluster,
         names: &[MODEL_CACHE_STORAGE_CLASS],
         why: "decision drift: what nvcf-sc says today (with --catalog-namespace)",
+    },
+    Permission {
+        group: "storage.k8s.io",
+        resource: "volumeattachments",
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "roxReadOnly: read-only views wait until no VolumeAttachment attaches the complete primary (a block driver refuses a read-only attach while it is attached read-write)",
     },
     Permission {
         group: "storage.k8s.io",

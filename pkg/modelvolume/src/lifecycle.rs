@@ -52,8 +52,8 @@ use crate::lease::{Election, LeaseWrite};
 use crate::step::DownloadStep;
 use crate::view::{self, ViewError};
 use crate::volume_keys::{
-    BYTES_ANNOTATION, COMPLETE_LABEL, HANDLE_DIGEST_ANNOTATION, SOURCE_NAMESPACE_LABEL,
-    WRITER_CONTAINER,
+    BYTES_ANNOTATION, COMPLETE_LABEL, COPIED_BYTES_ANNOTATION, HANDLE_DIGEST_ANNOTATION,
+    MANIFEST_DIGEST_ANNOTATION, SOURCE_NAMESPACE_LABEL, WRITER_CONTAINER,
 };
 use crate::writer::{self, WriterOptions, bytes_from_termination_message};
 
@@ -109,8 +109,16 @@ pub enum Reason {
     CompletionNotStored,
     /// The binding is Retiring or being deleted: the reaper's.
     Retiring,
-    /// roxReadOnly caches are written by the node agent's staged copy.
-    NodeAgentFlow,
+    /// roxReadOnly: the download is staged in the Job's pod; the node agent measures and
+    /// copies it into the primary claim it creates.
+    Staging,
+    /// roxReadOnly: the node agent is copying the staged download into the primary.
+    Copying,
+    /// roxReadOnly: the complete primary's claim is being released so the volume detaches.
+    ReleasingPrimary,
+    /// roxReadOnly: a VolumeAttachment still attaches the complete primary (read-write);
+    /// read-only views wait until it is gone.
+    WaitingForDetach,
 }
 
 impl Reason {
@@ -137,7 +145,10 @@ impl Reason {
             Self::ForeignObject => "ForeignObject",
             Self::CompletionNotStored => "CompletionNotStored",
             Self::Retiring => "Retiring",
-            Self::NodeAgentFlow => "NodeAgentFlow",
+            Self::Staging => "Staging",
+            Self::Copying => "Copying",
+            Self::ReleasingPrimary => "ReleasingPrimary",
+            Self::WaitingForDetach => "WaitingForDetach",
         }
     }
 }
@@ -209,6 +220,15 @@ pub enum Action {
     ReleaseStaleWriterClaim {
         /// Its namespace.
         namespace: String,
+        /// `rw-pvc-<hash>`.
+        name: String,
+        /// The observed UID.
+        uid: String,
+    },
+    /// roxReadOnly: delete the complete primary's claim in the control namespace (with its UID
+    /// as precondition) so the volume detaches; only after the completion labels and Retain
+    /// are observed on its PV, which stays Released for the read-only views.
+    ReleasePrimaryClaim {
         /// `rw-pvc-<hash>`.
         name: String,
         /// The observed UID.
@@ -352,6 +372,11 @@ pub struct Observed<'a> {
     /// Complete primaries of this cache left by an earlier binding (PVs labelled complete with
     /// this binding's identity hash), for a warm start.
     pub retained: Vec<&'a PersistentVolume>,
+    /// roxReadOnly: the VolumeAttachments (names) of each candidate primary PV (the bound one
+    /// and the retained ones), by PV name. Read-only views wait until the complete primary has
+    /// none: a block driver such as NVMesh refuses a read-only attach while the volume is
+    /// attached read-write anywhere, even by a finished pod.
+    pub attachments: BTreeMap<String, Vec<String>>,
     /// Settings.
     pub config: &'a LifecycleConfig,
 }
@@ -398,12 +423,26 @@ pub fn last_words(job: &Job, pods: &[&Pod]) -> String {
         .iter()
         .filter_map(|p| {
             let status = p.status.as_ref()?;
-            let c = status
+            // A staging pod whose hold failed speaks through the hold (the agent's words);
+            // otherwise the download container, an init container in a staging pod.
+            let ended = |c: &&k8s_openapi::api::core::v1::ContainerStatus| {
+                c.state.as_ref().and_then(|s| s.terminated.clone())
+            };
+            let hold = status
                 .container_statuses
                 .iter()
                 .flatten()
-                .find(|c| c.name == WRITER_CONTAINER)?;
-            let t = c.state.as_ref()?.terminated.as_ref()?;
+                .filter(|c| c.name == writer::HOLD_CONTAINER)
+                .find_map(|c| ended(&c).filter(|t| t.exit_code != 0));
+            let t = hold.or_else(|| {
+                status
+                    .container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(status.init_container_statuses.iter().flatten())
+                    .filter(|c| c.name == WRITER_CONTAINER)
+                    .find_map(|c| ended(&c))
+            })?;
             let at = t
                 .finished_at
                 .as_ref()
@@ -622,23 +661,6 @@ pub fn step(obs: &Observed<'_>) -> Step {
         return finish(status, out);
     }
 
-    if b.spec.decision.transition == Transition::RoxReadOnly {
-        realized
-            .population_state
-            .get_or_insert(PopulationState::Pending);
-        out.set(READY, realized.population_state == Some(PopulationState::Ready), Reason::NodeAgentFlow,
-            "roxReadOnly: the download is staged and copied into a primary sized from the measured bytes by the node agent (model-volume-controller); this controller keeps the references");
-        out.set(
-            PROGRESSING,
-            true,
-            Reason::NodeAgentFlow,
-            "waiting for the node agent's staged copy",
-        );
-        out.set(DEGRADED, false, Reason::AsExpected, "");
-        status.realized = Some(realized);
-        return finish(status, out);
-    }
-
     if let Some(what) = &obs.foreign {
         degraded(
             &mut out,
@@ -654,7 +676,10 @@ pub fn step(obs: &Observed<'_>) -> Step {
         status.writer.clone_from(&obs.writer.stored);
     }
     release_stale_writer_claims(obs, &mut out);
-    rwx(obs, &mut realized, &mut status.failure_record, &mut out);
+    match b.spec.decision.transition {
+        Transition::RwxReadOnly => rwx(obs, &mut realized, &mut status.failure_record, &mut out),
+        Transition::RoxReadOnly => rox(obs, &mut realized, &mut status.failure_record, &mut out),
+    }
     status.realized = Some(realized);
     finish(status, out)
 }
@@ -892,26 +917,7 @@ fn rwx(
             return;
         }
         if job_condition(job, "Failed") {
-            let words = last_words(job, &obs.job_pods);
-            realized.population_state = Some(PopulationState::Failed);
-            release_writer_claim(obs, out);
-            let kept = failure_record(obs, failure.as_ref(), job, &words);
-            let holds = kept.holds_at(obs.now.0);
-            let retry = kept.retry_after.0;
-            *failure = Some(kept);
-            if holds {
-                delete_waiting_readers(obs, out);
-                out.recheck_at = Some(retry);
-            }
-            let m = format!(
-                "the writer Job {} failed: {words}",
-                job.metadata.name.clone().unwrap_or_default()
-            );
-            out.set(READY, false, Reason::DownloadFailed, m.clone());
-            out.set(PROGRESSING, false, Reason::DownloadFailed, format!(
-                "the primary claim is kept; new pods download on their own until {retry}, then the download is retried by a reading pod's step once the failed Job is gone (its TTL)"
-            ));
-            out.set(DEGRADED, true, Reason::DownloadFailed, m);
+            job_failed(obs, job, realized, failure, out);
             out.actions.extend(record);
             return;
         }
@@ -938,8 +944,299 @@ fn rwx(
         return;
     }
 
-    // 5. No Job: start (or retry) the download, unless a failure record still holds. A failure
-    // stored before records existed gets one from now.
+    // 5. No Job: start (or retry) the download, with the writer view.
+    let primary_pv = primary;
+    start_download(obs, realized, failure, out, failed_before, |out| {
+        writer_view_actions(obs, primary_pv, out)
+    });
+}
+
+/// The bytes the node agent recorded on the primary claim after its copy
+/// ([`COPIED_BYTES_ANNOTATION`]), if it did.
+pub fn copied_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
+    claim
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(COPIED_BYTES_ANNOTATION)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Records a complete primary in `realized` (population Ready, bytes, source namespace, data
+/// identity) and clears the failure record.
+fn record_complete(
+    primary: &PersistentVolume,
+    realized: &mut RealizedStorage,
+    failure: &mut Option<FailureRecord>,
+) -> Option<u64> {
+    let bytes = recorded_bytes(primary);
+    realized.population_state = Some(PopulationState::Ready);
+    *failure = None;
+    realized.bound_persistent_volume_name = primary.metadata.name.clone();
+    realized.bytes = bytes.and_then(|n| i64::try_from(n).ok());
+    realized.source_namespace = primary
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SOURCE_NAMESPACE_LABEL))
+        .cloned();
+    if realized.provider_data_identity.is_none() {
+        realized.provider_data_identity = primary
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.clone());
+    }
+    bytes
+}
+
+/// The block flow (roxReadOnly). The writer namespace runs the staging Job
+/// ([`writer::writer_job_in`]); the node agent of its pod's node measures the staged tree,
+/// creates the primary claim sized from it, copies the tree in and records the bytes on the
+/// claim ([`COPIED_BYTES_ANNOTATION`]); this step then labels the primary PV complete and
+/// Retain, releases the primary claim once that is observed, waits until no VolumeAttachment
+/// attaches the PV, and only then creates read-only views, derived from the Released PV.
+fn rox(
+    obs: &Observed<'_>,
+    realized: &mut RealizedStorage,
+    failure: &mut Option<FailureRecord>,
+    out: &mut Builder,
+) {
+    let b = obs.binding;
+    let claim_name = writer_pvc_name(&b.spec.identity);
+    let writer_ns = obs.writer.namespace.as_str();
+    let record = obs.writer.record.clone().map(Action::WriteLease);
+    let stored_views: BTreeSet<String> = b
+        .status
+        .as_ref()
+        .and_then(|s| s.realized.as_ref())
+        .map(|r| r.views.iter().map(|v| v.namespace.clone()).collect())
+        .unwrap_or_default();
+
+    // The primary claim, when it exists, must be bound to a PV provisioned for it.
+    let bound = match (obs.primary_claim, obs.primary_pv) {
+        (Some(claim), Some(pv)) if is_bound(claim) => {
+            if let Err(why) = provisioned_for(b, claim, pv) {
+                degraded(
+                    out,
+                    Reason::ForeignObject,
+                    format!(
+                        "the primary claim {claim_name} is bound to {why}; nothing is labelled complete, no view is derived from it (release the claim, e.g. delete it, so a new one is provisioned)"
+                    ),
+                );
+                return;
+            }
+            Some((claim, pv))
+        }
+        _ => None,
+    };
+
+    // 1. A complete primary: the bound one, or the retained one its released claim left.
+    let complete = bound
+        .map(|(_, pv)| pv)
+        .filter(|pv| is_complete(b, pv))
+        .or_else(|| {
+            obs.primary_claim
+                .is_none()
+                .then(|| adoptable(b, &obs.retained))
+                .flatten()
+        });
+    if let Some(primary) = complete {
+        let pv_name = primary.metadata.name.clone().unwrap_or_default();
+        if let Err(e) = view::read_only_view(b, primary, writer_ns, None, &[]) {
+            degraded(out, Reason::InvalidPrimaryVolume, e.to_string());
+            return;
+        }
+        let bytes = record_complete(primary, realized, failure);
+        let words = format!(
+            "the model is complete on PersistentVolume {pv_name}{}",
+            bytes.map(|n| format!(" ({n} bytes)")).unwrap_or_default()
+        );
+        out.set(READY, true, Reason::Downloaded, words);
+        out.set(DEGRADED, false, Reason::AsExpected, "");
+        if let Some(claim) = obs.primary_claim {
+            // Bound to the complete PV (else `complete` would be a retained PV and the claim
+            // would be absent): released so the volume detaches.
+            if claim.metadata.deletion_timestamp.is_none()
+                && let (Some(name), Some(uid)) = (&claim.metadata.name, &claim.metadata.uid)
+            {
+                out.actions.push(Action::ReleasePrimaryClaim {
+                    name: name.clone(),
+                    uid: uid.clone(),
+                });
+            }
+            out.set(
+                PROGRESSING,
+                true,
+                Reason::ReleasingPrimary,
+                format!(
+                    "releasing the primary claim {claim_name} so PersistentVolume {pv_name} detaches before read-only views attach it"
+                ),
+            );
+            out.actions.extend(record);
+            return;
+        }
+        if let Some(attached) = obs.attachments.get(&pv_name).filter(|a| !a.is_empty()) {
+            out.set(
+                PROGRESSING,
+                true,
+                Reason::WaitingForDetach,
+                format!(
+                    "PersistentVolume {pv_name} is still attached (VolumeAttachment {}); read-only views wait until it detaches",
+                    attached.join(", ")
+                ),
+            );
+            out.actions.extend(record);
+            return;
+        }
+        let pending = views(obs, primary, bytes, &stored_views, realized, out);
+        if pending == 0 {
+            out.set(
+                PROGRESSING,
+                false,
+                Reason::Reconciled,
+                "every reading namespace has its view",
+            );
+        } else {
+            out.set(
+                PROGRESSING,
+                true,
+                Reason::CreatingViews,
+                format!("{pending} view(s) of reading namespaces are being recorded or created"),
+            );
+        }
+        out.actions.extend(record);
+        return;
+    }
+
+    // 2. The agent recorded its copy on the bound primary claim: label the PV complete.
+    if let Some((claim, pv)) = bound
+        && let Some(bytes) = copied_bytes(claim)
+    {
+        let pv_name = pv.metadata.name.clone().unwrap_or_default();
+        let source = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SOURCE_NAMESPACE_LABEL))
+            .map_or(writer_ns, String::as_str);
+        let (labels, mut annotations) = completion_marks(b, Some(bytes), source);
+        for key in [TRACE_PARENT_ANNOTATION, MANIFEST_DIGEST_ANNOTATION] {
+            if let Some(v) = claim.metadata.annotations.as_ref().and_then(|a| a.get(key)) {
+                annotations.insert(key.to_owned(), v.clone());
+            }
+        }
+        out.actions.push(Action::MarkComplete {
+            pv: pv_name.clone(),
+            labels,
+            annotations,
+        });
+        realized.population_state = Some(PopulationState::Populating);
+        realized.bound_persistent_volume_name = Some(pv_name.clone());
+        out.set(
+            READY,
+            false,
+            Reason::Completing,
+            format!(
+                "the node agent copied {bytes} bytes; labelling PersistentVolume {pv_name} complete and Retain"
+            ),
+        );
+        out.set(
+            PROGRESSING,
+            true,
+            Reason::Completing,
+            "persisting completion before the primary claim is released",
+        );
+        match &obs.completion_error {
+            Some(e) => out.set(
+                DEGRADED,
+                true,
+                Reason::CompletionNotStored,
+                format!(
+                    "{e}; the primary claim is kept until the completion labels and Retain are stored, and the write is retried"
+                ),
+            ),
+            None => out.set(DEGRADED, false, Reason::AsExpected, ""),
+        }
+        out.actions.extend(record);
+        return;
+    }
+
+    // 3. The staging Job.
+    let failed_before = realized.population_state == Some(PopulationState::Failed);
+    if let Some(job) = obs.job {
+        if !job_is_ours(b, job) {
+            degraded(
+                out,
+                Reason::ForeignObject,
+                format!(
+                    "Job {}/{} exists but was not created for this binding (annotation {} differs); it is never adopted or deleted",
+                    writer_ns,
+                    job.metadata.name.clone().unwrap_or_default(),
+                    crate::volume_keys::BINDING_UID_LABEL_ANNOTATION
+                ),
+            );
+            return;
+        }
+        if job_condition(job, "Failed") {
+            job_failed(obs, job, realized, failure, out);
+            out.actions.extend(record);
+            return;
+        }
+        realized.population_state = Some(PopulationState::Populating);
+        let job_name = job.metadata.name.clone().unwrap_or_default();
+        let (reason, m) = match obs.primary_claim {
+            Some(_) => (
+                Reason::Copying,
+                format!(
+                    "the node agent is copying the download staged by Job {writer_ns}/{job_name} into the primary claim {claim_name}"
+                ),
+            ),
+            None if job_condition(job, "Complete") => (
+                Reason::Staging,
+                format!(
+                    "the staging Job {writer_ns}/{job_name} completed but no copy is recorded on a primary claim; a new staging Job starts once it is gone (its TTL)"
+                ),
+            ),
+            None => (
+                Reason::Staging,
+                format!(
+                    "the staging Job {writer_ns}/{job_name} is downloading; the node agent of its node copies the staged tree into a primary sized from its bytes"
+                ),
+            ),
+        };
+        out.set(READY, false, reason, m.clone());
+        out.set(PROGRESSING, true, reason, m);
+        out.set(DEGRADED, false, Reason::AsExpected, "");
+        out.actions.extend(record);
+        return;
+    }
+    if obs.primary_claim.is_some() {
+        // A claim without a Job: the agent's copy of a Job that is gone, or a claim it has not
+        // dropped yet; nothing here writes to it. A new staging Job would be copied into it
+        // again (the agent's copy replaces what an earlier attempt left).
+        realized.population_state = Some(PopulationState::Populating);
+    }
+
+    // 4. No Job: start (or retry) the staging download.
+    start_download(obs, realized, failure, out, failed_before, |_| true);
+}
+
+/// No Job: start (or retry) the download unless a failure record still holds (a failure stored
+/// before records existed gets one from now). `before_job` queues what the Job needs first
+/// (the writer view of the RWX flow) after the Lease write; `false` stops (it set a condition).
+fn start_download(
+    obs: &Observed<'_>,
+    realized: &mut RealizedStorage,
+    failure: &mut Option<FailureRecord>,
+    out: &mut Builder,
+    failed_before: bool,
+    before_job: impl FnOnce(&mut Builder) -> bool,
+) {
+    let b = obs.binding;
+    let writer_ns = obs.writer.namespace.as_str();
     if failed_before && failure.is_none() {
         let retry = obs
             .now
@@ -1020,26 +1317,8 @@ fn rwx(
             release_claim(old, out);
         }
     }
-    match (obs.writer_view_pv, obs.writer_view_claim) {
-        (Some(pv), claim) if writer_view_needs_rebind(pv, claim) => {
-            if let (Some(name), Some(rv)) = (&pv.metadata.name, &pv.metadata.resource_version) {
-                out.actions.push(Action::RebindWriterView {
-                    pv: name.clone(),
-                    resource_version: rv.clone(),
-                });
-            }
-            if claim.is_none() {
-                match view::writer_view_in(b, primary, writer_ns) {
-                    Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
-                    Err(e) => return degraded(out, Reason::InvalidPrimaryVolume, e.to_string()),
-                }
-            }
-        }
-        (Some(_), Some(_)) => {}
-        _ => match view::writer_view_in(b, primary, writer_ns) {
-            Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
-            Err(e) => return degraded(out, Reason::InvalidPrimaryVolume, e.to_string()),
-        },
+    if !before_job(out) {
+        return;
     }
     let mut job = job;
     if let Some(tp) = obs.traceparents.get(writer_ns) {
@@ -1052,15 +1331,85 @@ fn rwx(
     out.actions
         .extend(obs.writer.record.clone().map(Action::WriteLease));
     realized.population_state = Some(PopulationState::Populating);
+    let kind = match b.spec.decision.transition {
+        Transition::RwxReadOnly => "writer",
+        Transition::RoxReadOnly => "staging",
+    };
     let m = match &obs.writer.previous {
         Some(from) => format!(
-            "namespace {writer_ns} takes the download over from {from} (its Job is gone and no reading pod with a download step is left there); starting the writer Job"
+            "namespace {writer_ns} takes the download over from {from} (its Job is gone and no reading pod with a download step is left there); starting the {kind} Job"
         ),
-        None => format!("starting the writer Job in namespace {writer_ns}"),
+        None => format!("starting the {kind} Job in namespace {writer_ns}"),
     };
     out.set(READY, false, Reason::StartingDownload, m.clone());
     out.set(PROGRESSING, true, Reason::StartingDownload, m);
     out.set(DEGRADED, false, Reason::AsExpected, "");
+}
+
+/// The writer view's PV and claim for the RWX writer Job (created, or the PV rebound to a new
+/// claim); `false` when the primary cannot be viewed (Degraded is set).
+fn writer_view_actions(obs: &Observed<'_>, primary: &PersistentVolume, out: &mut Builder) -> bool {
+    let b = obs.binding;
+    let writer_ns = obs.writer.namespace.as_str();
+    match (obs.writer_view_pv, obs.writer_view_claim) {
+        (Some(pv), claim) if writer_view_needs_rebind(pv, claim) => {
+            if let (Some(name), Some(rv)) = (&pv.metadata.name, &pv.metadata.resource_version) {
+                out.actions.push(Action::RebindWriterView {
+                    pv: name.clone(),
+                    resource_version: rv.clone(),
+                });
+            }
+            if claim.is_none() {
+                match view::writer_view_in(b, primary, writer_ns) {
+                    Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
+                    Err(e) => {
+                        degraded(out, Reason::InvalidPrimaryVolume, e.to_string());
+                        return false;
+                    }
+                }
+            }
+        }
+        (Some(_), Some(_)) => {}
+        _ => match view::writer_view_in(b, primary, writer_ns) {
+            Ok((pv, claim)) => out.actions.push(Action::CreateWriterView(pv, claim)),
+            Err(e) => {
+                degraded(out, Reason::InvalidPrimaryVolume, e.to_string());
+                return false;
+            }
+        },
+    }
+    true
+}
+
+/// A failed writer (or staging) Job: population Failed with its last words, the failure
+/// record, and while it holds the waiting readers' deletion.
+fn job_failed(
+    obs: &Observed<'_>,
+    job: &Job,
+    realized: &mut RealizedStorage,
+    failure: &mut Option<FailureRecord>,
+    out: &mut Builder,
+) {
+    let words = last_words(job, &obs.job_pods);
+    realized.population_state = Some(PopulationState::Failed);
+    release_writer_claim(obs, out);
+    let kept = failure_record(obs, failure.as_ref(), job, &words);
+    let holds = kept.holds_at(obs.now.0);
+    let retry = kept.retry_after.0;
+    *failure = Some(kept);
+    if holds {
+        delete_waiting_readers(obs, out);
+        out.recheck_at = Some(retry);
+    }
+    let m = format!(
+        "the writer Job {} failed: {words}",
+        job.metadata.name.clone().unwrap_or_default()
+    );
+    out.set(READY, false, Reason::DownloadFailed, m.clone());
+    out.set(PROGRESSING, false, Reason::DownloadFailed, format!(
+        "the primary claim is kept; new pods download on their own until {retry}, then the download is retried by a reading pod's step once the failed Job is gone (its TTL)"
+    ));
+    out.set(DEGRADED, true, Reason::DownloadFailed, m);
 }
 
 /// The annotation the external provisioner puts on a PV it provisioned: its name.
@@ -1549,6 +1898,7 @@ mod tests {
             foreign: None,
             completion_error: None,
             retained: Vec::new(),
+            attachments: BTreeMap::new(),
             config,
         }
     }
@@ -2746,6 +3096,271 @@ mod tests {
                 matches!(step(&obs).actions.as_slice(), [Action::CreatePrimaryClaim(c)] if c.spec.as_ref().unwrap().volume_name.is_none())
             );
         }
+    }
+
+    fn staging_pod(download: (i32, &str), hold: Option<(i32, &str)>) -> Pod {
+        let terminated = |name: &str, (exit, message): (i32, &str)| ContainerStatus {
+            name: name.into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: exit,
+                    message: Some(message.into()),
+                    ..ContainerStateTerminated::default()
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        };
+        Pod {
+            status: Some(PodStatus {
+                init_container_statuses: Some(vec![terminated(WRITER_CONTAINER, download)]),
+                container_statuses: hold.map(|h| vec![terminated(writer::HOLD_CONTAINER, h)]),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn copied(mut claim: PersistentVolumeClaim, bytes: &str) -> PersistentVolumeClaim {
+        claim
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend([
+                (COPIED_BYTES_ANNOTATION.to_owned(), bytes.to_owned()),
+                (MANIFEST_DIGEST_ANNOTATION.to_owned(), "ab".repeat(32)),
+                (SOURCE_NAMESPACE_LABEL.to_owned(), "team-a".to_owned()),
+            ]);
+        claim
+    }
+
+    /// The block flow from the first reading pod to its view: the staging Job (no claim: the
+    /// agent sizes it), staging, the agent's copy, completion from the bytes it recorded, the
+    /// primary claim released after completion is observed, the detach gate, then views.
+    #[test]
+    fn the_block_flow_stages_copies_completes_releases_then_views_after_detach() {
+        let config = LifecycleConfig::default();
+        let b = binding(Transition::RoxReadOnly);
+
+        // A reading pod's step: the staging Job, and nothing else.
+        let mut o = observed(&b, &config);
+        o.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&o);
+        let [Action::CreateJob(job)] = &s.actions[..] else {
+            panic!("{:?}", s.actions);
+        };
+        let template = &job.spec.as_ref().unwrap().template;
+        assert!(
+            template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .as_ref()
+                .unwrap()
+                .contains_key(writer::STAGING_LABEL)
+        );
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::StartingDownload);
+        assert!(condition(&s, PROGRESSING).message.contains("staging Job"));
+
+        // Staging: the Job runs, no claim yet.
+        let running = job_with(&b, None);
+        o.job = Some(&running);
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, READY).reason, Reason::Staging);
+        assert_eq!(population(&s), Some(PopulationState::Populating));
+
+        // The agent created and is filling the primary claim.
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        o.primary_claim = Some(&claim);
+        o.primary_pv = Some(&pv);
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, READY).reason, Reason::Copying);
+
+        // A bad record is not a copy.
+        let garbage = copied(bound_claim(&b), "12 GiB");
+        o.primary_claim = Some(&garbage);
+        assert_eq!(condition(&step(&o), READY).reason, Reason::Copying);
+
+        // The agent recorded its copy: the PV is labelled complete with those bytes.
+        let done = copied(bound_claim(&b), "123456789");
+        o.primary_claim = Some(&done);
+        let s = step(&o);
+        let [
+            Action::MarkComplete {
+                pv: name,
+                labels,
+                annotations,
+            },
+        ] = &s.actions[..]
+        else {
+            panic!("{:?}", s.actions);
+        };
+        assert_eq!(Some(name), pv.metadata.name.as_ref());
+        assert_eq!(labels.get(COMPLETE_LABEL).map(String::as_str), Some("true"));
+        assert_eq!(
+            labels.get(SOURCE_NAMESPACE_LABEL).map(String::as_str),
+            Some("team-a")
+        );
+        assert_eq!(
+            annotations.get(BYTES_ANNOTATION).map(String::as_str),
+            Some("123456789")
+        );
+        assert_eq!(
+            annotations.get(MANIFEST_DIGEST_ANNOTATION),
+            Some(&"ab".repeat(32))
+        );
+        assert_eq!(condition(&s, READY).reason, Reason::Completing);
+
+        // Completion observed on the PV: Ready, and the primary claim is released (UID).
+        let mut complete = pv.clone();
+        let (l, a) = completion_marks(&b, Some(123_456_789), "team-a");
+        complete.metadata.labels = Some(l);
+        complete
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(a);
+        complete
+            .spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_reclaim_policy = Some("Retain".into());
+        o.primary_pv = Some(&complete);
+        o.reader_namespaces = BTreeSet::from(["team-b".to_owned()]);
+        let s = step(&o);
+        assert_eq!(
+            s.actions,
+            vec![Action::ReleasePrimaryClaim {
+                name: writer_pvc_name(&b.spec.identity),
+                uid: "primary-claim-uid".into(),
+            }]
+        );
+        assert!(condition(&s, READY).status);
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::ReleasingPrimary);
+        assert_eq!(population(&s), Some(PopulationState::Ready));
+
+        // The claim is gone, the PV Released; still attached: no view yet.
+        let mut released = complete.clone();
+        released.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+            namespace: b.metadata.namespace.clone(),
+            name: Some(writer_pvc_name(&b.spec.identity)),
+            uid: Some("primary-claim-uid".into()),
+            ..ObjectReference::default()
+        });
+        released.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: Some("Released".into()),
+            ..Default::default()
+        });
+        o.primary_claim = None;
+        o.primary_pv = None;
+        o.job = None;
+        o.step = None;
+        o.retained = vec![&released];
+        o.attachments = BTreeMap::from([("pvc-primary".to_owned(), vec!["csi-0123".to_owned()])]);
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::WaitingForDetach);
+        assert!(condition(&s, PROGRESSING).message.contains("csi-0123"));
+        assert!(condition(&s, READY).status);
+
+        // Detached: the view is recorded, then (once stored) created read-only from the PV.
+        o.attachments.clear();
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "recorded first: {:?}", s.actions);
+        let recorded = s.status.clone();
+        let mut stored = b.clone();
+        stored.status = Some(recorded);
+        let mut o2 = observed(&stored, &config);
+        o2.retained = vec![&released];
+        o2.reader_namespaces = BTreeSet::from(["team-b".to_owned()]);
+        let s = step(&o2);
+        let [Action::CreateView(view_pv, view_claim)] = &s.actions[..] else {
+            panic!("{:?}", s.actions);
+        };
+        let csi = view_pv.spec.as_ref().unwrap().csi.as_ref().unwrap();
+        assert_eq!(csi.read_only, Some(true));
+        assert_eq!(view_claim.metadata.namespace.as_deref(), Some("team-b"));
+        assert_eq!(s.status.realized.as_ref().unwrap().bytes, Some(123_456_789));
+    }
+
+    /// The agent gave up (its words in the hold's termination message): the Job fails, the
+    /// failure record carries the words, waiting readers are deleted; no retry while it holds.
+    #[test]
+    fn a_copy_the_agent_gave_up_on_fails_the_binding_with_its_words() {
+        let config = LifecycleConfig::default();
+        let b = binding(Transition::RoxReadOnly);
+        let mut o = observed(&b, &config);
+        let job = job_with(&b, Some("Failed"));
+        let pod = staging_pod(
+            (0, "5000"),
+            Some((
+                42,
+                "nvsnap: the node agent could not copy the staged download: no space left on device",
+            )),
+        );
+        o.job = Some(&job);
+        o.job_pods = vec![&pod];
+        o.reader_namespaces = BTreeSet::from(["team-b".to_owned()]);
+        let s = step(&o);
+        assert_eq!(population(&s), Some(PopulationState::Failed));
+        let record = s.status.failure_record.as_ref().unwrap();
+        assert!(
+            record.message.contains("no space left on device"),
+            "{}",
+            record.message
+        );
+        assert_eq!(
+            s.actions,
+            vec![Action::DeleteWaitingReaders {
+                namespaces: vec!["team-b".into()]
+            }]
+        );
+        // A failed download itself speaks through the download init container.
+        let failed = staging_pod((1, "nvsnap: download exited 3: HTTP 401"), None);
+        assert_eq!(
+            last_words(&job, &[&failed]),
+            "nvsnap: download exited 3: HTTP 401"
+        );
+    }
+
+    /// The block flow never writes to, labels or views a primary PV not provisioned for its
+    /// claim, and never views a PV that is not complete.
+    #[test]
+    fn the_block_flow_never_labels_a_foreign_pv() {
+        let config = LifecycleConfig::default();
+        let b = binding(Transition::RoxReadOnly);
+        let mut o = observed(&b, &config);
+        let claim = copied(bound_claim(&b), "100");
+        let mut foreign = primary_pv();
+        foreign.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+            uid: Some("someone-else".into()),
+            ..ObjectReference::default()
+        });
+        o.primary_claim = Some(&claim);
+        o.primary_pv = Some(&foreign);
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::ForeignObject);
+        // A Released PV that is not complete is not a primary to view.
+        let mut incomplete = retained_pv(&b, "Released");
+        incomplete.metadata.labels = None;
+        let mut o = observed(&b, &config);
+        o.retained = vec![&incomplete];
+        o.reader_namespaces = BTreeSet::from(["team-b".to_owned()]);
+        let s = step(&o);
+        assert!(
+            s.actions
+                .iter()
+                .all(|a| !matches!(a, Action::CreateView(..)))
+        );
+        assert!(!condition(&s, READY).status);
     }
 
     #[test]

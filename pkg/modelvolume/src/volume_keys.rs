@@ -52,3 +52,18 @@ pub const WRITER_JOB_UID_ANNOTATION: &str = "warmcache.nvidia.io/writer-job-uid"
 /// Annotation on the writer Lease: `Starting`, `Running` or `Gone`
 /// ([`warmcache_api_modelcache::v2beta1::WriterState`]).
 pub const WRITER_STATE_ANNOTATION: &str = "warmcache.nvidia.io/writer-state";
+
+/// Annotation the node agent puts on a roxReadOnly primary claim once its copy of the staged
+/// download is complete and verified: the bytes of the tree (the binding controller then labels
+/// the PV complete with them).
+pub const COPIED_BYTES_ANNOTATION: &str = "warmcache.nvidia.io/copied-bytes";
+
+/// Annotation on a roxReadOnly primary claim (by the node agent) and its complete PV: the SHA-256
+/// of the volume's file manifest (`.nvsnap-manifest`).
+pub const MANIFEST_DIGEST_ANNOTATION: &str = "warmcache.nvidia.io/manifest-sha256";
+
+/// Annotation the node agent keeps on a roxReadOnly primary claim: its failed copy attempts.
+pub const COPY_ATTEMPTS_ANNOTATION: &str = "warmcache.nvidia.io/copy-attempts";
+
+/// Annotation the node agent puts on a roxReadOnly primary claim it created: its node.
+pub const COPY_NODE_ANNOTATION: &str = "warmcache.nvidia.io/copy-node";

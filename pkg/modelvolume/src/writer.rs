@@ -20,10 +20,25 @@
 //!   else [`crate::DEFAULT_NON_ROOT_USER`]) with the pod's `fsGroup` set, so a driver applying
 //!   fsGroup makes a fresh root-owned export writable; `root` runs the writer as uid 0 (still
 //!   without capabilities: it owns the fresh export, so it may write it).
+//!
+//! # The staging Job (roxReadOnly, block storage)
+//!
+//! A block volume is written once and then read through read-only attachments, and its size
+//! should follow the bytes, which are known only after the download. So the same step runs as
+//! the init container `download` into an emptyDir ([`STAGING_VOLUME`], named by the pod
+//! annotation [`STAGING_VOLUME_ANNOTATION`]); then the container [`HOLD_CONTAINER`] keeps the
+//! pod (and so the emptyDir) until the node agent has measured the tree, created the primary
+//! claim sized from it, copied the tree into it and recorded the copy. The agent answers
+//! through a second, small emptyDir ([`HANDOFF_VOLUME`]): [`HANDOFF_COPIED`] makes the hold
+//! exit 0 (the Job completes), [`HANDOFF_FAILED`] (three failed copies) makes it write the
+//! agent's words into its termination message and exit [`HOLD_FAILED_EXIT_CODE`], which the
+//! Job's pod failure policy turns into a failed Job at once (no second download).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaimVolumeSource,
     PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
@@ -49,6 +64,14 @@ pub const WRITER_TMP_VOLUME: &str = "nvsnap-writer-tmp";
 /// Where [`WRITER_TMP_VOLUME`] is mounted.
 pub const WRITER_TMP_PATH: &str = "/nvsnap-writer-tmp";
 
+/// Volume names the Job defines itself; a step's volumes of these names are dropped.
+const OURS: [&str; 4] = [
+    MODEL_VOLUME,
+    STAGING_VOLUME,
+    HANDOFF_VOLUME,
+    WRITER_TMP_VOLUME,
+];
+
 /// Default active deadline of a writer Job: 6 hours (nvsnap's safety net).
 pub const DEFAULT_ACTIVE_DEADLINE_SECONDS: i64 = 6 * 3600;
 /// Default TTL of a finished writer Job: 1 hour, long enough for the controller to read the
@@ -56,6 +79,26 @@ pub const DEFAULT_ACTIVE_DEADLINE_SECONDS: i64 = 6 * 3600;
 pub const DEFAULT_TTL_SECONDS_AFTER_FINISHED: i32 = 3600;
 /// Default retries of a failed download pod.
 pub const DEFAULT_BACKOFF_LIMIT: i32 = 1;
+
+/// The staging Job's emptyDir the download writes into (roxReadOnly).
+pub const STAGING_VOLUME: &str = "nvsnap-staging";
+/// Pod annotation of a staging Job's pod: the emptyDir volume holding the staged tree.
+pub const STAGING_VOLUME_ANNOTATION: &str = "nvsnap.io/model-staging-volume";
+/// The staging Job's container that keeps the pod until the node agent copied the tree.
+pub const HOLD_CONTAINER: &str = "hold";
+/// The emptyDir through which the node agent answers the hold container.
+pub const HANDOFF_VOLUME: &str = "nvsnap-handoff";
+/// Where [`HANDOFF_VOLUME`] is mounted in the hold container.
+pub const HANDOFF_PATH: &str = "/nvsnap-handoff";
+/// File the node agent writes into [`HANDOFF_VOLUME`] once the copy is recorded.
+pub const HANDOFF_COPIED: &str = "copied";
+/// File the node agent writes into [`HANDOFF_VOLUME`] when it gave up copying (its words).
+pub const HANDOFF_FAILED: &str = "failed";
+/// Exit code of the hold container after [`HANDOFF_FAILED`]: the pod failure policy fails the
+/// Job on it without a retry.
+pub const HOLD_FAILED_EXIT_CODE: i32 = 42;
+/// Pod label of a staging Job's pod (the node agent watches its node's pods with it).
+pub const STAGING_LABEL: &str = "nvsnap.io/model-staging";
 
 /// Operator settings of writer Jobs.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,11 +148,6 @@ pub enum WriterError {
         /// The step's source container.
         container: String,
     },
-    /// The block flow's writer is the node agent's staging Job, not this one.
-    #[error(
-        "the writer Job built here writes through a read-write view (rwxReadOnly); roxReadOnly caches are downloaded into a staging volume and copied by the node agent"
-    )]
-    NotRwx,
     /// The step records another contract version.
     #[error("the download step has contract version {0:?}, expected v1alpha1")]
     Version(String),
@@ -166,6 +204,34 @@ pub fn bytes_from_termination_message(message: &str) -> Option<u64> {
     message.trim().parse().ok()
 }
 
+/// The hold container's loop (`sh -c SCRIPT nvsnap-hold <handoff dir>`): exit 0 on
+/// [`HANDOFF_COPIED`]; on [`HANDOFF_FAILED`] its words go to the termination message and the
+/// exit code is [`HOLD_FAILED_EXIT_CODE`]. A TERM (the Job's deadline, a deletion) ends it at
+/// once.
+pub fn hold_script() -> String {
+    format!(
+        r#"set -u
+dir="$1"
+trap 'exit 143' TERM INT
+echo "nvsnap: staged; waiting for the node agent's copy"
+while :; do
+  if [ -e "$dir/{HANDOFF_COPIED}" ]; then
+    echo "nvsnap: copied by the node agent"
+    exit 0
+  fi
+  if [ -e "$dir/{HANDOFF_FAILED}" ]; then
+    words="nvsnap: the node agent could not copy the staged download: $(head -c 2048 "$dir/{HANDOFF_FAILED}")"
+    printf '%s
+' "$words" > /dev/termination-log 2>/dev/null || true
+    echo "$words"
+    exit {HOLD_FAILED_EXIT_CODE}
+  fi
+  sleep 2 &
+  wait $!
+done"#
+    )
+}
+
 fn hardened(user: i64, non_root: bool) -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
@@ -207,7 +273,8 @@ fn non_root_user(step: &DownloadStep) -> i64 {
 /// # Errors
 ///
 /// [`WriterError`] when the step cannot be wrapped (no command, another contract version, a
-/// relative dest, a copied variable missing) or the binding is not RWX.
+/// relative dest, a copied variable missing). For a roxReadOnly binding the Job is the
+/// staging Job (see the module documentation).
 pub fn writer_job(
     binding: &ModelCacheBinding,
     step: &DownloadStep,
@@ -235,9 +302,7 @@ pub fn writer_job_in(
     pod_env: &[EnvVar],
     options: &WriterOptions,
 ) -> Result<Job, WriterError> {
-    if binding.spec.decision.transition != Transition::RwxReadOnly {
-        return Err(WriterError::NotRwx);
-    }
+    let staged = binding.spec.decision.transition == Transition::RoxReadOnly;
     if step.version != crate::keys::DOWNLOAD_STEP_VERSION {
         return Err(WriterError::Version(step.version.clone()));
     }
@@ -271,11 +336,11 @@ pub fn writer_job_in(
         .volume_mounts
         .iter()
         .flatten()
-        .filter(|m| Some(m.name.as_str()) != landing && m.name != MODEL_VOLUME)
+        .filter(|m| Some(m.name.as_str()) != landing && !OURS.contains(&m.name.as_str()))
         .cloned()
         .collect();
     mounts.push(VolumeMount {
-        name: MODEL_VOLUME.to_owned(),
+        name: if staged { STAGING_VOLUME } else { MODEL_VOLUME }.to_owned(),
         mount_path: step.dest.clone(),
         ..VolumeMount::default()
     });
@@ -287,17 +352,33 @@ pub fn writer_job_in(
     let mut volumes: Vec<Volume> = step
         .volumes
         .iter()
-        .filter(|v| Some(v.name.as_str()) != landing && v.name != MODEL_VOLUME)
+        .filter(|v| Some(v.name.as_str()) != landing && !OURS.contains(&v.name.as_str()))
         .cloned()
         .collect();
-    volumes.push(Volume {
-        name: MODEL_VOLUME.to_owned(),
-        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-            claim_name: writer_pvc_name(&binding.spec.identity),
-            read_only: Some(false),
-        }),
-        ..Volume::default()
-    });
+    if staged {
+        volumes.push(Volume {
+            name: STAGING_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+        volumes.push(Volume {
+            name: HANDOFF_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity("1Mi".to_owned())),
+                ..EmptyDirVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    } else {
+        volumes.push(Volume {
+            name: MODEL_VOLUME.to_owned(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: writer_pvc_name(&binding.spec.identity),
+                read_only: Some(false),
+            }),
+            ..Volume::default()
+        });
+    }
     volumes.push(Volume {
         name: WRITER_TMP_VOLUME.to_owned(),
         empty_dir: Some(EmptyDirVolumeSource {
@@ -357,6 +438,27 @@ pub fn writer_job_in(
         .filter(|r| r.requests.is_some() || r.limits.is_some())
         .unwrap_or_else(|| options.resources.clone());
 
+    let hold = staged.then(|| Container {
+        name: HOLD_CONTAINER.to_owned(),
+        image: source.image.clone(),
+        image_pull_policy: source.image_pull_policy.clone(),
+        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), hold_script()]),
+        args: Some(vec!["nvsnap-hold".to_owned(), HANDOFF_PATH.to_owned()]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: HANDOFF_VOLUME.to_owned(),
+            mount_path: HANDOFF_PATH.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities("10m", "16Mi")),
+            limits: Some(quantities("100m", "64Mi")),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(security.clone()),
+        termination_message_policy: Some("File".to_owned()),
+        ..Container::default()
+    });
     let container = Container {
         name: WRITER_CONTAINER.to_owned(),
         image: source.image.clone(),
@@ -374,7 +476,7 @@ pub fn writer_job_in(
     };
 
     let name = binding.metadata.name.clone().unwrap_or_default();
-    let labels = BTreeMap::from([
+    let mut labels = BTreeMap::from([
         (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
         (VOLUME_ROLE_LABEL.to_owned(), ROLE_WRITER.to_owned()),
         (BINDING_LABEL.to_owned(), name.clone()),
@@ -390,6 +492,31 @@ pub fn writer_job_in(
             binding.metadata.uid.clone().unwrap_or_default(),
         ),
     ]);
+    let mut pod_annotations = BTreeMap::new();
+    if staged {
+        labels.insert(STAGING_LABEL.to_owned(), "true".to_owned());
+        pod_annotations.clone_from(&annotations);
+        pod_annotations.insert(
+            STAGING_VOLUME_ANNOTATION.to_owned(),
+            STAGING_VOLUME.to_owned(),
+        );
+    }
+    let (init_containers, containers) = match hold {
+        Some(hold) => (Some(vec![container]), vec![hold]),
+        None => (None, vec![container]),
+    };
+    // The agent's "gave up" fails the Job at once: a second pod would download again.
+    let pod_failure_policy = staged.then(|| PodFailurePolicy {
+        rules: vec![PodFailurePolicyRule {
+            action: "FailJob".to_owned(),
+            on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                container_name: Some(HOLD_CONTAINER.to_owned()),
+                operator: "In".to_owned(),
+                values: vec![HOLD_FAILED_EXIT_CODE],
+            }),
+            on_pod_conditions: None,
+        }],
+    });
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(writer_job_name(&binding.spec.identity)),
@@ -402,9 +529,11 @@ pub fn writer_job_in(
             backoff_limit: Some(options.backoff_limit),
             active_deadline_seconds: Some(options.active_deadline_seconds),
             ttl_seconds_after_finished: Some(options.ttl_seconds_after_finished),
+            pod_failure_policy,
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
+                    annotations: Some(pod_annotations).filter(|a| !a.is_empty()),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -415,7 +544,8 @@ pub fn writer_job_in(
                     image_pull_secrets: Some(step.image_pull_secrets.clone())
                         .filter(|s| !s.is_empty()),
                     security_context: Some(pod_security),
-                    containers: vec![container],
+                    init_containers,
+                    containers,
                     volumes: Some(volumes),
                     ..PodSpec::default()
                 }),
@@ -568,15 +698,6 @@ mod tests {
             writer_job(&b, &step, &[], &WriterOptions::default()),
             Err(WriterError::NoCommand { .. })
         ));
-        assert_eq!(
-            writer_job(
-                &binding(Transition::RoxReadOnly),
-                &init_step(),
-                &[],
-                &WriterOptions::default()
-            ),
-            Err(WriterError::NotRwx)
-        );
         let mut step = init_step();
         step.dest = "models".into();
         assert!(matches!(
@@ -617,6 +738,149 @@ mod tests {
             bytes_from_termination_message("nvsnap: download exited 1: boom"),
             None
         );
+    }
+
+    #[test]
+    fn a_block_binding_gets_a_staging_job() {
+        let b = binding(Transition::RoxReadOnly);
+        let job = writer_job(&b, &init_step(), &[], &WriterOptions::default()).unwrap();
+        let spec = job.spec.as_ref().unwrap();
+        let template = &spec.template;
+        let pod = template.spec.as_ref().unwrap();
+        // The download is the init container, into the staging emptyDir at the step's dest.
+        let inits = pod.init_containers.as_ref().unwrap();
+        assert_eq!(inits.len(), 1);
+        assert_eq!(inits[0].name, WRITER_CONTAINER);
+        let mounts = inits[0].volume_mounts.as_ref().unwrap();
+        let dest = mounts
+            .iter()
+            .find(|m| m.mount_path == init_step().dest)
+            .unwrap();
+        assert_eq!(dest.name, STAGING_VOLUME);
+        let volumes = pod.volumes.as_ref().unwrap();
+        let staging = volumes.iter().find(|v| v.name == STAGING_VOLUME).unwrap();
+        assert!(staging.empty_dir.is_some());
+        assert!(
+            volumes.iter().all(|v| v.persistent_volume_claim.is_none()),
+            "no claim: the agent creates the primary from the measured bytes"
+        );
+        // The hold keeps the pod until the agent answers through the handoff volume.
+        assert_eq!(pod.containers.len(), 1);
+        let hold = &pod.containers[0];
+        assert_eq!(hold.name, HOLD_CONTAINER);
+        assert_eq!(hold.image, inits[0].image);
+        assert_eq!(
+            hold.args.as_deref(),
+            Some(&["nvsnap-hold".to_owned(), HANDOFF_PATH.to_owned()][..])
+        );
+        let sc = hold.security_context.as_ref().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop,
+            Some(vec!["ALL".to_owned()])
+        );
+        // The agent finds the pod and its staging volume by label and annotation.
+        let meta = template.metadata.as_ref().unwrap();
+        assert_eq!(
+            meta.labels
+                .as_ref()
+                .unwrap()
+                .get(STAGING_LABEL)
+                .map(String::as_str),
+            Some("true")
+        );
+        let annotations = meta.annotations.as_ref().unwrap();
+        assert_eq!(
+            annotations
+                .get(STAGING_VOLUME_ANNOTATION)
+                .map(String::as_str),
+            Some(STAGING_VOLUME)
+        );
+        assert_eq!(
+            annotations.get(BINDING_UID_LABEL_ANNOTATION),
+            b.metadata.uid.as_ref()
+        );
+        // A copy the agent gave up on fails the Job without a second download.
+        let rule = &spec.pod_failure_policy.as_ref().unwrap().rules[0];
+        assert_eq!(rule.action, "FailJob");
+        let codes = rule.on_exit_codes.as_ref().unwrap();
+        assert_eq!(codes.container_name.as_deref(), Some(HOLD_CONTAINER));
+        assert_eq!(codes.values, vec![HOLD_FAILED_EXIT_CODE]);
+        // The RWX Job has none of it.
+        let rwx = writer_job(
+            &binding(Transition::RwxReadOnly),
+            &init_step(),
+            &[],
+            &WriterOptions::default(),
+        )
+        .unwrap();
+        let rwx_spec = rwx.spec.as_ref().unwrap();
+        assert!(rwx_spec.pod_failure_policy.is_none());
+        assert!(
+            rwx_spec
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .init_containers
+                .is_none()
+        );
+    }
+
+    /// The hold loop, run for real by /bin/sh: the agent's "copied" ends it with 0, its
+    /// "failed" with the failure code and its words in the termination message.
+    #[test]
+    fn the_hold_script_answers_the_agent() {
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+        let root = tempfile_dir("hold-script");
+        let term = root.join("term");
+        let script = hold_script().replace("/dev/termination-log", term.to_str().unwrap());
+        let run = |file: &str, words: &str| {
+            let dir = root.join(file);
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut child = Command::new("/bin/sh")
+                .arg("-c")
+                .arg(&script)
+                .arg("nvsnap-hold")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(child.try_wait().unwrap().is_none(), "it waits");
+            std::fs::write(dir.join(file), words).unwrap();
+            let start = Instant::now();
+            loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    return status.code();
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "hold did not end"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
+        assert_eq!(run(HANDOFF_COPIED, ""), Some(0));
+        assert!(!term.exists());
+        assert_eq!(
+            run(
+                HANDOFF_FAILED,
+                "copy failed 3 times: no space left on device"
+            ),
+            Some(HOLD_FAILED_EXIT_CODE)
+        );
+        let words = std::fs::read_to_string(&term).unwrap();
+        assert!(words.contains("no space left on device"), "{words}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    fn tempfile_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     /// The wrapper, run for real by /bin/sh: success writes the byte count into the marker and
