@@ -57,6 +57,7 @@ pub fn wait_script() -> String {
     rewrite::wait_script()
 }
 
+pub mod agent;
 pub mod drift;
 pub mod lease;
 pub mod lifecycle;

@@ -117,8 +117,14 @@ pub fn writer_view_pv_name_in(binding: &ModelCacheBinding, namespace: &str) -> S
 /// The size of a view of `bytes` measured bytes: 10% headroom, rounded up to whole GiB, at least
 /// 1 GiB (nvsnap's VolumeSize).
 pub fn view_size(bytes: u64) -> Quantity {
+    sized(bytes, 0)
+}
+
+/// [`view_size`], at least `floor` bytes (rounded up to GiB): the size of a block primary with
+/// the operator's minimum.
+pub fn sized(bytes: u64, floor: u64) -> Quantity {
     let with_headroom = bytes.saturating_add(bytes / 100 * 10);
-    let gib = with_headroom.div_ceil(GIB).max(1);
+    let gib = with_headroom.div_ceil(GIB).max(1).max(floor.div_ceil(GIB));
     Quantity(format!("{gib}Gi"))
 }
 

@@ -1,0 +1,788 @@
+//! The node agent's decisions for a staged (roxReadOnly) download, as a pure function: given a
+//! staging pod on the agent's node, its binding, the primary claim and the mount holder, what
+//! to do next ([`staging_step`]). The agent (model-volume-controller) does the IO: it measures
+//! the staged tree, creates what this returns, copies through the holder's volume path and
+//! answers the staging pod's hold container (see [`crate::writer`], "The staging Job").
+//!
+//! The rules:
+//!
+//! - Only a staging pod whose download init container **exited 0** and whose hold container is
+//!   still running is copied; anything else waits (the Job decides about failures).
+//! - The primary claim is created by the agent (`rw-pvc-<hash>` in the control namespace,
+//!   ReadWriteOnce, the measured bytes + 10 % rounded up to GiB, at least the operator's floor)
+//!   with an atomic create: the create is the election among agents. It records the node and
+//!   the staging pod ([`COPY_NODE_ANNOTATION`], [`COPY_POD_ANNOTATION`]) and asks for this node
+//!   (`volume.kubernetes.io/selected-node`, what the scheduler would write for a
+//!   WaitForFirstConsumer class, since the holder is placed by `nodeName`).
+//! - A claim this agent did not create for this pod is never written to: another staging pod's
+//!   claim waits, a claim without the agent's records is foreign.
+//! - The copy goes through a **mount holder** pod on this node (pause image, restricted) that
+//!   mounts the claim read-write; only once it runs and the claim is bound.
+//! - After the copy is recorded on the claim ([`crate::volume_keys::COPIED_BYTES_ANNOTATION`]) the hold is answered
+//!   `copied` and the holder deleted (so the volume can detach); after
+//!   [`MAX_COPY_ATTEMPTS`] failed copies the holder and the claim are deleted and the hold is
+//!   answered `failed` (the Job fails, the binding controller writes the failure record).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use warmcache_api_modelcache::identity_hash;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition};
+
+use crate::keys::{BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::lifecycle::copied_bytes;
+use crate::view;
+use crate::volume_keys::{
+    BINDING_LABEL, BINDING_UID_LABEL_ANNOTATION, COPY_ATTEMPTS_ANNOTATION, COPY_NODE_ANNOTATION,
+    WRITER_CONTAINER,
+};
+use crate::writer::{HOLD_CONTAINER, STAGING_VOLUME_ANNOTATION};
+
+/// Failed copies after which the agent gives up.
+pub const MAX_COPY_ATTEMPTS: u32 = 3;
+
+/// Annotation on a primary claim the agent created: the UID of the staging pod it copies.
+pub const COPY_POD_ANNOTATION: &str = "warmcache.nvidia.io/copy-pod";
+
+/// The label of mount holder pods (`app.kubernetes.io/component`).
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// [`COMPONENT_LABEL`] of mount holder pods.
+pub const MOUNT_HOLDER: &str = "mount-holder";
+/// The volume of a mount holder pod.
+pub const HOLDER_VOLUME: &str = "nvsnap-primary";
+/// Where the holder mounts it (the agent reaches it through the kubelet's pod volume path).
+pub const HOLDER_MOUNT_PATH: &str = "/nvsnap-primary";
+/// The annotation a scheduler writes on a WaitForFirstConsumer claim: the node to provision for.
+pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
+
+/// The staged download of a staging pod, as the agent reads it from the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// The pod's namespace (the writer namespace).
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID (its kubelet directory).
+    pub uid: String,
+    /// The binding it stages for (control namespace).
+    pub binding: String,
+    /// The binding's UID the Job recorded.
+    pub binding_uid: String,
+    /// The emptyDir holding the staged tree.
+    pub staging_volume: String,
+}
+
+/// Where a staging pod is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StagingState {
+    /// Not a staging pod, or one missing its records (nothing to do).
+    NotStaging(String),
+    /// The download runs (or has not started).
+    Downloading,
+    /// The download failed: the Job's.
+    DownloadFailed,
+    /// The hold container ended (answered, or stopped): nothing to do.
+    Answered,
+    /// The download exited 0 and the hold waits: copy it.
+    Staged(Staged),
+}
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// Reads a staging pod (its annotations, the download init container and the hold container).
+pub fn staging_state(pod: &Pod) -> StagingState {
+    let meta = &pod.metadata;
+    let (Some(namespace), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else {
+        return StagingState::NotStaging("the pod has no namespace, name or UID".to_owned());
+    };
+    let (Some(binding), Some(binding_uid), Some(volume)) = (
+        annotation(meta, BINDING_ANNOTATION),
+        annotation(meta, BINDING_UID_LABEL_ANNOTATION),
+        annotation(meta, STAGING_VOLUME_ANNOTATION),
+    ) else {
+        return StagingState::NotStaging(format!(
+            "the pod lacks {BINDING_ANNOTATION}, {BINDING_UID_LABEL_ANNOTATION} or {STAGING_VOLUME_ANNOTATION}"
+        ));
+    };
+    let declared = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vs| vs.iter().any(|v| v.name == volume && v.empty_dir.is_some()));
+    if !declared {
+        return StagingState::NotStaging(format!(
+            "the pod's staging volume {volume} is not one of its emptyDir volumes"
+        ));
+    }
+    if meta.deletion_timestamp.is_some() {
+        return StagingState::Answered;
+    }
+    let status = pod.status.as_ref();
+    let download = status
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == WRITER_CONTAINER))
+        .and_then(|c| c.state.as_ref());
+    match download.and_then(|s| s.terminated.as_ref()) {
+        Some(t) if t.exit_code == 0 => {}
+        Some(_) => return StagingState::DownloadFailed,
+        None => return StagingState::Downloading,
+    }
+    let hold_running = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == HOLD_CONTAINER))
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some());
+    if !hold_running {
+        let hold_ended = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == HOLD_CONTAINER))
+            .and_then(|c| c.state.as_ref())
+            .is_some_and(|s| s.terminated.is_some());
+        return if hold_ended {
+            StagingState::Answered
+        } else {
+            StagingState::Downloading
+        };
+    }
+    StagingState::Staged(Staged {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        uid: uid.clone(),
+        binding: binding.to_owned(),
+        binding_uid: binding_uid.to_owned(),
+        staging_volume: volume.to_owned(),
+    })
+}
+
+/// The name of the mount holder of `binding`'s primary: `nvsnap-holder-<hash>`.
+pub fn holder_name(binding: &ModelCacheBinding) -> String {
+    let hash = identity_hash(&binding.spec.identity);
+    let short = hash.get(..40).unwrap_or(&hash);
+    format!("nvsnap-holder-{short}")
+}
+
+fn labels(binding: &ModelCacheBinding) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
+        (COMPONENT_LABEL.to_owned(), MOUNT_HOLDER.to_owned()),
+        (
+            BINDING_LABEL.to_owned(),
+            binding.metadata.name.clone().unwrap_or_default(),
+        ),
+    ])
+}
+
+/// The mount holder pod: on `node`, in the control namespace, mounting the primary claim
+/// read-write so the kubelet attaches and mounts it; `image` runs nothing but a pause. Passes
+/// Pod Security "restricted"; tolerates every taint (GPU nodes are usually tainted).
+pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &str) -> Pod {
+    let restricted = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".to_owned()]),
+        }),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(65_535),
+        run_as_group: Some(65_535),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    };
+    let small = BTreeMap::from([
+        ("cpu".to_owned(), Quantity("10m".to_owned())),
+        ("memory".to_owned(), Quantity("16Mi".to_owned())),
+    ]);
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(holder_name(binding)),
+            namespace: binding.metadata.namespace.clone(),
+            labels: Some(labels(binding)),
+            annotations: Some(BTreeMap::from([(
+                BINDING_UID_LABEL_ANNOTATION.to_owned(),
+                binding.metadata.uid.clone().unwrap_or_default(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.to_owned()),
+            restart_policy: Some("Always".to_owned()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(0),
+            tolerations: Some(vec![Toleration {
+                operator: Some("Exists".to_owned()),
+                ..Toleration::default()
+            }]),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(65_535),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    localhost_profile: None,
+                }),
+                ..PodSecurityContext::default()
+            }),
+            containers: vec![Container {
+                name: "hold".to_owned(),
+                image: Some(image.to_owned()),
+                image_pull_policy: Some("IfNotPresent".to_owned()),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: HOLDER_VOLUME.to_owned(),
+                    mount_path: HOLDER_MOUNT_PATH.to_owned(),
+                    ..VolumeMount::default()
+                }]),
+                resources: Some(ResourceRequirements {
+                    requests: Some(small.clone()),
+                    limits: Some(small),
+                    ..ResourceRequirements::default()
+                }),
+                security_context: Some(restricted),
+                ..Container::default()
+            }],
+            volumes: Some(vec![Volume {
+                name: HOLDER_VOLUME.to_owned(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: warmcache_api_modelcache::writer_pvc_name(&binding.spec.identity),
+                    read_only: Some(false),
+                }),
+                ..Volume::default()
+            }]),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The primary claim the agent creates for `staged` on `node`: ReadWriteOnce, sized from the
+/// measured `bytes` ([`view::sized`]: 10 % headroom, whole GiB, at least `min_bytes`), with the agent's records.
+pub fn staged_primary_claim(
+    binding: &ModelCacheBinding,
+    staged: &Staged,
+    node: &str,
+    bytes: u64,
+    min_bytes: u64,
+) -> PersistentVolumeClaim {
+    let mut claim = view::primary_claim(binding, view::sized(bytes, min_bytes));
+    if let Some(spec) = claim.spec.as_mut() {
+        spec.access_modes = Some(vec!["ReadWriteOnce".to_owned()]);
+    }
+    claim.metadata.annotations = Some(BTreeMap::from([
+        (COPY_NODE_ANNOTATION.to_owned(), node.to_owned()),
+        (COPY_POD_ANNOTATION.to_owned(), staged.uid.clone()),
+        (SELECTED_NODE_ANNOTATION.to_owned(), node.to_owned()),
+        (
+            BINDING_UID_LABEL_ANNOTATION.to_owned(),
+            binding.metadata.uid.clone().unwrap_or_default(),
+        ),
+    ]));
+    claim
+}
+
+/// The failed copies recorded on a claim.
+pub fn copy_attempts(claim: &PersistentVolumeClaim) -> u32 {
+    annotation(&claim.metadata, COPY_ATTEMPTS_ANNOTATION)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An object to delete with its UID as precondition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Doomed {
+    /// Its name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
+}
+
+fn doomed(meta: &ObjectMeta) -> Option<Doomed> {
+    if meta.deletion_timestamp.is_some() {
+        return None;
+    }
+    Some(Doomed {
+        name: meta.name.clone()?,
+        uid: meta.uid.clone()?,
+    })
+}
+
+/// What the agent does next for one staged download.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentStep {
+    /// Nothing now (the reason, for the log).
+    Wait(String),
+    /// Measure the staged tree and create the primary claim sized from it
+    /// ([`staged_primary_claim`]); AlreadyExists means another agent won.
+    CreateClaim,
+    /// Create the mount holder ([`holder_pod`]).
+    CreateHolder(Box<Pod>),
+    /// Delete a mount holder that ended (it is recreated).
+    DeleteHolder(Doomed),
+    /// Copy the staged tree into the holder's volume (`pods/<holder uid>/volumes/
+    /// kubernetes.io~csi/<pv>/mount` under the kubelet root), then record the bytes and the
+    /// manifest digest on the claim; a failure increments [`COPY_ATTEMPTS_ANNOTATION`].
+    Copy {
+        /// The holder pod's UID.
+        holder_uid: String,
+        /// The PV the claim is bound to.
+        pv: String,
+    },
+    /// The copy is recorded: answer the hold `copied` and delete the holder, if any.
+    AnswerCopied {
+        /// The holder to delete.
+        holder: Option<Doomed>,
+    },
+    /// Give up: delete the holder and the claim, answer the hold `failed` with these words.
+    GiveUp {
+        /// The holder to delete.
+        holder: Option<Doomed>,
+        /// The primary claim to delete.
+        claim: Option<Doomed>,
+        /// Why.
+        words: String,
+    },
+    /// An object under the binding's names that the agent did not create for this pod.
+    Foreign(String),
+}
+
+/// What the agent observed for `staged`.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentObserved<'a> {
+    /// The agent's node.
+    pub node: &'a str,
+    /// The staged download.
+    pub staged: &'a Staged,
+    /// Its binding, if it exists.
+    pub binding: Option<&'a ModelCacheBinding>,
+    /// The primary claim, if it exists.
+    pub claim: Option<&'a PersistentVolumeClaim>,
+    /// The mount holder, if it exists.
+    pub holder: Option<&'a Pod>,
+    /// The mount holder's image (a pause image present on the node).
+    pub holder_image: &'a str,
+}
+
+/// The next step for a staged download (see the module documentation).
+pub fn staging_step(obs: &AgentObserved<'_>) -> AgentStep {
+    let staged = obs.staged;
+    let Some(b) = obs.binding else {
+        return AgentStep::Wait(format!(
+            "binding {} is gone; the staging pod is left to its Job's deadline",
+            staged.binding
+        ));
+    };
+    if b.metadata.uid.as_deref() != Some(staged.binding_uid.as_str()) {
+        return AgentStep::Foreign(format!(
+            "staging pod {}/{} names binding {} with UID {}, which is not the binding's",
+            staged.namespace, staged.name, staged.binding, staged.binding_uid
+        ));
+    }
+    if b.spec.decision.transition != Transition::RoxReadOnly {
+        return AgentStep::Foreign(format!(
+            "binding {} is not roxReadOnly; only block caches are staged",
+            staged.binding
+        ));
+    }
+    let Some(claim) = obs.claim else {
+        return AgentStep::CreateClaim;
+    };
+    let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let ours = claim
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(BINDING_LABEL))
+        == b.metadata.name.as_ref()
+        && annotation(&claim.metadata, BINDING_UID_LABEL_ANNOTATION) == b.metadata.uid.as_deref();
+    let pod = annotation(&claim.metadata, COPY_POD_ANNOTATION);
+    let node = annotation(&claim.metadata, COPY_NODE_ANNOTATION);
+    if !ours || pod.is_none() || node.is_none() {
+        return AgentStep::Foreign(format!(
+            "claim {claim_name} exists but no node agent created it for binding {}; it is never written to",
+            staged.binding
+        ));
+    }
+    let holder = obs
+        .holder
+        .filter(|h| {
+            h.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(obs.node)
+                && h.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(COMPONENT_LABEL))
+                    == Some(&MOUNT_HOLDER.to_owned())
+        })
+        .and_then(|h| doomed(&h.metadata));
+    if pod != Some(staged.uid.as_str()) || node != Some(obs.node) {
+        return AgentStep::Wait(format!(
+            "claim {claim_name} is being filled from staging pod {} on node {}",
+            pod.unwrap_or_default(),
+            node.unwrap_or_default()
+        ));
+    }
+    if copied_bytes(claim).is_some() {
+        return AgentStep::AnswerCopied { holder };
+    }
+    let attempts = copy_attempts(claim);
+    if attempts >= MAX_COPY_ATTEMPTS {
+        return AgentStep::GiveUp {
+            holder,
+            claim: doomed(&claim.metadata),
+            words: format!("the copy into claim {claim_name} failed {attempts} times"),
+        };
+    }
+    let Some(h) = obs.holder else {
+        return AgentStep::CreateHolder(Box::new(holder_pod(b, obs.node, obs.holder_image)));
+    };
+    if h.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(obs.node) {
+        return AgentStep::Foreign(format!(
+            "mount holder {} is not on node {}",
+            h.metadata.name.clone().unwrap_or_default(),
+            obs.node
+        ));
+    }
+    let phase = h.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Failed" | "Succeeded")) {
+        return match doomed(&h.metadata) {
+            Some(d) => AgentStep::DeleteHolder(d),
+            None => AgentStep::Wait("the ended mount holder is being deleted".to_owned()),
+        };
+    }
+    let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+    let pv = claim.spec.as_ref().and_then(|s| s.volume_name.clone());
+    let running = phase == Some("Running")
+        && h.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| cs.iter().all(|c| c.ready));
+    match (bound, pv, running, &h.metadata.uid) {
+        (true, Some(pv), true, Some(uid)) => AgentStep::Copy {
+            holder_uid: uid.clone(),
+            pv,
+        },
+        _ => AgentStep::Wait(format!(
+            "waiting for claim {claim_name} to bind and its mount holder to run"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{binding, init_step};
+    use crate::volume_keys::COPIED_BYTES_ANNOTATION;
+    use crate::writer::{WriterOptions, writer_job};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+        PersistentVolumeClaimStatus, PodStatus,
+    };
+
+    const NODE: &str = "gpu-1";
+    const PAUSE: &str = "registry.k8s.io/pause:3.10";
+
+    fn status(name: &str, state: ContainerState) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            state: Some(state),
+            ready: true,
+            ..ContainerStatus::default()
+        }
+    }
+
+    fn exited(code: i32) -> ContainerState {
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        }
+    }
+
+    fn running() -> ContainerState {
+        ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..ContainerState::default()
+        }
+    }
+
+    /// The staging Job's pod, as the Job controller creates it from the template.
+    fn staging_pod(
+        b: &ModelCacheBinding,
+        download: Option<ContainerState>,
+        hold: Option<ContainerState>,
+    ) -> Pod {
+        let job = writer_job(b, &init_step(), &[], &WriterOptions::default()).unwrap();
+        let template = job.spec.unwrap().template;
+        let mut meta = template.metadata.unwrap();
+        meta.namespace = Some("team-a".into());
+        meta.name = Some("dl-abc".into());
+        meta.uid = Some("pod-uid".into());
+        Pod {
+            metadata: meta,
+            spec: template.spec,
+            status: Some(PodStatus {
+                init_container_statuses: download.map(|s| vec![status(WRITER_CONTAINER, s)]),
+                container_statuses: hold.map(|s| vec![status(HOLD_CONTAINER, s)]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn staged(b: &ModelCacheBinding) -> Staged {
+        match staging_state(&staging_pod(b, Some(exited(0)), Some(running()))) {
+            StagingState::Staged(s) => s,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn obs<'a>(
+        b: &'a ModelCacheBinding,
+        s: &'a Staged,
+        claim: Option<&'a PersistentVolumeClaim>,
+        holder: Option<&'a Pod>,
+    ) -> AgentObserved<'a> {
+        AgentObserved {
+            node: NODE,
+            staged: s,
+            binding: Some(b),
+            claim,
+            holder,
+            holder_image: PAUSE,
+        }
+    }
+
+    #[test]
+    fn only_a_download_that_exited_0_with_its_hold_waiting_is_staged() {
+        let b = binding(Transition::RoxReadOnly);
+        assert_eq!(
+            staging_state(&staging_pod(&b, None, None)),
+            StagingState::Downloading
+        );
+        assert_eq!(
+            staging_state(&staging_pod(&b, Some(exited(1)), None)),
+            StagingState::DownloadFailed
+        );
+        assert_eq!(
+            staging_state(&staging_pod(&b, Some(exited(0)), None)),
+            StagingState::Downloading
+        );
+        assert_eq!(
+            staging_state(&staging_pod(&b, Some(exited(0)), Some(exited(0)))),
+            StagingState::Answered
+        );
+        let s = staged(&b);
+        assert_eq!(s.staging_volume, crate::writer::STAGING_VOLUME);
+        assert_eq!(s.binding_uid, b.metadata.uid.clone().unwrap());
+        // A pod naming a staging volume it does not declare as an emptyDir is not staged (the
+        // agent would otherwise read some other directory of the kubelet).
+        let mut pod = staging_pod(&b, Some(exited(0)), Some(running()));
+        pod.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(STAGING_VOLUME_ANNOTATION.into(), "../../etc".into());
+        assert!(matches!(staging_state(&pod), StagingState::NotStaging(_)));
+        // An RWX writer pod is not a staging pod.
+        let rwx = binding(Transition::RwxReadOnly);
+        let job = writer_job(&rwx, &init_step(), &[], &WriterOptions::default()).unwrap();
+        let t = job.spec.unwrap().template;
+        let mut meta = t.metadata.unwrap();
+        meta.namespace = Some("team-a".into());
+        meta.name = Some("w".into());
+        meta.uid = Some("u".into());
+        let pod = Pod {
+            metadata: meta,
+            spec: t.spec,
+            status: None,
+        };
+        assert!(matches!(staging_state(&pod), StagingState::NotStaging(_)));
+    }
+
+    fn bound(mut claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
+        claim.metadata.uid = Some("claim-uid".into());
+        claim.spec.as_mut().unwrap().volume_name = Some("pvc-1234".into());
+        claim.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..PersistentVolumeClaimStatus::default()
+        });
+        claim
+    }
+
+    fn ready(mut pod: Pod, phase: &str) -> Pod {
+        pod.metadata.uid = Some("holder-uid".into());
+        pod.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            container_statuses: Some(vec![status("hold", running())]),
+            ..PodStatus::default()
+        });
+        pod
+    }
+
+    /// From the staged download to the answer: claim, holder, copy, answer.
+    #[test]
+    fn a_staged_download_gets_a_sized_claim_a_holder_a_copy_and_an_answer() {
+        let b = binding(Transition::RoxReadOnly);
+        let s = staged(&b);
+        assert_eq!(
+            staging_step(&obs(&b, &s, None, None)),
+            AgentStep::CreateClaim
+        );
+
+        // The claim: RWO, sized from the bytes with headroom (floored), asking for this node.
+        let claim = staged_primary_claim(&b, &s, NODE, 15 * (1 << 30), 1 << 30);
+        let spec = claim.spec.as_ref().unwrap();
+        assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
+        let size = &spec.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"];
+        assert_eq!(size.0, "17Gi");
+        let floored = staged_primary_claim(&b, &s, NODE, 10, 40 << 30);
+        assert_eq!(
+            floored.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0,
+            "40Gi"
+        );
+        let a = claim.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a[SELECTED_NODE_ANNOTATION], NODE);
+        assert_eq!(a[COPY_POD_ANNOTATION], "pod-uid");
+
+        // Not bound, no holder: the holder (on this node, restricted, pause).
+        let AgentStep::CreateHolder(h) = staging_step(&obs(&b, &s, Some(&claim), None)) else {
+            panic!()
+        };
+        let hs = h.spec.as_ref().unwrap();
+        assert_eq!(hs.node_name.as_deref(), Some(NODE));
+        assert_eq!(hs.automount_service_account_token, Some(false));
+        let c = &hs.containers[0];
+        assert_eq!(c.image.as_deref(), Some(PAUSE));
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        let claim_name = &hs.volumes.as_ref().unwrap()[0]
+            .persistent_volume_claim
+            .as_ref()
+            .unwrap()
+            .claim_name;
+        assert_eq!(Some(claim_name), claim.metadata.name.as_ref());
+
+        // Holder pending: wait. Bound and running: copy through it.
+        let pending = ready((*h).clone(), "Pending");
+        assert!(matches!(
+            staging_step(&obs(&b, &s, Some(&bound(claim.clone())), Some(&pending))),
+            AgentStep::Wait(_)
+        ));
+        let holder = ready((*h).clone(), "Running");
+        let claim = bound(claim);
+        assert_eq!(
+            staging_step(&obs(&b, &s, Some(&claim), Some(&holder))),
+            AgentStep::Copy {
+                holder_uid: "holder-uid".into(),
+                pv: "pvc-1234".into()
+            }
+        );
+        // An ended holder is deleted (and recreated next).
+        let ended = ready((*h).clone(), "Failed");
+        assert!(matches!(
+            staging_step(&obs(&b, &s, Some(&claim), Some(&ended))),
+            AgentStep::DeleteHolder(_)
+        ));
+
+        // Recorded: answer and delete the holder.
+        let mut copied = claim.clone();
+        copied
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(COPIED_BYTES_ANNOTATION.into(), "123".into());
+        assert_eq!(
+            staging_step(&obs(&b, &s, Some(&copied), Some(&holder))),
+            AgentStep::AnswerCopied {
+                holder: Some(Doomed {
+                    name: holder_name(&b),
+                    uid: "holder-uid".into()
+                })
+            }
+        );
+
+        // Three failed copies: give up, deleting holder and claim by UID.
+        let mut failing = claim.clone();
+        failing
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(COPY_ATTEMPTS_ANNOTATION.into(), "3".into());
+        let AgentStep::GiveUp {
+            holder,
+            claim: doomed_claim,
+            words,
+        } = staging_step(&obs(&b, &s, Some(&failing), Some(&holder)))
+        else {
+            panic!()
+        };
+        assert!(holder.is_some());
+        assert_eq!(doomed_claim.unwrap().uid, "claim-uid");
+        assert!(words.contains("3 times"), "{words}");
+    }
+
+    /// Claims and holders the agent did not create for this pod on this node are never used.
+    #[test]
+    fn foreign_or_other_agents_objects_are_never_written() {
+        let b = binding(Transition::RoxReadOnly);
+        let s = staged(&b);
+        let claim = bound(staged_primary_claim(&b, &s, NODE, 1, 0));
+        // A claim without the agent's records.
+        let mut bare = view::primary_claim(&b, Quantity("1Gi".into()));
+        bare.metadata.uid = Some("x".into());
+        assert!(matches!(
+            staging_step(&obs(&b, &s, Some(&bare), None)),
+            AgentStep::Foreign(_)
+        ));
+        // Another staging pod's (a retried Job pod on another node).
+        let other = bound(staged_primary_claim(&b, &s, "gpu-2", 1, 0));
+        assert!(matches!(
+            staging_step(&obs(&b, &s, Some(&other), None)),
+            AgentStep::Wait(_)
+        ));
+        // A binding recreated under the same name (another UID).
+        let mut b2 = b.clone();
+        b2.metadata.uid = Some("new-uid".into());
+        assert!(matches!(
+            staging_step(&obs(&b2, &s, Some(&claim), None)),
+            AgentStep::Foreign(_)
+        ));
+        // A holder on another node.
+        let mut far = ready(holder_pod(&b, "gpu-2", PAUSE), "Running");
+        far.metadata.uid = Some("far".into());
+        assert!(matches!(
+            staging_step(&obs(&b, &s, Some(&claim), Some(&far))),
+            AgentStep::Foreign(_)
+        ));
+        // An RWX binding is never staged.
+        let rwx = binding(Transition::RwxReadOnly);
+        let mut s2 = s.clone();
+        s2.binding_uid = rwx.metadata.uid.clone().unwrap();
+        assert!(matches!(
+            staging_step(&obs(&rwx, &s2, None, None)),
+            AgentStep::Foreign(_)
+        ));
+        // The binding is gone: nothing.
+        let mut gone = obs(&b, &s, None, None);
+        gone.binding = None;
+        assert!(matches!(staging_step(&gone), AgentStep::Wait(_)));
+    }
+}
