@@ -1,0 +1,355 @@
+//! Read-only binds against the real kernel, in a private mount namespace: each test re-runs
+//! itself under `unshare --mount --propagation private` (so nothing it mounts is seen outside),
+//! with tmpfs mounts standing in for the holder pod's view. Needs root; fails (does not skip)
+//! without it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::ffi::CStr;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustix::mount::{MountFlags, UnmountFlags};
+use warmcache_nodefs::{
+    BindOutcome, BindState, Error, bind_state, ensure_read_only_bind, read_mountinfo, top_mount,
+    unbind,
+};
+
+const IN_MOUNTNS: &str = "WARMCACHE_NODEFS_IN_MOUNTNS";
+
+/// Runs `body` in a private mount namespace: re-executes this test binary for exactly `test`
+/// under `unshare` unless already inside, and asserts the child ran the test and passed.
+fn in_mount_namespace(test: &str, body: impl FnOnce()) {
+    if std::env::var_os(IN_MOUNTNS).is_some() {
+        body();
+        return;
+    }
+    assert!(
+        common::is_root(),
+        "the mount tests need root (CAP_SYS_ADMIN, to unshare a mount namespace and mount tmpfs); run them as root, as CI does"
+    );
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--"])
+        .arg(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(IN_MOUNTNS, "1")
+        .output()
+        .unwrap_or_else(|e| panic!("running unshare(1) (util-linux) failed: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{test} failed in its mount namespace: {}",
+        out.status
+    );
+    assert!(
+        stdout.contains("test result: ok. 1 passed"),
+        "{test} did not run in its mount namespace"
+    );
+}
+
+fn mount_tmpfs(at: &Path) {
+    rustix::mount::mount("tmpfs", at, "tmpfs", MountFlags::empty(), None::<&CStr>).unwrap();
+}
+
+fn umount(at: &Path) {
+    rustix::mount::unmount(at, UnmountFlags::DETACH).unwrap();
+}
+
+/// How many mounts the table shows at exactly `path`.
+fn mounts_at(path: &Path) -> usize {
+    read_mountinfo()
+        .unwrap()
+        .iter()
+        .filter(|m| m.mount_point == path)
+        .count()
+}
+
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    view: PathBuf,
+    target: PathBuf,
+}
+
+impl Dirs {
+    /// A view directory with a tmpfs mounted on it (holding `model.bin`) and an absent target.
+    fn new() -> Dirs {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = fs::canonicalize(tmp.path()).unwrap();
+        let view = base.join("pods/p1/volumes/kubernetes.io~csi/pv/mount");
+        fs::create_dir_all(&view).unwrap();
+        mount_tmpfs(&view);
+        fs::write(view.join("model.bin"), b"weights v1").unwrap();
+        let target = base.join("views/model");
+        Dirs {
+            _tmp: tmp,
+            view,
+            target,
+        }
+    }
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        // Unmount what a failing test left, so the temporary directory can go.
+        for p in [&self.target, &self.view] {
+            while mounts_at(p) > 0 {
+                if rustix::mount::unmount(p.as_path(), UnmountFlags::DETACH).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bind_is_created_verified_redone_and_removed() {
+    in_mount_namespace("a_bind_is_created_verified_redone_and_removed", || {
+        let d = Dirs::new();
+        assert_eq!(
+            ensure_read_only_bind(&d.view, &d.target).unwrap(),
+            BindOutcome::Created
+        );
+        assert_eq!(fs::read(d.target.join("model.bin")).unwrap(), b"weights v1");
+        // Read-only at the target, writable at the source.
+        let err = fs::write(d.target.join("new"), b"x").unwrap_err();
+        assert_eq!(
+            err.raw_os_error(),
+            Some(rustix::io::Errno::ROFS.raw_os_error()),
+            "{err}"
+        );
+        fs::write(d.view.join("written-by-holder"), b"x").unwrap();
+        assert!(
+            d.target.join("written-by-holder").exists(),
+            "the same filesystem"
+        );
+        let table = read_mountinfo().unwrap();
+        let bound = top_mount(&table, &d.target).unwrap();
+        assert!(bound.read_only());
+        assert!(
+            bound.options.iter().any(|o| o == "nosuid")
+                && bound.options.iter().any(|o| o == "nodev")
+        );
+        assert_eq!(
+            bind_state(&table, &d.view, &d.target).unwrap(),
+            BindState::Verified
+        );
+
+        // Again: nothing to do.
+        assert_eq!(
+            ensure_read_only_bind(&d.view, &d.target).unwrap(),
+            BindOutcome::Verified
+        );
+        assert_eq!(mounts_at(&d.target), 1);
+
+        // The view replaced underneath (the kubelet remounted the volume): the bind is stale.
+        umount(&d.view);
+        mount_tmpfs(&d.view);
+        fs::write(d.view.join("model.bin"), b"weights v2").unwrap();
+        let table = read_mountinfo().unwrap();
+        let stale = bind_state(&table, &d.view, &d.target).unwrap();
+        let new_view = top_mount(&table, &d.view).unwrap();
+        match &stale {
+            BindState::Stale { device, .. } => {
+                assert_ne!(*device, (new_view.major, new_view.minor))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            fs::read(d.target.join("model.bin")).unwrap(),
+            b"weights v1",
+            "stale content"
+        );
+        assert_eq!(
+            ensure_read_only_bind(&d.view, &d.target).unwrap(),
+            BindOutcome::Redone
+        );
+        assert_eq!(fs::read(d.target.join("model.bin")).unwrap(), b"weights v2");
+        assert_eq!(
+            mounts_at(&d.target),
+            1,
+            "the stale bind was unmounted, not stacked under"
+        );
+
+        // Unmounted by hand: missing, created again.
+        umount(&d.target);
+        let table = read_mountinfo().unwrap();
+        assert_eq!(
+            bind_state(&table, &d.view, &d.target).unwrap(),
+            BindState::Missing
+        );
+        assert_eq!(
+            ensure_read_only_bind(&d.view, &d.target).unwrap(),
+            BindOutcome::Created
+        );
+        assert_eq!(
+            ensure_read_only_bind(&d.view, &d.target).unwrap(),
+            BindOutcome::Verified
+        );
+
+        assert!(unbind(&d.target).unwrap());
+        assert_eq!(mounts_at(&d.target), 0);
+        assert!(!unbind(&d.target).unwrap());
+        assert!(!unbind(&d.target.join("absent")).unwrap());
+        assert!(
+            d.view.join("model.bin").exists(),
+            "unbinding leaves the view alone"
+        );
+    });
+}
+
+#[test]
+fn a_writable_bind_and_stacked_stale_mounts_are_redone() {
+    in_mount_namespace(
+        "a_writable_bind_and_stacked_stale_mounts_are_redone",
+        || {
+            let d = Dirs::new();
+            fs::create_dir_all(&d.target).unwrap();
+            // A writable bind made by someone else.
+            rustix::mount::mount_bind(&d.view, &d.target).unwrap();
+            let table = read_mountinfo().unwrap();
+            assert_eq!(
+                bind_state(&table, &d.view, &d.target).unwrap(),
+                BindState::Writable
+            );
+            assert_eq!(
+                ensure_read_only_bind(&d.view, &d.target).unwrap(),
+                BindOutcome::Redone
+            );
+            assert_eq!(mounts_at(&d.target), 1);
+            let err = fs::write(d.target.join("new"), b"x").unwrap_err();
+            assert_eq!(
+                err.raw_os_error(),
+                Some(rustix::io::Errno::ROFS.raw_os_error())
+            );
+
+            // Two unrelated filesystems stacked on top of the verified bind: all of it goes.
+            mount_tmpfs(&d.target);
+            mount_tmpfs(&d.target);
+            assert_eq!(mounts_at(&d.target), 3);
+            assert!(matches!(
+                bind_state(&read_mountinfo().unwrap(), &d.view, &d.target).unwrap(),
+                BindState::Stale { .. }
+            ));
+            assert_eq!(
+                ensure_read_only_bind(&d.view, &d.target).unwrap(),
+                BindOutcome::Redone
+            );
+            assert_eq!(mounts_at(&d.target), 1);
+            assert_eq!(fs::read(d.target.join("model.bin")).unwrap(), b"weights v1");
+
+            // A bind of a subdirectory of the view is another root: stale.
+            umount(&d.target);
+            fs::create_dir(d.view.join("sub")).unwrap();
+            rustix::mount::mount_bind(d.view.join("sub"), &d.target).unwrap();
+            rustix::mount::mount_remount(&d.target, MountFlags::BIND | MountFlags::RDONLY, c"")
+                .unwrap();
+            match bind_state(&read_mountinfo().unwrap(), &d.view, &d.target).unwrap() {
+                BindState::Stale { root, .. } => assert_eq!(root, Path::new("/sub")),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                ensure_read_only_bind(&d.view, &d.target).unwrap(),
+                BindOutcome::Redone
+            );
+            assert!(d.target.join("model.bin").exists());
+            assert!(unbind(&d.target).unwrap());
+        },
+    );
+}
+
+#[test]
+fn an_unmounted_view_is_refused_and_nothing_is_mounted() {
+    in_mount_namespace(
+        "an_unmounted_view_is_refused_and_nothing_is_mounted",
+        || {
+            let d = Dirs::new();
+            // The kubelet unmounted the view: only its empty directory is left.
+            umount(&d.view);
+            let e = ensure_read_only_bind(&d.view, &d.target).unwrap_err();
+            assert!(matches!(e, Error::NotAMountPoint { .. }), "{e}");
+            assert!(e.to_string().contains("not a mount point"), "{e}");
+            assert_eq!(mounts_at(&d.target), 0);
+            assert!(!d.target.exists(), "the target is not even created");
+            // Also with a target that exists.
+            fs::create_dir_all(&d.target).unwrap();
+            assert!(matches!(
+                ensure_read_only_bind(&d.view, &d.target),
+                Err(Error::NotAMountPoint { .. })
+            ));
+            assert_eq!(mounts_at(&d.target), 0);
+            // An absent view is an error too.
+            assert!(matches!(
+                ensure_read_only_bind(&d.view.join("absent"), &d.target),
+                Err(Error::Io { .. })
+            ));
+        },
+    );
+}
+
+#[test]
+fn bad_targets_are_refused() {
+    in_mount_namespace("bad_targets_are_refused", || {
+        let d = Dirs::new();
+        let base = d.target.parent().unwrap().to_path_buf();
+        fs::create_dir_all(&base).unwrap();
+        // A symbolic link (here to a directory an attacker wants covered).
+        let elsewhere = base.join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        symlink(&elsewhere, &d.target).unwrap();
+        let e = ensure_read_only_bind(&d.view, &d.target).unwrap_err();
+        assert!(matches!(e, Error::Refused { .. }), "{e}");
+        assert_eq!(mounts_at(&d.target), 0);
+        assert_eq!(mounts_at(&elsewhere), 0);
+        assert!(matches!(unbind(&d.target), Err(Error::Refused { .. })));
+        fs::remove_file(&d.target).unwrap();
+        // A regular file.
+        fs::write(&d.target, b"").unwrap();
+        assert!(matches!(
+            ensure_read_only_bind(&d.view, &d.target),
+            Err(Error::Refused { .. })
+        ));
+        fs::remove_file(&d.target).unwrap();
+        // Inside the view, or the view itself, or one of its parents.
+        for t in [
+            d.view.join("inside"),
+            d.view.clone(),
+            d.view.parent().unwrap().to_path_buf(),
+        ] {
+            let e = ensure_read_only_bind(&d.view, &t).unwrap_err();
+            assert!(matches!(e, Error::Refused { .. }), "{}: {e}", t.display());
+        }
+        assert_eq!(mounts_at(&d.view), 1);
+        // Relative paths.
+        assert!(matches!(
+            ensure_read_only_bind(Path::new("view"), &d.target),
+            Err(Error::NotAbsolute { .. })
+        ));
+        assert!(matches!(
+            ensure_read_only_bind(&d.view, Path::new("t")),
+            Err(Error::NotAbsolute { .. })
+        ));
+        assert!(matches!(
+            unbind(Path::new("t")),
+            Err(Error::NotAbsolute { .. })
+        ));
+        // The parent of a missing target is created.
+        let deep = base.join("a/b/c");
+        assert_eq!(
+            ensure_read_only_bind(&d.view, &deep).unwrap(),
+            BindOutcome::Created
+        );
+        assert!(unbind(&deep).unwrap());
+        fs::write(d.view.join("still-writable"), b"x").unwrap();
+        assert!(
+            !d.view.join("inside").exists(),
+            "a refused target is not created"
+        );
+    });
+}
