@@ -289,11 +289,18 @@ pub fn ensure_read_only_bind(source: &Path, target: &Path) -> Result<BindOutcome
     bind_read_only(&view, &target)?;
     match bind_state(&read_mountinfo()?, &view, &target)? {
         BindState::Verified => Ok(outcome),
-        state => Err(Error::BindNotVerified {
-            view,
-            target,
-            state,
-        }),
+        state => {
+            if state == BindState::Writable {
+                // Our bind is on top but writable: never leave it for a reader.
+                let _ =
+                    rustix::mount::unmount(&target, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+            }
+            Err(Error::BindNotVerified {
+                view,
+                target,
+                state,
+            })
+        }
     }
 }
 
