@@ -28,7 +28,7 @@ use warmcache_telemetry::prometheus::{
 pub const POPULATIONS: [&str; 5] = ["Unknown", "Pending", "Populating", "Ready", "Failed"];
 
 /// Label values of `actions_total`.
-pub const ACTIONS: [&str; 10] = [
+pub const ACTIONS: [&str; 12] = [
     "create_primary_claim",
     "adopt_primary",
     "create_writer_view",
@@ -36,6 +36,8 @@ pub const ACTIONS: [&str; 10] = [
     "create_job",
     "mark_complete",
     "release_writer_claim",
+    "release_stale_writer_claim",
+    "release_primary_claim",
     "create_view",
     "write_lease",
     "delete_waiting_readers",

@@ -184,10 +184,19 @@ fn labels(binding: &ModelCacheBinding) -> BTreeMap<String, String> {
     ])
 }
 
+/// The mount holder's image and its pull policy (the agent's settings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderImage {
+    /// A pause image present on the nodes.
+    pub image: String,
+    /// `IfNotPresent`, `Always` or `Never`.
+    pub pull_policy: String,
+}
+
 /// The mount holder pod: on `node`, in the control namespace, mounting the primary claim
 /// read-write so the kubelet attaches and mounts it; `image` runs nothing but a pause. Passes
 /// Pod Security "restricted"; tolerates every taint (GPU nodes are usually tainted).
-pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &str) -> Pod {
+pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &HolderImage) -> Pod {
     let restricted = SecurityContext {
         allow_privilege_escalation: Some(false),
         capabilities: Some(Capabilities {
@@ -241,8 +250,8 @@ pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &str) -> Pod {
             }),
             containers: vec![Container {
                 name: "hold".to_owned(),
-                image: Some(image.to_owned()),
-                image_pull_policy: Some("IfNotPresent".to_owned()),
+                image: Some(image.image.clone()),
+                image_pull_policy: Some(image.pull_policy.clone()),
                 volume_mounts: Some(vec![VolumeMount {
                     name: HOLDER_VOLUME.to_owned(),
                     mount_path: HOLDER_MOUNT_PATH.to_owned(),
@@ -373,8 +382,8 @@ pub struct AgentObserved<'a> {
     pub claim: Option<&'a PersistentVolumeClaim>,
     /// The mount holder, if it exists.
     pub holder: Option<&'a Pod>,
-    /// The mount holder's image (a pause image present on the node).
-    pub holder_image: &'a str,
+    /// The mount holder's image.
+    pub holder_image: &'a HolderImage,
 }
 
 /// The next step for a staged download (see the module documentation).
@@ -495,6 +504,15 @@ mod tests {
     const NODE: &str = "gpu-1";
     const PAUSE: &str = "registry.k8s.io/pause:3.10";
 
+    static PAUSE_IMAGE: std::sync::LazyLock<HolderImage> = std::sync::LazyLock::new(pause);
+
+    fn pause() -> HolderImage {
+        HolderImage {
+            image: PAUSE.into(),
+            pull_policy: "IfNotPresent".into(),
+        }
+    }
+
     fn status(name: &str, state: ContainerState) -> ContainerStatus {
         ContainerStatus {
             name: name.into(),
@@ -563,7 +581,7 @@ mod tests {
             binding: Some(b),
             claim,
             holder,
-            holder_image: PAUSE,
+            holder_image: &PAUSE_IMAGE,
         }
     }
 
@@ -766,7 +784,7 @@ mod tests {
             AgentStep::Foreign(_)
         ));
         // A holder on another node.
-        let mut far = ready(holder_pod(&b, "gpu-2", PAUSE), "Running");
+        let mut far = ready(holder_pod(&b, "gpu-2", &pause()), "Running");
         far.metadata.uid = Some("far".into());
         assert!(matches!(
             staging_step(&obs(&b, &s, Some(&claim), Some(&far))),

@@ -32,6 +32,10 @@ pub fn components() -> Vec<(&'static str, Vec<Permission>)> {
             warmcache_kvcache_operator::rbac::permissions(),
         ),
         (
+            warmcache_model_volume_controller::rbac::COMPONENT,
+            warmcache_model_volume_controller::rbac::permissions(),
+        ),
+        (
             warmcache_uninstall_hook::rbac::COMPONENT,
             warmcache_uninstall_hook::rbac::permissions(),
         ),

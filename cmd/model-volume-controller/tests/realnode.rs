@@ -1,0 +1,475 @@
+//! The block (roxReadOnly) flow on the REAL node (kubelet, containerd, the test CSI driver's
+//! namespaced-block profile: attach required, one read-write attachment at a time, NVMesh-style
+//! handles rewritten per namespace): a vLLM reader pod rendered by the webhook's pure function
+//! joins a binding; the REAL binding controller (in process) starts the staging Job, whose
+//! download really runs into its pod's emptyDir; the REAL node agent (`model-volume-controller
+//! run`, as a process of the node, in its mount namespace, as the ServiceAccount the chart gives
+//! it) measures the staged tree, creates the primary claim sized from it, attaches it through a
+//! mount holder, copies and verifies the tree and answers the staging pod; the controller labels
+//! the primary complete and Retain, releases its claim, waits for the detach and creates the
+//! namespace's read-only view; the reader reads the bytes and cannot write them.
+//!
+//! Adapted to the node as in the binding controller's real-node test: images become the tools
+//! image with `imagePullPolicy: Never`, the download writes the model files with a script, the
+//! GPU request is removed, the engine reports what it reads and what its writes return.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::result_large_err)]
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition};
+use warmcache_binding_controller::controller::{Settings, start};
+use warmcache_catalog::{CatalogInput, CatalogSnapshot, Gates};
+use warmcache_modelvolume::keys::{DOWNLOAD_STEP_ANNOTATION, WAIT_CONTAINER};
+use warmcache_modelvolume::volume_keys::{
+    BYTES_ANNOTATION, COMPLETE_LABEL, MANIFEST_DIGEST_ANNOTATION,
+};
+use warmcache_modelvolume::{
+    BindingAction, DownloadStep, LifecycleConfig, Options, Request, StorageInputs, Verdict,
+    WriterOptions, admit,
+};
+use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
+use warmcache_testkit::{
+    ComponentAccount, ControlPlane, PAUSE_IMAGE, RealNode, TOOLS_IMAGE, TestCsiDriver,
+    TestNamespace, eventually, termination_message, wait_pod_finished,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+const VLLM_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: qwen3
+spec:
+  initContainers:
+    - name: download-model
+      image: python:3.12-slim
+      command: ["sh", "-c", "pip install -q 'huggingface_hub[cli]' && hf download Qwen/Qwen3-0.6B --local-dir /models/qwen3"]
+      volumeMounts:
+        - {name: models, mountPath: /models}
+  containers:
+    - name: vllm
+      image: vllm/vllm-openai:v0.20.0
+      command: ["vllm", "serve", "/models/qwen3"]
+      resources:
+        requests: {nvidia.com/gpu: "1"}
+        limits: {nvidia.com/gpu: "1"}
+      volumeMounts:
+        - {name: models, mountPath: /models}
+  volumes:
+    - {name: models, emptyDir: {}}
+"#;
+
+/// What the download writes (in place of `hf download --local-dir /models/qwen3`): an HF-like
+/// tree with a nested directory and a relative symlink.
+const DOWNLOAD_SCRIPT: &str = r#"set -eu
+d=/models/qwen3
+printf '%s\n' '{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3"}' > "$d/config.json"
+printf '%s\n' '{"version":"1.0"}' > "$d/tokenizer.json"
+mkdir -p "$d/blobs"
+head -c 300000 /dev/urandom > "$d/blobs/shard-1"
+ln -s blobs/shard-1 "$d/model.safetensors"
+"#;
+
+const CONFIG_JSON: &str = r#"{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3"}"#;
+
+const ENGINE_SCRIPT: &str = r#"
+L="$1"
+try() { op=$1; shift; err=$("$@" 2>&1 >/dev/null); echo "$op rc=$? $err"; }
+{
+  echo "read=$(cat "$L/config.json")"
+  echo "shard=$(wc -c < "$L/model.safetensors" | tr -d ' ')"
+  echo "mount=$(awk -v p="$L" '$2 == p { o = $4 } END { print o }' /proc/mounts)"
+  try create touch "$L/written-by-reader"
+  try append sh -c 'echo more >> "$0/config.json"' "$L"
+  try delete rm "$L/tokenizer.json"
+} > /dev/termination-log 2>&1
+"#;
+
+fn small() -> ResourceRequirements {
+    let q = |cpu: &str, mem: &str| {
+        BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(mem.to_owned())),
+        ])
+    };
+    ResourceRequirements {
+        requests: Some(q("10m", "16Mi")),
+        limits: Some(q("500m", "128Mi")),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str) -> Pod {
+    let mut pod = warmcache_testkit::on_test_node(
+        rendered,
+        "nvidia.com/gpu",
+        engine,
+        ENGINE_SCRIPT,
+        &["vllm", landing],
+    );
+    let annotations = pod.metadata.annotations.as_mut().unwrap();
+    let mut step = DownloadStep::from_annotation(&annotations[DOWNLOAD_STEP_ANNOTATION]).unwrap();
+    step.container.image = Some(TOOLS_IMAGE.to_owned());
+    step.container.image_pull_policy = Some("Never".to_owned());
+    step.container.command = Some(vec!["sh".into(), "-c".into(), DOWNLOAD_SCRIPT.into()]);
+    annotations.insert(
+        DOWNLOAD_STEP_ANNOTATION.to_owned(),
+        step.to_annotation().unwrap(),
+    );
+    pod
+}
+
+fn state_exit(pod: &Pod, container: &str) -> Option<i32> {
+    let status = pod.status.as_ref()?;
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find(|c| c.name == container)?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|t| t.exit_code)
+}
+
+/// The agent as a process of the node (its mount namespace: the kubelet's and the CSI
+/// driver's mounts are visible there, not here).
+struct AgentProcess(Child);
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_agent(node: &RealNode, kubeconfig: &std::path::Path, control: &str) -> AgentProcess {
+    let log = std::fs::File::create(node.dir().join("model-volume-controller.log")).unwrap();
+    let child = Command::new("/bin/sh")
+        .arg(node.dir().join("node-enter.sh"))
+        .arg(env!("CARGO_BIN_EXE_model-volume-controller"))
+        .arg("run")
+        .args(["--node-name", node.name()])
+        .arg("--kubelet-root")
+        .arg(node.dir().join("kubelet"))
+        .args(["--control-namespace", control])
+        .args(["--holder-image", PAUSE_IMAGE])
+        .args(["--holder-image-pull-policy", "Never"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--log-level", "info,warmcache=debug"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    AgentProcess(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
+    let driver = TestCsiDriver::NamespacedBlock;
+    let node = RealNode::shared().await.unwrap();
+    let plane = ControlPlane::shared().await.unwrap();
+    let app = TestNamespace::new("mvc-node-app").await.unwrap();
+    let control = TestNamespace::new("mvc-node-ctl").await.unwrap();
+    let client = app.client.clone();
+
+    // nvcf-sc on the block profile, and a catalog qualifying it (provider nvmesh: roxReadOnly).
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let test_class = classes.get(driver.storage_class()).await.unwrap();
+    let wanted_class: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": { "name": MODEL_CACHE_STORAGE_CLASS },
+        "provisioner": test_class.provisioner,
+        "parameters": test_class.parameters,
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+    }))
+    .unwrap();
+    let nvcf_sc = classes
+        .create(&PostParams::default(), &wanted_class)
+        .await
+        .expect("nvcf-sc must not exist before this test (this binary's only test using it)");
+    let csi_driver = Api::<CSIDriver>::all(client.clone())
+        .get(driver.driver_name())
+        .await
+        .unwrap();
+    let catalog = CatalogSnapshot::from_payload(&format!(
+        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\ndrivers:\n  - name: {}\n    provider: nvmesh\n    accessModes: [ReadWriteOnce, ReadOnlyMany]\n    readerMountOptions: [ro]\n",
+        driver.driver_name()
+    ))
+    .unwrap();
+    let storage = StorageInputs {
+        storage_class: Some(&nvcf_sc),
+        csi_driver: Some(&csi_driver),
+        catalog: CatalogInput::Loaded(&catalog),
+        gates: Gates {
+            caching_support: true,
+            helm_model_caching: true,
+            model_cache_encryption: false,
+        },
+    };
+
+    // The binding controller, in process.
+    let args = RuntimeArgs {
+        kubeconfig: Some(plane.kubeconfig_path().to_path_buf()),
+        kube_context: None,
+        log_level: None,
+        log_format: LogFormat::Plain,
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        shutdown_grace: Duration::from_secs(5),
+        shutdown_delay: Duration::ZERO,
+    };
+    let mut runtime = Runtime::builder("binding-controller", args)
+        .without_global_telemetry()
+        .with_client()
+        .build()
+        .await
+        .unwrap();
+    start(
+        &mut runtime,
+        &Settings {
+            control_namespace: control.name.clone(),
+            concurrency: 2,
+            catalog_namespace: None,
+            lifecycle: LifecycleConfig {
+                writer: WriterOptions {
+                    resources: small(),
+                    backoff_limit: 0,
+                    ..WriterOptions::default()
+                },
+                ..LifecycleConfig::default()
+            },
+        },
+    )
+    .unwrap();
+    let stop = runtime.shutdown_token();
+    let task = tokio::spawn(runtime.run());
+
+    // The agent, as the chart's ServiceAccount with the generated roles.
+    let admin = plane.client().await.unwrap();
+    let account = ComponentAccount::create(
+        plane,
+        &admin,
+        "model-volume-controller",
+        &control.name,
+        &control.name,
+    )
+    .await
+    .unwrap();
+    let agent = start_agent(node, account.kubeconfig_path(), &control.name);
+
+    // The binding the first admission creates, and the reader of the next.
+    let source: Pod = serde_saphyr::from_str(VLLM_POD).unwrap();
+    let namespace_labels: BTreeMap<String, String> = Api::<Namespace>::all(client.clone())
+        .get(&app.name)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    let options = Options {
+        control_namespace: control.name.clone(),
+        ..Options::default()
+    };
+    let req = Request {
+        pod: &source,
+        namespace: &app.name,
+        namespace_labels: &namespace_labels,
+        leader_worker_set: None,
+        traceparent: None,
+        options: &options,
+    };
+    let Verdict::Rewrite(first) = admit(&req, |_, _| None, &storage) else {
+        panic!("the vLLM pod was not rewritten");
+    };
+    assert_eq!(first.transition, Transition::RoxReadOnly);
+    let BindingAction::Create(wanted) = first.binding.clone() else {
+        panic!("no binding exists yet");
+    };
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let stored = bindings
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    let binding_name = stored.name_any();
+    let Verdict::Rewrite(reader) = admit(&req, |_, _| Some(&stored), &storage) else {
+        panic!("the reader was not rewritten");
+    };
+    let rendered = reader.pod.clone();
+    let engine = rendered.spec.as_ref().unwrap().containers[reader.plan.main_container()]
+        .name
+        .clone();
+    let landing = reader.plan.landing().to_owned();
+    let pods = app.api::<Pod>();
+    let mut pod = for_the_test_node(&rendered, &engine, &landing);
+    pod.metadata.name = Some("qwen3-reader".into());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    // Ready with a view: staged, copied, completed, released, detached.
+    let ready = eventually("the binding Ready with its view", TIMEOUT, || {
+        let bindings = bindings.clone();
+        let name = binding_name.clone();
+        async move {
+            let b = bindings.get(&name).await.ok()?;
+            let r = b.status.as_ref()?.realized.as_ref()?;
+            match r.population_state {
+                Some(PopulationState::Ready) if !r.views.is_empty() => Some(Ok(b)),
+                Some(PopulationState::Failed) => Some(Err(b)),
+                _ => None,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nagent log:\n{}",
+            std::fs::read_to_string(node.dir().join("model-volume-controller.log"))
+                .unwrap_or_default()
+        )
+    })
+    .unwrap_or_else(|b| panic!("the block download failed: {:?}", b.status));
+    let realized = ready.status.as_ref().unwrap().realized.clone().unwrap();
+    let bytes = u64::try_from(realized.bytes.unwrap()).unwrap();
+    assert!(bytes >= 300_000, "{realized:?}");
+
+    // The primary: complete with the agent's bytes and manifest digest, Retain, its claim
+    // released, sized from the bytes (1 GiB floor), no mount holder left.
+    let pv_name = realized.bound_persistent_volume_name.clone().unwrap();
+    let primary = Api::<PersistentVolume>::all(client.clone())
+        .get(&pv_name)
+        .await
+        .unwrap();
+    assert_eq!(
+        primary.labels().get(COMPLETE_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        primary.annotations().get(BYTES_ANNOTATION),
+        Some(&bytes.to_string())
+    );
+    assert_eq!(
+        primary
+            .annotations()
+            .get(MANIFEST_DIGEST_ANNOTATION)
+            .map(String::len),
+        Some(64)
+    );
+    let spec = primary.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    assert_eq!(spec.capacity.as_ref().unwrap()["storage"].0, "1Gi");
+    assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
+    let claims: Api<PersistentVolumeClaim> = control.api();
+    assert!(
+        claims
+            .get_opt(&warmcache_api_modelcache::writer_pvc_name(
+                &stored.spec.identity
+            ))
+            .await
+            .unwrap()
+            .is_none(),
+        "the primary claim is released"
+    );
+    let holders = control
+        .api::<Pod>()
+        .list(&ListParams::default().labels("app.kubernetes.io/component=mount-holder"))
+        .await
+        .unwrap();
+    assert!(
+        holders.items.is_empty(),
+        "mount holders left: {:?}",
+        holders.items
+    );
+    // The staging Job completes once the agent answered its hold.
+    let jobs = app.api::<Job>();
+    eventually("the staging Job Complete", TIMEOUT, || {
+        let jobs = jobs.clone();
+        async move {
+            let list = jobs
+                .list(&ListParams::default().labels("nvsnap.io/model-staging=true"))
+                .await
+                .ok()?;
+            let job = list.items.first()?;
+            job.status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+
+    // The reader: waits, then reads the copy through its read-only view and cannot write.
+    let done = wait_pod_finished(&pods, "qwen3-reader", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(
+        state_exit(&done, WAIT_CONTAINER),
+        Some(0),
+        "{:?}",
+        done.status
+    );
+    let report = termination_message(&done, &engine).unwrap();
+    eprintln!("reader report:\n{report}");
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("read=")),
+        Some(CONFIG_JSON)
+    );
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("shard=")),
+        Some("300000"),
+        "the symlink into blobs/ was copied as a link and resolves"
+    );
+    let mount = report
+        .lines()
+        .find_map(|l| l.strip_prefix("mount="))
+        .unwrap();
+    assert!(mount.split(',').any(|o| o == "ro"), "{mount}");
+    for line in report.lines().filter(|l| l.contains(" rc=")) {
+        assert!(
+            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
+            "a write was not refused with EROFS: {line}\n{report}"
+        );
+    }
+
+    drop(agent);
+    stop.cancel();
+    let _ = task.await;
+    bindings
+        .patch(
+            &binding_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    let _ = classes
+        .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
+        .await;
+    app.cleanup().await;
+    control.cleanup().await;
+}
