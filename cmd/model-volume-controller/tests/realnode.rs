@@ -13,7 +13,12 @@
 //! image with `imagePullPolicy: Never`, the download writes the model files with a script, the
 //! GPU request is removed, the engine reports what it reads and what its writes return.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::result_large_err)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::result_large_err
+)]
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
