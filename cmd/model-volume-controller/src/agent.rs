@@ -10,7 +10,7 @@
 //! |---|---|---|---|
 //! | `pods` | list, watch | cluster, field `spec.nodeName=<node>`, label `app.kubernetes.io/managed-by=warmcache` | this node's staging pods and mount holders |
 //! | `pods` | create, delete | control namespace | mount holders (delete with a UID precondition) |
-//! | `persistentvolumeclaims` | list, watch, create, patch, delete | control namespace | the primary claim: created sized from the bytes, the copy recorded (merge patch with resourceVersion), dropped after three failed copies (UID precondition) |
+//! | `persistentvolumeclaims` | get, list, watch, create, patch, delete | control namespace | the primary claim: created sized from the bytes, read afresh before a copy (never copied twice), the copy recorded (merge patch with resourceVersion), dropped after three failed copies (UID precondition) |
 //! | `modelcachebindings` | list, watch | control namespace | the binding a staging pod names |
 //! | `events` | create | | Events |
 
@@ -31,6 +31,7 @@ use warmcache_modelvolume::agent::{
     StagingState, copy_attempts, holder_name, staged_primary_claim, staging_state, staging_step,
 };
 use warmcache_modelvolume::keys::{BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use warmcache_modelvolume::lifecycle::copied_bytes;
 use warmcache_modelvolume::volume_keys::{
     BINDING_LABEL, COPIED_BYTES_ANNOTATION, COPY_ATTEMPTS_ANNOTATION, MANIFEST_DIGEST_ANNOTATION,
     SOURCE_NAMESPACE_LABEL,
@@ -143,6 +144,12 @@ pub fn write_answer(dir: &Path, file: &str, bytes: &[u8]) -> std::io::Result<()>
     f.sync_all()?;
     std::fs::rename(&tmp, dir.join(file))?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// The hex SHA-256 of a manifest's bytes (what the copier reports as `manifest_sha256`).
+pub fn manifest_digest(manifest: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(manifest))
 }
 
 /// Why a reconcile failed.
@@ -377,6 +384,39 @@ impl Agent {
         if warmcache_nodefs::mounts::top_mount(&mounts, &dest).is_none() {
             return Err(Failure::NotMounted(dest.display().to_string()));
         }
+        // A copy an earlier attempt published and verified (its record was lost: a crash or a
+        // failed patch): recorded as it is, not copied again into a volume sized for one copy.
+        let existing = dest.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            match (
+                warmcache_nodefs::is_complete(&existing),
+                warmcache_nodefs::verify_manifest(&existing),
+            ) {
+                (Ok(Some(bytes)), Ok(_)) => {
+                    std::fs::read(existing.join(warmcache_nodefs::MANIFEST))
+                        .ok()
+                        .map(|m| (bytes, manifest_digest(&m)))
+                }
+                _ => None,
+            }
+        })
+        .await
+        .map_err(|_| Failure::Task("verify"))?;
+        if let Some((bytes, digest)) = done {
+            tracing::info!(
+                bytes,
+                "the volume already holds a verified copy; recording it"
+            );
+            self.annotate_claim(
+                claim,
+                BTreeMap::from([
+                    (COPIED_BYTES_ANNOTATION.to_owned(), bytes.to_string()),
+                    (MANIFEST_DIGEST_ANNOTATION.to_owned(), digest),
+                ]),
+            )
+            .await?;
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         let attempts = copy_attempts(claim);
         let attempt = format!(
             "{}-{attempts}",
@@ -500,15 +540,31 @@ impl Reconciler<Pod> for Agent {
                     self.delete_pod(&d).await?;
                     Ok(Action::requeue(REQUEUE_WAITING))
                 }
-                AgentStep::Copy { holder_uid, pv } => match claim.as_deref() {
-                    Some(c) => self.copy(&staged, c, &holder_uid, &pv).await,
-                    None => Ok(Action::requeue(REQUEUE_WAITING)),
-                },
+                AgentStep::Copy { holder_uid, pv } => {
+                    // The cache may lag the copy's record: read the claim afresh, and never
+                    // copy again into one that records a copy.
+                    let Some(name) = claim.as_deref().map(ResourceExt::name_any) else {
+                        return Ok(Action::requeue(REQUEUE_WAITING));
+                    };
+                    let fresh = self
+                        .claims_api()
+                        .get_opt(&name)
+                        .await
+                        .map_err(|e| api_error("get", "persistentvolumeclaims", &name, e))?;
+                    match fresh {
+                        Some(c) if copied_bytes(&c).is_none() => {
+                            self.copy(&staged, &c, &holder_uid, &pv).await
+                        }
+                        _ => Ok(Action::requeue(Duration::from_secs(1))),
+                    }
+                }
                 AgentStep::AnswerCopied { holder } => {
-                    self.answer(&staged, HANDOFF_COPIED, String::new()).await?;
+                    // The holder first: once answered, the staging pod ends and nothing would
+                    // come back for a holder left behind (it keeps the volume attached).
                     if let Some(d) = holder {
                         self.delete_pod(&d).await?;
                     }
+                    self.answer(&staged, HANDOFF_COPIED, String::new()).await?;
                     tracing::info!("answered the staging pod: copied");
                     Ok(Action::await_change())
                 }

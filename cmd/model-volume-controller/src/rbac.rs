@@ -32,10 +32,10 @@ const OWN: &[Permission] = &[
     Permission {
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["list", "watch", "create", "patch", "delete"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
         scope: Scope::ControlNamespace,
         names: &[],
-        why: "the primary claim: created sized from the measured bytes (the atomic create elects one agent), the copy and failed attempts recorded (merge patch with resourceVersion), deleted after three failed copies (UID precondition)",
+        why: "the primary claim: created sized from the measured bytes (the atomic create elects one agent), read afresh before a copy, the copy and failed attempts recorded (merge patch with resourceVersion), deleted after three failed copies (UID precondition)",
     },
     Permission {
         group: "nvca.nvcf.nvidia.io",

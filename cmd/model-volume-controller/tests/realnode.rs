@@ -118,7 +118,7 @@ fn small() -> ResourceRequirements {
     }
 }
 
-fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str) -> Pod {
+fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str, download: &str) -> Pod {
     let mut pod = warmcache_testkit::on_test_node(
         rendered,
         "nvidia.com/gpu",
@@ -130,7 +130,7 @@ fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str) -> Pod {
     let mut step = DownloadStep::from_annotation(&annotations[DOWNLOAD_STEP_ANNOTATION]).unwrap();
     step.container.image = Some(TOOLS_IMAGE.to_owned());
     step.container.image_pull_policy = Some("Never".to_owned());
-    step.container.command = Some(vec!["sh".into(), "-c".into(), DOWNLOAD_SCRIPT.into()]);
+    step.container.command = Some(vec!["sh".into(), "-c".into(), download.into()]);
     annotations.insert(
         DOWNLOAD_STEP_ANNOTATION.to_owned(),
         step.to_annotation().unwrap(),
@@ -188,8 +188,32 @@ fn start_agent(node: &RealNode, kubeconfig: &std::path::Path, control: &str) -> 
     AgentProcess(child)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
+/// Everything a test of the block flow runs against: nvcf-sc on the block profile, the binding
+/// controller in process, the agent on the node, the binding and its reader pod (whose recorded
+/// download step runs `download`).
+struct World {
+    node: &'static RealNode,
+    client: kube::Client,
+    app: TestNamespace,
+    control: TestNamespace,
+    classes: Api<StorageClass>,
+    bindings: Api<ModelCacheBinding>,
+    binding_name: String,
+    stored: ModelCacheBinding,
+    pods: Api<Pod>,
+    engine: String,
+    agent: AgentProcess,
+    _account: ComponentAccount,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+    _one: tokio::sync::MutexGuard<'static, ()>,
+}
+
+/// One test at a time: both use the cluster-wide StorageClass nvcf-sc.
+static ONE_CLASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn setup(download: &str) -> World {
+    let one = ONE_CLASS.lock().await;
     let driver = TestCsiDriver::NamespacedBlock;
     let node = RealNode::shared().await.unwrap();
     let plane = ControlPlane::shared().await.unwrap();
@@ -325,33 +349,113 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
         .clone();
     let landing = reader.plan.landing().to_owned();
     let pods = app.api::<Pod>();
-    let mut pod = for_the_test_node(&rendered, &engine, &landing);
+    let mut pod = for_the_test_node(&rendered, &engine, &landing, download);
     pod.metadata.name = Some("qwen3-reader".into());
     pods.create(&PostParams::default(), &pod).await.unwrap();
+    World {
+        node,
+        client,
+        app,
+        control,
+        classes,
+        bindings,
+        binding_name,
+        stored,
+        pods,
+        engine,
+        agent,
+        _account: account,
+        stop,
+        task,
+        _one: one,
+    }
+}
 
-    // Ready with a view: staged, copied, completed, released, detached.
-    let ready = eventually("the binding Ready with its view", TIMEOUT, || {
-        let bindings = bindings.clone();
-        let name = binding_name.clone();
-        async move {
-            let b = bindings.get(&name).await.ok()?;
-            let r = b.status.as_ref()?.realized.as_ref()?;
-            match r.population_state {
-                Some(PopulationState::Ready) if !r.views.is_empty() => Some(Ok(b)),
-                Some(PopulationState::Failed) => Some(Err(b)),
-                _ => None,
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\nagent log:\n{}",
-            std::fs::read_to_string(node.dir().join("model-volume-controller.log"))
-                .unwrap_or_default()
+impl World {
+    fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.node.dir().join("model-volume-controller.log"))
+            .unwrap_or_default()
+    }
+
+    /// The binding once its population is Ready with a view (`Ok`) or Failed (`Err`).
+    async fn settled(&self) -> Result<ModelCacheBinding, ModelCacheBinding> {
+        let (bindings, name) = (self.bindings.clone(), self.binding_name.clone());
+        eventually(
+            "the binding Ready with its view, or Failed",
+            TIMEOUT,
+            || {
+                let (bindings, name) = (bindings.clone(), name.clone());
+                async move {
+                    let b = bindings.get(&name).await.ok()?;
+                    let r = b.status.as_ref()?.realized.as_ref()?;
+                    match r.population_state {
+                        Some(PopulationState::Ready) if !r.views.is_empty() => Some(Ok(b)),
+                        Some(PopulationState::Failed) => Some(Err(b)),
+                        _ => None,
+                    }
+                }
+            },
         )
-    })
-    .unwrap_or_else(|b| panic!("the block download failed: {:?}", b.status));
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", self.agent_log()))
+    }
+
+    async fn staging_job_condition(&self, type_: &'static str) {
+        let jobs = self.app.api::<Job>();
+        eventually(&format!("the staging Job {type_}"), TIMEOUT, || {
+            let jobs = jobs.clone();
+            async move {
+                let list = jobs
+                    .list(&ListParams::default().labels("nvsnap.io/model-staging=true"))
+                    .await
+                    .ok()?;
+                let job = list.items.first()?;
+                job.status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .any(|c| c.type_ == type_ && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", self.agent_log()));
+    }
+
+    async fn finish(self) {
+        drop(self.agent);
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.bindings
+            .patch(
+                &self.binding_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+            )
+            .await
+            .unwrap();
+        let _ = self
+            .classes
+            .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
+            .await;
+        self.app.cleanup().await;
+        self.control.cleanup().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
+    let w = setup(DOWNLOAD_SCRIPT).await;
+    let (client, control, stored) = (w.client.clone(), &w.control, &w.stored);
+    // Ready with a view: staged, copied, completed, released, detached.
+    let ready = w.settled().await.unwrap_or_else(|b| {
+        panic!(
+            "the block download failed: {:?}\n{}",
+            b.status,
+            w.agent_log()
+        )
+    });
     let realized = ready.status.as_ref().unwrap().realized.clone().unwrap();
     let bytes = u64::try_from(realized.bytes.unwrap()).unwrap();
     assert!(bytes >= 300_000, "{realized:?}");
@@ -407,29 +511,10 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
         holders.items
     );
     // The staging Job completes once the agent answered its hold.
-    let jobs = app.api::<Job>();
-    eventually("the staging Job Complete", TIMEOUT, || {
-        let jobs = jobs.clone();
-        async move {
-            let list = jobs
-                .list(&ListParams::default().labels("nvsnap.io/model-staging=true"))
-                .await
-                .ok()?;
-            let job = list.items.first()?;
-            job.status
-                .as_ref()?
-                .conditions
-                .as_ref()?
-                .iter()
-                .any(|c| c.type_ == "Complete" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    w.staging_job_condition("Complete").await;
 
     // The reader: waits, then reads the copy through its read-only view and cannot write.
-    let done = wait_pod_finished(&pods, "qwen3-reader", TIMEOUT)
+    let done = wait_pod_finished(&w.pods, "qwen3-reader", TIMEOUT)
         .await
         .unwrap();
     assert_eq!(
@@ -438,7 +523,7 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
         "{:?}",
         done.status
     );
-    let report = termination_message(&done, &engine).unwrap();
+    let report = termination_message(&done, &w.engine).unwrap();
     eprintln!("reader report:\n{report}");
     assert_eq!(
         report.lines().find_map(|l| l.strip_prefix("read=")),
@@ -461,20 +546,56 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
         );
     }
 
-    drop(agent);
-    stop.cancel();
-    let _ = task.await;
-    bindings
-        .patch(
-            &binding_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
-        )
+    w.finish().await;
+}
+
+/// Hostile staged content: a FIFO in the tree. Every copy refuses it, the agent gives up after
+/// three, drops the claim and answers `failed`; the Job fails at once (pod failure policy) and
+/// the binding records the failure with the agent's words; nothing is labelled complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_failed_copies_drop_the_claim_and_fail_the_download_with_the_agents_words() {
+    let w = setup(&format!("{DOWNLOAD_SCRIPT}mkfifo \"$d/not-a-model\"\n")).await;
+    let failed = w
+        .settled()
+        .await
+        .expect_err("a tree with a FIFO must not become a cache");
+    w.staging_job_condition("Failed").await;
+    let status = failed.status.clone().unwrap();
+    let record = status.failure_record.clone().expect("a failure record");
+    assert!(
+        record.message.contains("could not copy") && record.message.contains("3 times"),
+        "{record:?}\n{}",
+        w.agent_log()
+    );
+    let claims: Api<PersistentVolumeClaim> = w.control.api();
+    let claim = claims
+        .get_opt(&warmcache_api_modelcache::writer_pvc_name(
+            &w.stored.spec.identity,
+        ))
         .await
         .unwrap();
-    let _ = classes
-        .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
-        .await;
-    app.cleanup().await;
-    control.cleanup().await;
+    assert!(
+        claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()),
+        "the claim is dropped"
+    );
+    let log = w.agent_log();
+    assert_eq!(log.matches("the copy failed").count(), 3, "{log}");
+    assert!(
+        log.contains("not-a-model"),
+        "the refusal names the entry: {log}"
+    );
+    let pvs = Api::<PersistentVolume>::all(w.client.clone())
+        .list(&ListParams::default().labels(COMPLETE_LABEL))
+        .await
+        .unwrap();
+    assert!(
+        pvs.items.iter().all(
+            |pv| pv.labels().get(warmcache_modelvolume::keys::MODEL_LABEL)
+                != Some(&warmcache_api_modelcache::identity_hash(
+                    &w.stored.spec.identity
+                ))
+        ),
+        "nothing of this cache is labelled complete"
+    );
+    w.finish().await;
 }

@@ -32,8 +32,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use warmcache_api_modelcache::identity_hash;
 use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition};
+use warmcache_api_modelcache::{identity_hash, writer_job_name};
 
 use crate::keys::{BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::lifecycle::copied_bytes;
@@ -76,6 +76,9 @@ pub struct Staged {
     pub binding_uid: String,
     /// The emptyDir holding the staged tree.
     pub staging_volume: String,
+    /// The Job controlling the pod (its controller ownerReference of kind `batch/v1` Job):
+    /// name and UID.
+    pub job: Option<(String, String)>,
 }
 
 /// Where a staging pod is.
@@ -156,7 +159,14 @@ pub fn staging_state(pod: &Pod) -> StagingState {
             StagingState::Downloading
         };
     }
+    let job = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.api_version == "batch/v1" && o.kind == "Job")
+        .map(|o| (o.name.clone(), o.uid.clone()));
     StagingState::Staged(Staged {
+        job,
         namespace: namespace.clone(),
         name: name.clone(),
         uid: uid.clone(),
@@ -407,6 +417,25 @@ pub fn staging_step(obs: &AgentObserved<'_>) -> AgentStep {
             staged.binding
         ));
     }
+    // Only the binding's own staging Job, in its writer namespace, fills its primary: a pod
+    // anyone else labels and annotates like one is never copied.
+    let writer = b.status.as_ref().and_then(|s| s.writer.as_ref());
+    let writer_ns = writer.map_or(b.spec.resources.writer_namespace.as_str(), |w| {
+        w.namespace.as_str()
+    });
+    let job_name = writer_job_name(&b.spec.identity);
+    let job_ok = staged.job.as_ref().is_some_and(|(name, uid)| {
+        *name == job_name
+            && writer
+                .and_then(|w| w.job_uid.as_ref())
+                .is_none_or(|u| u == uid)
+    });
+    if staged.namespace != writer_ns || !job_ok {
+        return AgentStep::Foreign(format!(
+            "pod {}/{} is not binding {}'s staging Job {writer_ns}/{job_name}; it is never copied",
+            staged.namespace, staged.name, staged.binding
+        ));
+    }
     let Some(claim) = obs.claim else {
         return AgentStep::CreateClaim;
     };
@@ -500,6 +529,8 @@ mod tests {
         ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
         PersistentVolumeClaimStatus, PodStatus,
     };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use warmcache_api_modelcache::v2beta1::WriterStatus;
 
     const NODE: &str = "gpu-1";
     const PAUSE: &str = "registry.k8s.io/pause:3.10";
@@ -546,11 +577,19 @@ mod tests {
         hold: Option<ContainerState>,
     ) -> Pod {
         let job = writer_job(b, &init_step(), &[], &WriterOptions::default()).unwrap();
-        let template = job.spec.unwrap().template;
+        let template = job.spec.clone().unwrap().template;
         let mut meta = template.metadata.unwrap();
         meta.namespace = Some("team-a".into());
         meta.name = Some("dl-abc".into());
         meta.uid = Some("pod-uid".into());
+        meta.owner_references = Some(vec![OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: job.metadata.name.clone().unwrap(),
+            uid: "job-uid".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]);
         Pod {
             metadata: meta,
             spec: template.spec,
@@ -796,6 +835,37 @@ mod tests {
         s2.binding_uid = rwx.metadata.uid.clone().unwrap();
         assert!(matches!(
             staging_step(&obs(&rwx, &s2, None, None)),
+            AgentStep::Foreign(_)
+        ));
+        // A pod that only looks like the staging pod: another namespace, no Job, another Job,
+        // or not the Job the Lease recorded.
+        let mut elsewhere = s.clone();
+        elsewhere.namespace = "team-z".into();
+        assert!(matches!(
+            staging_step(&obs(&b, &elsewhere, None, None)),
+            AgentStep::Foreign(_)
+        ));
+        let mut bare = s.clone();
+        bare.job = None;
+        assert!(matches!(
+            staging_step(&obs(&b, &bare, None, None)),
+            AgentStep::Foreign(_)
+        ));
+        let mut other_job = s.clone();
+        other_job.job = Some(("my-job".into(), "job-uid".into()));
+        assert!(matches!(
+            staging_step(&obs(&b, &other_job, None, None)),
+            AgentStep::Foreign(_)
+        ));
+        let mut leased = b.clone();
+        leased.status.get_or_insert_with(Default::default).writer = Some(WriterStatus {
+            namespace: "team-a".into(),
+            job_name: writer_job_name(&b.spec.identity),
+            job_uid: Some("another-job-uid".into()),
+            ..WriterStatus::default()
+        });
+        assert!(matches!(
+            staging_step(&obs(&leased, &s, None, None)),
             AgentStep::Foreign(_)
         ));
         // The binding is gone: nothing.
