@@ -818,23 +818,7 @@ fn rwx(
 
     // 3. Completion, read from the PV.
     if is_complete(b, primary) {
-        let bytes = recorded_bytes(primary);
-        realized.population_state = Some(PopulationState::Ready);
-        *failure = None;
-        realized.bytes = bytes.and_then(|n| i64::try_from(n).ok());
-        realized.source_namespace = primary
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SOURCE_NAMESPACE_LABEL))
-            .cloned();
-        if realized.provider_data_identity.is_none() {
-            realized.provider_data_identity = primary
-                .spec
-                .as_ref()
-                .and_then(|s| s.csi.as_ref())
-                .map(|c| c.volume_handle.clone());
-        }
+        let bytes = record_complete(primary, realized, failure);
         release_writer_claim(obs, out);
         let pending = views(obs, primary, bytes, &stored_views, realized, out);
         out.set(
@@ -846,21 +830,7 @@ fn rwx(
                 bytes.map(|n| format!(" ({n} bytes)")).unwrap_or_default()
             ),
         );
-        if pending == 0 {
-            out.set(
-                PROGRESSING,
-                false,
-                Reason::Reconciled,
-                "every reading namespace has its view",
-            );
-        } else {
-            out.set(
-                PROGRESSING,
-                true,
-                Reason::CreatingViews,
-                format!("{pending} view(s) of reading namespaces are being recorded or created"),
-            );
-        }
+        views_progress(pending, out);
         out.set(DEGRADED, false, Reason::AsExpected, "");
         return;
     }
@@ -869,17 +839,7 @@ fn rwx(
     if let Some(job) = obs.job {
         let record = obs.writer.record.clone().map(Action::WriteLease);
         if !job_is_ours(b, job) {
-            degraded(
-                out,
-                Reason::ForeignObject,
-                format!(
-                    "Job {}/{} exists but was not created for this binding (annotation {} differs); it is never adopted or deleted",
-                    writer_ns,
-                    job.metadata.name.clone().unwrap_or_default(),
-                    crate::volume_keys::BINDING_UID_LABEL_ANNOTATION
-                ),
-            );
-            return;
+            return foreign_job(writer_ns, job, out);
         }
         if job_condition(job, "Complete") {
             let bytes = measured_bytes(&obs.job_pods);
@@ -962,6 +922,40 @@ pub fn copied_bytes(claim: &PersistentVolumeClaim) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Degraded `ForeignObject` for a Job under the binding's name that was not created for it.
+fn foreign_job(writer_ns: &str, job: &Job, out: &mut Builder) {
+    degraded(
+        out,
+        Reason::ForeignObject,
+        format!(
+            "Job {}/{} exists but was not created for this binding (annotation {} differs); it is never adopted or deleted",
+            writer_ns,
+            job.metadata.name.clone().unwrap_or_default(),
+            crate::volume_keys::BINDING_UID_LABEL_ANNOTATION
+        ),
+    );
+}
+
+/// Progressing once the copy is complete: `Reconciled` when every reading namespace has its
+/// view, else `CreatingViews` with how many are pending.
+fn views_progress(pending: usize, out: &mut Builder) {
+    if pending == 0 {
+        out.set(
+            PROGRESSING,
+            false,
+            Reason::Reconciled,
+            "every reading namespace has its view",
+        );
+    } else {
+        out.set(
+            PROGRESSING,
+            true,
+            Reason::CreatingViews,
+            format!("{pending} view(s) of reading namespaces are being recorded or created"),
+        );
+    }
 }
 
 /// Records a complete primary in `realized` (population Ready, bytes, source namespace, data
@@ -1092,21 +1086,7 @@ fn rox(
             return;
         }
         let pending = views(obs, primary, bytes, &stored_views, realized, out);
-        if pending == 0 {
-            out.set(
-                PROGRESSING,
-                false,
-                Reason::Reconciled,
-                "every reading namespace has its view",
-            );
-        } else {
-            out.set(
-                PROGRESSING,
-                true,
-                Reason::CreatingViews,
-                format!("{pending} view(s) of reading namespaces are being recorded or created"),
-            );
-        }
+        views_progress(pending, out);
         out.actions.extend(record);
         return;
     }
@@ -1168,17 +1148,7 @@ fn rox(
     let failed_before = realized.population_state == Some(PopulationState::Failed);
     if let Some(job) = obs.job {
         if !job_is_ours(b, job) {
-            degraded(
-                out,
-                Reason::ForeignObject,
-                format!(
-                    "Job {}/{} exists but was not created for this binding (annotation {} differs); it is never adopted or deleted",
-                    writer_ns,
-                    job.metadata.name.clone().unwrap_or_default(),
-                    crate::volume_keys::BINDING_UID_LABEL_ANNOTATION
-                ),
-            );
-            return;
+            return foreign_job(writer_ns, job, out);
         }
         if job_condition(job, "Failed") {
             job_failed(obs, job, realized, failure, out);
