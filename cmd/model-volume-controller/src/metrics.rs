@@ -159,3 +159,43 @@ impl Metrics {
         self.copies.with_label_values(&["gave_up"]).inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use warmcache_telemetry::prometheus::{Encoder, TextEncoder};
+
+    /// Every series exists from the start (0), with fixed label values only. With
+    /// `WARMCACHE_AGENT_METRICS_DUMP=<file>` the exposition is kept for `promtool check metrics`.
+    #[test]
+    fn every_series_is_exported_with_fixed_labels() {
+        let registry = Registry::new();
+        let m = Metrics::register(&registry).unwrap();
+        m.step(&AgentStep::CreateClaim);
+        m.copied(1 << 20, 2.5);
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        for s in STEPS {
+            assert!(
+                text.contains(&format!("staged_steps_total{{step=\"{s}\"}}")),
+                "{text}"
+            );
+        }
+        for o in OUTCOMES {
+            assert!(
+                text.contains(&format!("copies_total{{outcome=\"{o}\"}}")),
+                "{text}"
+            );
+        }
+        assert!(text.contains("copied_bytes_total 1048576"), "{text}");
+        assert!(text.contains("copy_seconds_count 1"), "{text}");
+        assert!(Metrics::register(&registry).is_err(), "registered twice");
+        if let Some(path) = std::env::var_os("WARMCACHE_AGENT_METRICS_DUMP") {
+            std::fs::write(path, &text).unwrap();
+        }
+    }
+}

@@ -1296,6 +1296,14 @@ fn start_download(
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(TRACE_PARENT_ANNOTATION.to_owned(), tp.clone());
+        // The staging pod too: the node agent continues the trace from it.
+        if b.spec.decision.transition == Transition::RoxReadOnly
+            && let Some(meta) = job.spec.as_mut().and_then(|s| s.template.metadata.as_mut())
+        {
+            meta.annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(TRACE_PARENT_ANNOTATION.to_owned(), tp.clone());
+        }
     }
     out.actions.push(Action::CreateJob(Box::new(job)));
     out.actions
@@ -3118,10 +3126,25 @@ mod tests {
             step: init_step(),
             pod_env: Vec::new(),
         });
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        o.traceparents = BTreeMap::from([("team-a".to_owned(), tp.to_owned())]);
         let s = step(&o);
         let [Action::CreateJob(job)] = &s.actions[..] else {
             panic!("{:?}", s.actions);
         };
+        let pod_meta = job
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            pod_meta.annotations.as_ref().unwrap()[TRACE_PARENT_ANNOTATION],
+            tp,
+            "the staging pod carries the reader's trace to the node agent"
+        );
         let template = &job.spec.as_ref().unwrap().template;
         assert!(
             template
