@@ -10,6 +10,7 @@
 //! |---|---|---|---|
 //! | `pods` | list, watch | cluster, field `spec.nodeName=<node>`, label `app.kubernetes.io/managed-by=warmcache` | this node's staging pods and mount holders |
 //! | `pods` | create, delete | control namespace | mount holders (delete with a UID precondition) |
+//! | `pods` | get | cluster | the staging pod a primary claim was created for, to find it gone (then the claim is dropped and the election runs again); the binding's mount holder on another node |
 //! | `persistentvolumeclaims` | get, list, watch, create, patch, delete | control namespace | the primary claim: created sized from the bytes, read afresh before a copy (never copied twice), the copy recorded (merge patch with resourceVersion), dropped after three failed copies (UID precondition) |
 //! | `modelcachebindings` | list, watch | control namespace | the binding a staging pod names |
 //! | `events` | create | | Events |
@@ -27,8 +28,9 @@ use tracing::Instrument;
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
 use warmcache_api_modelcache::writer_pvc_name;
 use warmcache_modelvolume::agent::{
-    AgentObserved, AgentStep, COMPONENT_LABEL, Doomed, HolderImage, MOUNT_HOLDER, Staged,
-    StagingState, copy_attempts, holder_name, staged_primary_claim, staging_state, staging_step,
+    AgentObserved, AgentStep, COMPONENT_LABEL, COPY_POD_ANNOTATION, COPY_POD_NAME_ANNOTATION,
+    Doomed, HolderImage, MOUNT_HOLDER, Staged, StagingState, copy_attempts, holder_name,
+    staged_primary_claim, staging_state, staging_step,
 };
 use warmcache_modelvolume::keys::{BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use warmcache_modelvolume::lifecycle::copied_bytes;
@@ -309,6 +311,42 @@ impl Agent {
             .any(|f| dir.join(f).symlink_metadata().is_ok())
     }
 
+    /// Whether the staging pod `claim` was created for is gone (read afresh): not found, another
+    /// UID, finished, or being deleted. `false` for this pod, and when the claim does not say
+    /// which pod it was.
+    async fn claim_pod_gone(
+        &self,
+        claim: &PersistentVolumeClaim,
+        staged: &Staged,
+    ) -> Result<bool, Failure> {
+        let a = claim.annotations();
+        let (Some(uid), Some(name), Some(namespace)) = (
+            a.get(COPY_POD_ANNOTATION),
+            a.get(COPY_POD_NAME_ANNOTATION),
+            a.get(SOURCE_NAMESPACE_LABEL),
+        ) else {
+            return Ok(false);
+        };
+        if *uid == staged.uid {
+            return Ok(false);
+        }
+        let pod = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error("get", "pods", name, e))?;
+        Ok(match pod {
+            None => true,
+            Some(p) => {
+                p.metadata.uid.as_ref() != Some(uid)
+                    || p.metadata.deletion_timestamp.is_some()
+                    || matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Failed" | "Succeeded")
+                    )
+            }
+        })
+    }
+
     async fn create_claim(
         &self,
         b: &ModelCacheBinding,
@@ -335,13 +373,15 @@ impl Agent {
             bytes,
             self.settings.min_bytes,
         );
-        let annotations = claim.metadata.annotations.get_or_insert_with(BTreeMap::new);
-        annotations.insert(SOURCE_NAMESPACE_LABEL.to_owned(), staged.namespace.clone());
         if let Some(tp) = traceparent {
-            annotations.insert(
-                warmcache_telemetry::TRACE_PARENT_ANNOTATION.to_owned(),
-                tp.clone(),
-            );
+            claim
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(
+                    warmcache_telemetry::TRACE_PARENT_ANNOTATION.to_owned(),
+                    tp.clone(),
+                );
         }
         match self
             .claims_api()
@@ -506,6 +546,10 @@ impl Reconciler<Pod> for Agent {
                 .get(&ObjectRef::new(&staged.binding).within(&self.settings.control_namespace));
             let claim = binding.as_deref().and_then(|b| self.claim(b));
             let holder = binding.as_deref().and_then(|b| self.holder(b));
+            let claim_pod_gone = match claim.as_deref() {
+                Some(c) if copied_bytes(c).is_none() => self.claim_pod_gone(c, &staged).await?,
+                _ => false,
+            };
             let step = staging_step(&AgentObserved {
                 node: &self.settings.node,
                 staged: &staged,
@@ -513,11 +557,35 @@ impl Reconciler<Pod> for Agent {
                 claim: claim.as_deref(),
                 holder: holder.as_deref(),
                 holder_image: &self.settings.holder_image,
+                claim_pod_gone,
             });
             self.metrics.step(&step);
             match step {
                 AgentStep::Wait(why) => {
                     tracing::debug!(%why, "waiting");
+                    Ok(Action::requeue(REQUEUE_WAITING))
+                }
+                AgentStep::DropClaim { claim } => {
+                    // The binding's holder runs on the gone pod's node, outside this cache.
+                    if let Some(b) = binding.as_deref() {
+                        let name = holder_name(b);
+                        let holder = self
+                            .pods_api()
+                            .get_opt(&name)
+                            .await
+                            .map_err(|e| api_error("get", "pods", &name, e))?;
+                        if let Some(d) = holder
+                            .filter(|h| {
+                                h.labels().get(COMPONENT_LABEL).map(String::as_str)
+                                    == Some(MOUNT_HOLDER)
+                            })
+                            .and_then(|h| Some(Doomed { name: h.metadata.name?, uid: h.metadata.uid? }))
+                        {
+                            self.delete_pod(&d).await?;
+                        }
+                    }
+                    self.delete_claim(&claim).await?;
+                    tracing::info!(claim = %claim.name, "dropped a primary claim whose staging pod is gone before its copy; electing again");
                     Ok(Action::requeue(REQUEUE_WAITING))
                 }
                 AgentStep::Foreign(why) => {

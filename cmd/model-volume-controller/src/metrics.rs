@@ -16,7 +16,7 @@ use warmcache_telemetry::prometheus::{
 };
 
 /// Label values of `staged_steps_total`.
-pub const STEPS: [&str; 8] = [
+pub const STEPS: [&str; 9] = [
     "wait",
     "create_claim",
     "create_holder",
@@ -24,6 +24,7 @@ pub const STEPS: [&str; 8] = [
     "copy",
     "answer_copied",
     "give_up",
+    "drop_claim",
     "foreign",
 ];
 
@@ -40,6 +41,7 @@ pub const fn step_label(step: &AgentStep) -> &'static str {
         AgentStep::Copy { .. } => "copy",
         AgentStep::AnswerCopied { .. } => "answer_copied",
         AgentStep::GiveUp { .. } => "give_up",
+        AgentStep::DropClaim { .. } => "drop_claim",
         AgentStep::Foreign(_) => "foreign",
     }
 }

@@ -24,6 +24,14 @@ const OWN: &[Permission] = &[
     Permission {
         group: "",
         resource: "pods",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "the staging pod a primary claim was created for, read afresh to find it gone before its copy (the claim is then dropped and the election runs again); the binding's mount holder on another node",
+    },
+    Permission {
+        group: "",
+        resource: "pods",
         verbs: &["create", "delete"],
         scope: Scope::ControlNamespace,
         names: &[],

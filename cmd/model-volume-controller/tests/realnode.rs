@@ -37,6 +37,7 @@ use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
 use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition};
 use warmcache_binding_controller::controller::{Settings, start};
 use warmcache_catalog::{CatalogInput, CatalogSnapshot, Gates};
+use warmcache_modelvolume::agent::{Staged, staged_primary_claim};
 use warmcache_modelvolume::keys::{DOWNLOAD_STEP_ANNOTATION, WAIT_CONTAINER};
 use warmcache_modelvolume::volume_keys::{
     BYTES_ANNOTATION, COMPLETE_LABEL, MANIFEST_DIGEST_ANNOTATION,
@@ -212,7 +213,9 @@ struct World {
 /// One test at a time: both use the cluster-wide StorageClass nvcf-sc.
 static ONE_CLASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn setup(download: &str) -> World {
+/// `stale_claim`: before the reader exists, the primary claim an agent would have created for a
+/// staging pod that is gone since (evicted, its node lost).
+async fn setup(download: &str, stale_claim: bool) -> World {
     let one = ONE_CLASS.lock().await;
     let driver = TestCsiDriver::NamespacedBlock;
     let node = RealNode::shared().await.unwrap();
@@ -348,6 +351,23 @@ async fn setup(download: &str) -> World {
         .name
         .clone();
     let landing = reader.plan.landing().to_owned();
+    if stale_claim {
+        let gone = Staged {
+            namespace: app.name.clone(),
+            name: "writer-job-of-an-evicted-pod".into(),
+            uid: "0b0e7a1e-0000-4000-8000-000000000000".into(),
+            binding: binding_name.clone(),
+            binding_uid: stored.metadata.uid.clone().unwrap(),
+            staging_volume: "nvsnap-staging".into(),
+            job: None,
+        };
+        let claim = staged_primary_claim(&stored, &gone, "gpu-node-that-is-gone", 1, 1 << 30);
+        control
+            .api::<PersistentVolumeClaim>()
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap();
+    }
     let pods = app.api::<Pod>();
     let mut pod = for_the_test_node(&rendered, &engine, &landing, download);
     pod.metadata.name = Some("qwen3-reader".into());
@@ -446,7 +466,7 @@ impl World {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
-    let w = setup(DOWNLOAD_SCRIPT).await;
+    let w = setup(DOWNLOAD_SCRIPT, false).await;
     let (client, control, stored) = (w.client.clone(), &w.control, &w.stored);
     // Ready with a view: staged, copied, completed, released, detached.
     let ready = w.settled().await.unwrap_or_else(|b| {
@@ -554,7 +574,11 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
 /// the binding records the failure with the agent's words; nothing is labelled complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_failed_copies_drop_the_claim_and_fail_the_download_with_the_agents_words() {
-    let w = setup(&format!("{DOWNLOAD_SCRIPT}mkfifo \"$d/not-a-model\"\n")).await;
+    let w = setup(
+        &format!("{DOWNLOAD_SCRIPT}mkfifo \"$d/not-a-model\"\n"),
+        false,
+    )
+    .await;
     let failed = w
         .settled()
         .await
@@ -596,6 +620,38 @@ async fn three_failed_copies_drop_the_claim_and_fail_the_download_with_the_agent
                 ))
         ),
         "nothing of this cache is labelled complete"
+    );
+    w.finish().await;
+}
+
+/// A primary claim left by an agent for a staging pod that is gone before its copy (evicted, its
+/// node lost): the agent of the live staging pod finds that pod gone, drops the claim and is
+/// elected in its place; the download completes as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_staging_pod_is_gone_is_dropped_and_elected_again() {
+    let w = setup(DOWNLOAD_SCRIPT, true).await;
+    let ready = w.settled().await.unwrap_or_else(|b| {
+        panic!(
+            "the block download failed: {:?}\n{}",
+            b.status,
+            w.agent_log()
+        )
+    });
+    let log = w.agent_log();
+    assert!(
+        log.contains("dropped a primary claim whose staging pod is gone"),
+        "{log}"
+    );
+    let realized = ready.status.as_ref().unwrap().realized.clone().unwrap();
+    assert!(realized.bytes.unwrap() >= 300_000, "{realized:?}");
+    let done = wait_pod_finished(&w.pods, "qwen3-reader", TIMEOUT)
+        .await
+        .unwrap();
+    let report = termination_message(&done, &w.engine).unwrap();
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("read=")),
+        Some(CONFIG_JSON),
+        "{report}"
     );
     w.finish().await;
 }

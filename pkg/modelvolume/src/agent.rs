@@ -40,7 +40,7 @@ use crate::lifecycle::copied_bytes;
 use crate::view;
 use crate::volume_keys::{
     BINDING_LABEL, BINDING_UID_LABEL_ANNOTATION, COPY_ATTEMPTS_ANNOTATION, COPY_NODE_ANNOTATION,
-    WRITER_CONTAINER,
+    SOURCE_NAMESPACE_LABEL, WRITER_CONTAINER,
 };
 use crate::writer::{HOLD_CONTAINER, STAGING_VOLUME_ANNOTATION};
 
@@ -49,6 +49,9 @@ pub const MAX_COPY_ATTEMPTS: u32 = 3;
 
 /// Annotation on a primary claim the agent created: the UID of the staging pod it copies.
 pub const COPY_POD_ANNOTATION: &str = "warmcache.nvidia.io/copy-pod";
+/// Annotation on a primary claim the agent created: the name of that staging pod (in the
+/// namespace of [`crate::volume_keys::SOURCE_NAMESPACE_LABEL`], also an annotation there).
+pub const COPY_POD_NAME_ANNOTATION: &str = "warmcache.nvidia.io/copy-pod-name";
 
 /// The label of mount holder pods (`app.kubernetes.io/component`).
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
@@ -305,6 +308,8 @@ pub fn staged_primary_claim(
     claim.metadata.annotations = Some(BTreeMap::from([
         (COPY_NODE_ANNOTATION.to_owned(), node.to_owned()),
         (COPY_POD_ANNOTATION.to_owned(), staged.uid.clone()),
+        (COPY_POD_NAME_ANNOTATION.to_owned(), staged.name.clone()),
+        (SOURCE_NAMESPACE_LABEL.to_owned(), staged.namespace.clone()),
         (SELECTED_NODE_ANNOTATION.to_owned(), node.to_owned()),
         (
             BINDING_UID_LABEL_ANNOTATION.to_owned(),
@@ -375,6 +380,12 @@ pub enum AgentStep {
         /// Why.
         words: String,
     },
+    /// The claim was created for another staging pod that is gone, and records no copy: delete
+    /// it (and the mount holder of the binding, wherever it runs) so a new election follows.
+    DropClaim {
+        /// The claim.
+        claim: Doomed,
+    },
     /// An object under the binding's names that the agent did not create for this pod.
     Foreign(String),
 }
@@ -394,6 +405,10 @@ pub struct AgentObserved<'a> {
     pub holder: Option<&'a Pod>,
     /// The mount holder's image.
     pub holder_image: &'a HolderImage,
+    /// Whether the staging pod the claim was created for ([`COPY_POD_ANNOTATION`],
+    /// [`COPY_POD_NAME_ANNOTATION`]) is gone: not found, another UID, finished or being deleted,
+    /// read afresh by the agent. Only a definite answer is `true`.
+    pub claim_pod_gone: bool,
 }
 
 /// The next step for a staged download (see the module documentation).
@@ -467,6 +482,15 @@ pub fn staging_step(obs: &AgentObserved<'_>) -> AgentStep {
         })
         .and_then(|h| doomed(&h.metadata));
     if pod != Some(staged.uid.as_str()) || node != Some(obs.node) {
+        // Another staging pod's claim: once that pod is gone (evicted, its node lost, its Job
+        // retried) before a copy was recorded, the claim is dropped so this pod's agent can be
+        // elected; a recorded copy is the binding controller's to complete.
+        if copied_bytes(claim).is_none() && obs.claim_pod_gone {
+            return match doomed(&claim.metadata) {
+                Some(claim) => AgentStep::DropClaim { claim },
+                None => AgentStep::Wait(format!("claim {claim_name} is being deleted")),
+            };
+        }
         return AgentStep::Wait(format!(
             "claim {claim_name} is being filled from staging pod {} on node {}",
             pod.unwrap_or_default(),
@@ -621,6 +645,7 @@ mod tests {
             claim,
             holder,
             holder_image: &PAUSE_IMAGE,
+            claim_pod_gone: false,
         }
     }
 
@@ -809,12 +834,39 @@ mod tests {
             staging_step(&obs(&b, &s, Some(&bare), None)),
             AgentStep::Foreign(_)
         ));
-        // Another staging pod's (a retried Job pod on another node).
-        let other = bound(staged_primary_claim(&b, &s, "gpu-2", 1, 0));
+        // Another staging pod's (a retried Job pod on another node): waits while that pod
+        // lives; dropped once it is gone, unless a copy is recorded.
+        let mut first = s.clone();
+        first.uid = "first-pod-uid".into();
+        let other = bound(staged_primary_claim(&b, &first, "gpu-2", 1, 0));
         assert!(matches!(
             staging_step(&obs(&b, &s, Some(&other), None)),
             AgentStep::Wait(_)
         ));
+        let mut gone = obs(&b, &s, Some(&other), None);
+        gone.claim_pod_gone = true;
+        assert_eq!(
+            staging_step(&gone),
+            AgentStep::DropClaim {
+                claim: Doomed {
+                    name: other.metadata.name.clone().unwrap(),
+                    uid: "claim-uid".into()
+                }
+            }
+        );
+        let mut copied_other = other.clone();
+        copied_other
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(COPIED_BYTES_ANNOTATION.into(), "5".into());
+        let mut gone = obs(&b, &s, Some(&copied_other), None);
+        gone.claim_pod_gone = true;
+        assert!(
+            matches!(staging_step(&gone), AgentStep::Wait(_)),
+            "a recorded copy is kept"
+        );
         // A binding recreated under the same name (another UID).
         let mut b2 = b.clone();
         b2.metadata.uid = Some("new-uid".into());
