@@ -449,6 +449,11 @@ mod tests {
         assert_eq!(view_size(GIB).0, "2Gi");
         assert_eq!(view_size(10 * GIB).0, "11Gi");
         assert_eq!(view_size(u64::MAX).0, format!("{}Gi", u64::MAX / GIB + 1));
+        // A block primary's floor: rounded up to GiB, and only when above the headroom size.
+        assert_eq!(sized(10, 40 * GIB).0, "40Gi");
+        assert_eq!(sized(10, GIB + 1).0, "2Gi");
+        assert_eq!(sized(15 * GIB, GIB).0, "17Gi");
+        assert_eq!(sized(0, u64::MAX).0, format!("{}Gi", u64::MAX / GIB + 1));
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub use copy::{
     verify_manifest,
 };
 pub use error::{Error, Problem, Shown};
-pub use measure::{GIB, measure, volume_size_bytes};
+pub use measure::measure;
 pub use mounts::{
     BindOutcome, BindState, MountInfo, bind_state, ensure_read_only_bind, parse_mountinfo,
     read_mountinfo, top_mount, unbind,
