@@ -23,6 +23,7 @@ use warmcache_runtime::Cache;
 use warmcache_telemetry::prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
+use warmcache_telemetry::register_metric;
 
 /// Label values of `bindings`.
 pub const POPULATIONS: [&str; 5] = ["Unknown", "Pending", "Populating", "Ready", "Failed"];
@@ -46,13 +47,8 @@ pub const ACTIONS: [&str; 12] = [
 /// Label values of `writer_lease_writes_total`.
 pub const LEASE_WRITES: [&str; 4] = ["created", "updated", "taken_over", "lost"];
 
-/// A metric could not be created or registered.
-#[derive(Debug, thiserror::Error)]
-#[error("metric {name}: {source}")]
-pub struct MetricsError {
-    name: &'static str,
-    source: warmcache_telemetry::prometheus::Error,
-}
+/// A metric that could not be created or registered.
+pub use warmcache_telemetry::MetricError as MetricsError;
 
 /// The controller's metrics.
 #[derive(Clone)]
@@ -68,25 +64,10 @@ pub struct Metrics {
     waiting_readers_deleted: IntCounter,
 }
 
-fn reg<M>(
-    registry: &Registry,
-    name: &'static str,
-    metric: Result<M, warmcache_telemetry::prometheus::Error>,
-) -> Result<M, MetricsError>
-where
-    M: warmcache_telemetry::prometheus::core::Collector + Clone + 'static,
-{
-    let metric = metric.map_err(|source| MetricsError { name, source })?;
-    registry
-        .register(Box::new(metric.clone()))
-        .map_err(|source| MetricsError { name, source })?;
-    Ok(metric)
-}
-
 impl Metrics {
     /// Creates and registers the metrics, every label value exported with 0.
     pub fn register(registry: &Registry) -> Result<Self, MetricsError> {
-        let bindings = reg(
+        let bindings = register_metric(
             registry,
             "bindings",
             IntGaugeVec::new(
@@ -94,12 +75,12 @@ impl Metrics {
                 &["population"],
             ),
         )?;
-        let started = reg(
+        let started = register_metric(
             registry,
             "downloads_started_total",
             IntCounter::new("downloads_started_total", "Writer Jobs created."),
         )?;
-        let succeeded = reg(
+        let succeeded = register_metric(
             registry,
             "downloads_succeeded_total",
             IntCounter::new(
@@ -107,17 +88,17 @@ impl Metrics {
                 "Primary volumes stored complete and retained.",
             ),
         )?;
-        let failed = reg(
+        let failed = register_metric(
             registry,
             "downloads_failed_total",
             IntCounter::new("downloads_failed_total", "Downloads that failed."),
         )?;
-        let views = reg(
+        let views = register_metric(
             registry,
             "views_created_total",
             IntCounter::new("views_created_total", "Read-only view claims created."),
         )?;
-        let actions = reg(
+        let actions = register_metric(
             registry,
             "actions_total",
             IntCounterVec::new(
@@ -125,7 +106,7 @@ impl Metrics {
                 &["action"],
             ),
         )?;
-        let time_to_ready = reg(
+        let time_to_ready = register_metric(
             registry,
             "time_to_ready_seconds",
             Histogram::with_opts(
@@ -139,7 +120,7 @@ impl Metrics {
                 ]),
             ),
         )?;
-        let lease_writes = reg(
+        let lease_writes = register_metric(
             registry,
             "writer_lease_writes_total",
             IntCounterVec::new(
@@ -150,7 +131,7 @@ impl Metrics {
                 &["result"],
             ),
         )?;
-        let waiting_readers_deleted = reg(
+        let waiting_readers_deleted = register_metric(
             registry,
             "waiting_readers_deleted_total",
             IntCounter::new(

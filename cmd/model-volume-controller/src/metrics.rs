@@ -14,6 +14,7 @@ use warmcache_modelvolume::agent::AgentStep;
 use warmcache_telemetry::prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
 };
+use warmcache_telemetry::register_metric;
 
 /// Label values of `staged_steps_total`.
 pub const STEPS: [&str; 9] = [
@@ -46,13 +47,8 @@ pub const fn step_label(step: &AgentStep) -> &'static str {
     }
 }
 
-/// A metric that could not be registered.
-#[derive(Debug, thiserror::Error)]
-#[error("registering metric {name}: {source}")]
-pub struct MetricsError {
-    name: &'static str,
-    source: warmcache_telemetry::prometheus::Error,
-}
+/// A metric that could not be created or registered.
+pub use warmcache_telemetry::MetricError as MetricsError;
 
 /// The agent's metrics.
 #[derive(Clone)]
@@ -63,21 +59,6 @@ pub struct Metrics {
     seconds: Histogram,
 }
 
-fn reg<M>(
-    registry: &Registry,
-    name: &'static str,
-    metric: Result<M, warmcache_telemetry::prometheus::Error>,
-) -> Result<M, MetricsError>
-where
-    M: warmcache_telemetry::prometheus::core::Collector + Clone + 'static,
-{
-    let metric = metric.map_err(|source| MetricsError { name, source })?;
-    registry
-        .register(Box::new(metric.clone()))
-        .map_err(|source| MetricsError { name, source })?;
-    Ok(metric)
-}
-
 impl Metrics {
     /// Creates and registers the metrics, every label value exported with 0.
     ///
@@ -85,7 +66,7 @@ impl Metrics {
     ///
     /// A metric that cannot be registered (a name taken twice).
     pub fn register(registry: &Registry) -> Result<Self, MetricsError> {
-        let steps = reg(
+        let steps = register_metric(
             registry,
             "staged_steps_total",
             IntCounterVec::new(
@@ -96,7 +77,7 @@ impl Metrics {
                 &["step"],
             ),
         )?;
-        let copies = reg(
+        let copies = register_metric(
             registry,
             "copies_total",
             IntCounterVec::new(
@@ -104,7 +85,7 @@ impl Metrics {
                 &["outcome"],
             ),
         )?;
-        let bytes = reg(
+        let bytes = register_metric(
             registry,
             "copied_bytes_total",
             IntCounter::new(
@@ -112,7 +93,7 @@ impl Metrics {
                 "Bytes copied into primaries and verified.",
             ),
         )?;
-        let seconds = reg(
+        let seconds = register_metric(
             registry,
             "copy_seconds",
             Histogram::with_opts(

@@ -57,8 +57,8 @@ pub use config::{
 };
 pub use error::TelemetryError;
 pub use metrics::{
-    METRICS_CONTENT_TYPE, Metrics, RECONCILE_DURATION_BUCKETS, ReconcileMetrics, encode_text,
-    is_valid_metric_name,
+    METRICS_CONTENT_TYPE, MetricError, Metrics, RECONCILE_DURATION_BUCKETS, ReconcileMetrics,
+    encode_text, is_valid_metric_name, register_metric,
 };
 pub use propagation::{
     TRACE_PARENT_ANNOTATION, TRACE_STATE_ANNOTATION, current_trace_id, extract,

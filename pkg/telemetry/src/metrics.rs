@@ -15,6 +15,39 @@ use prometheus::{
 
 use crate::error::TelemetryError;
 
+/// A component's metric that could not be created or registered (a bad name or labels, or a
+/// name registered twice).
+#[derive(Debug, thiserror::Error)]
+#[error("metric {name}: {source}")]
+pub struct MetricError {
+    /// The metric.
+    pub name: &'static str,
+    /// Why.
+    #[source]
+    pub source: prometheus::Error,
+}
+
+/// Registers the just-created `metric` (named `name`) in `registry` and returns it: how each
+/// component builds its own metrics in the runtime's registry.
+///
+/// # Errors
+///
+/// [`MetricError`] when the metric could not be created or is already registered.
+pub fn register_metric<M>(
+    registry: &Registry,
+    name: &'static str,
+    metric: Result<M, prometheus::Error>,
+) -> Result<M, MetricError>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric.map_err(|source| MetricError { name, source })?;
+    registry
+        .register(Box::new(metric.clone()))
+        .map_err(|source| MetricError { name, source })?;
+    Ok(metric)
+}
+
 /// Content type of the Prometheus text exposition format served on `/metrics`.
 pub const METRICS_CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 
