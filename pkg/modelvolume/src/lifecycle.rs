@@ -1184,9 +1184,9 @@ fn rox(
         return;
     }
     if obs.primary_claim.is_some() {
-        // A claim without a Job: the agent's copy of a Job that is gone, or a claim it has not
-        // dropped yet; nothing here writes to it. A new staging Job would be copied into it
-        // again (the agent's copy replaces what an earlier attempt left).
+        // A claim without a Job: created for a staging pod of a Job that is gone, and recording
+        // no copy; nothing here writes to it. The new staging Job's agent finds that pod gone,
+        // drops the claim and is elected again (`crate::agent`, `AgentStep::DropClaim`).
         realized.population_state = Some(PopulationState::Populating);
     }
 
