@@ -67,3 +67,8 @@ pub const COPY_ATTEMPTS_ANNOTATION: &str = "warmcache.nvidia.io/copy-attempts";
 
 /// Annotation the node agent puts on a roxReadOnly primary claim it created: its node.
 pub const COPY_NODE_ANNOTATION: &str = "warmcache.nvidia.io/copy-node";
+
+/// Annotation the reaper puts on a primary PV when the binding that read it retires: the
+/// binding's `status.unreferencedSince` (RFC 3339), the last time anything read the volume. The
+/// retention of a complete primary counts from it (from the PV's creation when absent).
+pub const LAST_USED_ANNOTATION: &str = "warmcache.nvidia.io/last-used";

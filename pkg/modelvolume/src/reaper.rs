@@ -1,0 +1,1451 @@
+//! The reaper's rules: the only decisions in warmcache that delete. Pure: the binary
+//! (`cmd/reaper`) reads the objects, asks these functions, and acts on the answer with UID
+//! preconditions. Each rule is named ([`Rule`]), each refusal to act has a reason ([`Keep`]),
+//! and every rule acts only on proof read from the API server.
+//!
+//! | rule | acts on | deletes | when |
+//! |---|---|---|---|
+//! | `idle-retirement` | a ModelCacheBinding | nothing (sets `Retiring`) | no request reference and no live reading pod since `unreferencedSince` + the idle period |
+//! | `retired-binding` | a Retiring (or deleted) binding | exactly what it names: reader views (claims, then PV objects), writer Jobs, writer views (claims, then PVs), the primary claim, the Lease, the StorageClasses and Secrets; then its finalizer | no request reference and no live reading pod; a stage waits while one of its objects is attached, used by a pod or still terminating |
+//! | `orphan-view` | a read-only view PV | the PV object only (Retain: the storage is the primary's) | Released, or its claim's namespace is gone (a definite NotFound) |
+//! | `abandoned-primary` | an incomplete primary PV | its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | Released for longer than the abandon age (by creation time) |
+//! | `expired-primary` | a complete primary PV | its view PV objects first, then its storage (reclaim Delete) | Released, no binding records it, retention > 0 passed since its last use, no view bound in a live namespace |
+//! | `orphan-claim` | a read-only view claim | the claim, then the mount holders that use it | older than the orphan age and no pod other than mount holders uses it |
+//!
+//! Guards every rule shares: a PV with a VolumeAttachment or a claim a live pod uses is kept this
+//! sweep; a namespace is gone only on NotFound ([`NamespaceState`]); an object is only deleted
+//! when it is warmcache's (`app.kubernetes.io/managed-by=warmcache`, and the binding label, when
+//! it has one, names the binding); a view PV whose reclaim policy is not Retain is never deleted
+//! (deleting it could delete the primary's storage on drivers whose views share its handle).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
+use warmcache_api_modelcache::writer_pvc_name;
+
+use crate::agent::{COMPONENT_LABEL, MOUNT_HOLDER};
+use crate::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
+use crate::view::{RETAIN, writer_view_pv_name_in};
+use crate::volume_keys::{
+    BINDING_LABEL, COMPLETE_LABEL, LAST_USED_ANNOTATION, ROLE_PRIMARY, ROLE_READER_SHARED,
+    SOURCE_PV_LABEL, VOLUME_ROLE_LABEL,
+};
+
+/// Default pause between sweeps (nvsnap's `reapInterval`).
+pub const DEFAULT_INTERVAL_SECONDS: u64 = 10 * 60;
+/// Default idle period: how long a binding stays without references before it is retired.
+/// Retiring a binding keeps its complete primary (retention rule), so a model that comes back
+/// after it is read again without a download (warm start).
+pub const DEFAULT_IDLE_SECONDS: i64 = 60 * 60;
+/// Default age after which a Released incomplete primary is abandoned (nvsnap's AbandonAfter).
+pub const DEFAULT_ABANDON_AFTER_SECONDS: i64 = 15 * 60;
+/// Default retention of a complete primary since its last use (nvsnap's `retention`, 168 h);
+/// 0 keeps complete primaries forever.
+pub const DEFAULT_RETENTION_SECONDS: i64 = 168 * 60 * 60;
+/// Default age after which a read-only view claim no pod uses is deleted.
+pub const DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS: i64 = 10 * 60;
+
+/// The reaper's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The control namespace (bindings, primary claims, Leases).
+    pub control_namespace: String,
+    /// Seconds a binding stays unreferenced before `idle-retirement`.
+    pub idle_seconds: i64,
+    /// Seconds after creation a Released incomplete primary is abandoned.
+    pub abandon_after_seconds: i64,
+    /// Seconds a complete primary is kept after its last use; 0 keeps it forever.
+    pub retention_seconds: i64,
+    /// Seconds a read-only view claim may exist without a pod before it is deleted.
+    pub orphan_claim_after_seconds: i64,
+}
+
+impl Config {
+    /// The defaults, for `control_namespace`.
+    pub fn new(control_namespace: impl Into<String>) -> Self {
+        Self {
+            control_namespace: control_namespace.into(),
+            idle_seconds: DEFAULT_IDLE_SECONDS,
+            abandon_after_seconds: DEFAULT_ABANDON_AFTER_SECONDS,
+            retention_seconds: DEFAULT_RETENTION_SECONDS,
+            orphan_claim_after_seconds: DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS,
+        }
+    }
+}
+
+/// A named rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rule {
+    /// An unreferenced binding past the idle period becomes Retiring.
+    IdleRetirement,
+    /// A Retiring binding's named resources are deleted, then its finalizer.
+    RetiredBinding,
+    /// A read-only view PV left Released or in a gone namespace is deleted (object only).
+    OrphanView,
+    /// A Released incomplete primary is deleted with its storage.
+    AbandonedPrimary,
+    /// A complete primary past its retention is deleted (views first).
+    ExpiredPrimary,
+    /// A read-only view claim no pod uses is deleted, then its mount holders.
+    OrphanClaim,
+}
+
+impl Rule {
+    /// Every rule, in the order a sweep applies them.
+    pub const ALL: [Self; 6] = [
+        Self::IdleRetirement,
+        Self::RetiredBinding,
+        Self::OrphanClaim,
+        Self::OrphanView,
+        Self::AbandonedPrimary,
+        Self::ExpiredPrimary,
+    ];
+
+    /// The rule's name (metric label, logs, `--dry-run` output).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::IdleRetirement => "idle-retirement",
+            Self::RetiredBinding => "retired-binding",
+            Self::OrphanView => "orphan-view",
+            Self::AbandonedPrimary => "abandoned-primary",
+            Self::ExpiredPrimary => "expired-primary",
+            Self::OrphanClaim => "orphan-claim",
+        }
+    }
+}
+
+/// Why a rule keeps an object this sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Keep {
+    /// The binding has a request reference or a live reading pod.
+    Referenced,
+    /// The binding has no status yet, or no `unreferencedSince`: the controller has not
+    /// recorded it idle.
+    NotRecordedIdle,
+    /// Unreferenced for less than the idle period.
+    NotIdleLongEnough,
+    /// A VolumeAttachment names the PV (deleting it would wedge behind the attacher).
+    Attached,
+    /// A live pod uses the claim.
+    InUse,
+    /// The namespace could not be read (an error other than NotFound): it may exist.
+    NamespaceUncertain,
+    /// The view is bound to a claim in a live namespace.
+    Bound,
+    /// Younger than the rule's age.
+    Young,
+    /// A complete primary inside its retention.
+    InsideRetention,
+    /// Retention 0: complete primaries are kept forever.
+    KeptForever,
+    /// A complete primary with a view bound in a live namespace.
+    ViewInUse,
+    /// A binding records the PV as its primary.
+    NamedByBinding,
+    /// The object carries a name the binding names but is not warmcache's (or names another
+    /// binding): never touched.
+    NotOurs,
+    /// A view PV whose reclaim policy is not Retain: deleting it could delete shared storage.
+    NotRetain,
+    /// Already being deleted; waiting for it to go.
+    Terminating,
+}
+
+impl Keep {
+    /// Every reason.
+    pub const ALL: [Self; 15] = [
+        Self::Referenced,
+        Self::NotRecordedIdle,
+        Self::NotIdleLongEnough,
+        Self::Attached,
+        Self::InUse,
+        Self::NamespaceUncertain,
+        Self::Bound,
+        Self::Young,
+        Self::InsideRetention,
+        Self::KeptForever,
+        Self::ViewInUse,
+        Self::NamedByBinding,
+        Self::NotOurs,
+        Self::NotRetain,
+        Self::Terminating,
+    ];
+
+    /// The reason's name (metric label, logs).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Referenced => "referenced",
+            Self::NotRecordedIdle => "not_recorded_idle",
+            Self::NotIdleLongEnough => "not_idle_long_enough",
+            Self::Attached => "attached",
+            Self::InUse => "in_use",
+            Self::NamespaceUncertain => "namespace_uncertain",
+            Self::Bound => "bound",
+            Self::Young => "young",
+            Self::InsideRetention => "inside_retention",
+            Self::KeptForever => "kept_forever",
+            Self::ViewInUse => "view_in_use",
+            Self::NamedByBinding => "named_by_binding",
+            Self::NotOurs => "not_ours",
+            Self::NotRetain => "not_retain",
+            Self::Terminating => "terminating",
+        }
+    }
+
+    /// The reason in words.
+    pub const fn words(self) -> &'static str {
+        match self {
+            Self::Referenced => "it has a request reference or a live pod reading it",
+            Self::NotRecordedIdle => "the binding controller has not recorded it unreferenced",
+            Self::NotIdleLongEnough => "it has been unreferenced for less than the idle period",
+            Self::Attached => "a VolumeAttachment still attaches the volume",
+            Self::InUse => "a live pod uses the claim",
+            Self::NamespaceUncertain => {
+                "its namespace could not be read (only NotFound proves it gone)"
+            }
+            Self::Bound => "it is bound to a claim in a live namespace",
+            Self::Young => "it is younger than the rule's age",
+            Self::InsideRetention => "its last use is inside the retention",
+            Self::KeptForever => "retention is 0: complete primaries are kept forever",
+            Self::ViewInUse => "one of its views is bound in a live namespace",
+            Self::NamedByBinding => "a ModelCacheBinding records it as its primary",
+            Self::NotOurs => "it is not warmcache's, or belongs to another binding",
+            Self::NotRetain => "its reclaim policy is not Retain",
+            Self::Terminating => "it is being deleted",
+        }
+    }
+}
+
+/// Whether a namespace exists, as read from the API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceState {
+    /// The GET returned it (Terminating counts as live: its objects are going anyway).
+    Live,
+    /// The GET returned NotFound.
+    Gone,
+    /// The GET failed otherwise (500, Forbidden, timeout): it may exist.
+    Unknown,
+}
+
+fn seconds_since(now: Timestamp, then: Timestamp) -> i64 {
+    now.as_second().saturating_sub(then.as_second())
+}
+
+fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Whether `meta` is warmcache's and, when it carries the binding label, names `binding`.
+pub fn is_ours(meta: &ObjectMeta, binding: Option<&str>) -> bool {
+    if label(meta, MANAGED_BY_LABEL) != Some(MANAGED_BY_VALUE) {
+        return false;
+    }
+    match (label(meta, BINDING_LABEL), binding) {
+        (Some(theirs), Some(ours)) => theirs == ours,
+        _ => true,
+    }
+}
+
+/// Whether `pod` has not terminated (Succeeded and Failed pods hold no claim; an attachment
+/// they leave is caught by the VolumeAttachment guard).
+pub fn is_live(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Whether `pod` is a mount holder (warmcache's pause pod that keeps a volume attached).
+pub fn is_mount_holder(pod: &Pod) -> bool {
+    label(&pod.metadata, COMPONENT_LABEL) == Some(MOUNT_HOLDER)
+        && label(&pod.metadata, MANAGED_BY_LABEL) == Some(MANAGED_BY_VALUE)
+}
+
+/// The claims `pod` mounts.
+pub fn claims_of(pod: &Pod) -> impl Iterator<Item = &str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.as_str())
+}
+
+/// Whether `pod` reads `binding`'s cache: the webhook's model label with the binding's hash.
+pub fn reads_binding(pod: &Pod, binding: &ModelCacheBinding) -> bool {
+    label(&pod.metadata, MODEL_LABEL)
+        == Some(warmcache_api_modelcache::identity_hash(&binding.spec.identity).as_str())
+}
+
+/// What the binding-level rules decide for a binding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BindingVerdict {
+    /// Keep it as it is.
+    Keep(Rule, Keep),
+    /// `idle-retirement`: set phase Retiring (with the resourceVersion read).
+    Retire,
+    /// `retired-binding`: delete what it names ([`named_resources`], [`cleanup_step`]).
+    Cleanup,
+}
+
+/// The binding-level decision for `binding`, which `live_readers` live pods read now (pods
+/// labelled with its model hash, listed afresh).
+pub fn binding_verdict(
+    binding: &ModelCacheBinding,
+    live_readers: usize,
+    now: Timestamp,
+    config: &Config,
+) -> BindingVerdict {
+    let retiring = binding.is_retiring() || binding.metadata.deletion_timestamp.is_some();
+    let rule = if retiring {
+        Rule::RetiredBinding
+    } else {
+        Rule::IdleRetirement
+    };
+    let status = binding.status.as_ref();
+    let referenced = status.is_some_and(|s| !s.request_references.is_empty());
+    if referenced || live_readers > 0 {
+        return BindingVerdict::Keep(rule, Keep::Referenced);
+    }
+    if retiring {
+        return BindingVerdict::Cleanup;
+    }
+    let Some(since) = status
+        .filter(|s| s.phase.is_some())
+        .and_then(|s| s.unreferenced_since.as_ref())
+    else {
+        return BindingVerdict::Keep(rule, Keep::NotRecordedIdle);
+    };
+    if seconds_since(now, since.0) < config.idle_seconds {
+        return BindingVerdict::Keep(rule, Keep::NotIdleLongEnough);
+    }
+    BindingVerdict::Retire
+}
+
+/// The kinds of object a binding names, in the order retirement deletes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// A read-only view claim (`status.realized.views`; `ro-pvc-<hash>` in the writer
+    /// namespace of a regularModelCache).
+    ReaderClaim,
+    /// A read-only view PV (object only).
+    ReaderVolume,
+    /// A writer Job (deleted with its pods).
+    Job,
+    /// A writer view claim in a writer namespace.
+    WriterClaim,
+    /// A writer view PV (object only; Retain).
+    WriterVolume,
+    /// The primary claim in the control namespace (its PV stays Released with Retain: the
+    /// retention rules own the data).
+    PrimaryClaim,
+    /// The writer Lease.
+    Lease,
+    /// A StorageClass of an encrypted cache.
+    StorageClass,
+    /// A Secret of an encrypted cache (in the control namespace).
+    Secret,
+}
+
+impl Kind {
+    /// The kind's name (metric label, logs).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ReaderClaim | Self::WriterClaim | Self::PrimaryClaim => "PersistentVolumeClaim",
+            Self::ReaderVolume | Self::WriterVolume => "PersistentVolume",
+            Self::Job => "Job",
+            Self::Lease => "Lease",
+            Self::StorageClass => "StorageClass",
+            Self::Secret => "Secret",
+        }
+    }
+
+    /// The deletion stage: a stage starts only when every object of the earlier ones is gone.
+    pub const fn stage(self) -> u8 {
+        match self {
+            Self::ReaderClaim => 0,
+            Self::ReaderVolume => 1,
+            Self::Job => 2,
+            Self::WriterClaim => 3,
+            Self::WriterVolume => 4,
+            Self::PrimaryClaim => 5,
+            Self::Lease | Self::StorageClass | Self::Secret => 6,
+        }
+    }
+}
+
+/// One object a binding names.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Target {
+    /// What it is.
+    pub kind: Kind,
+    /// Its namespace (none for PVs and StorageClasses).
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind.as_str(), self.name),
+            None => write!(f, "{} {}", self.kind.as_str(), self.name),
+        }
+    }
+}
+
+/// The namespaces `binding`'s writers ran in: `spec.resources.writerNamespace` and the writer
+/// the status records (a helmModelCache writer may have moved).
+pub fn writer_namespaces(binding: &ModelCacheBinding) -> Vec<String> {
+    let mut out = vec![binding.spec.resources.writer_namespace.clone()];
+    if let Some(w) = binding.status.as_ref().and_then(|s| s.writer.as_ref())
+        && !out.contains(&w.namespace)
+    {
+        out.push(w.namespace.clone());
+    }
+    out
+}
+
+/// Every object `binding` names, sorted by deletion stage: what `spec.resources` records (claims
+/// and Jobs in each writer namespace, PVs, the Lease, StorageClasses, Secrets), the views
+/// `status.realized.views` records, the writer view PVs of its writer namespaces and the primary
+/// claim in its own namespace. Never its primary PV (`status.realized.boundPersistentVolumeName`):
+/// the data outlives the binding and is the retention rules'.
+pub fn named_resources(binding: &ModelCacheBinding) -> Vec<Target> {
+    let control = binding.metadata.namespace.clone().unwrap_or_default();
+    let resources = &binding.spec.resources;
+    let realized = binding.status.as_ref().and_then(|s| s.realized.as_ref());
+    let primary_pv = realized.and_then(|r| r.bound_persistent_volume_name.as_deref());
+    let writer_claim = writer_pvc_name(&binding.spec.identity);
+    let writers = writer_namespaces(binding);
+    let mut out = Vec::new();
+    let mut push = |kind, namespace: Option<&str>, name: &str| {
+        let t = Target {
+            kind,
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+        };
+        if !name.is_empty() && !out.contains(&t) {
+            out.push(t);
+        }
+    };
+    for v in realized.map(|r| r.views.as_slice()).unwrap_or_default() {
+        push(
+            Kind::ReaderClaim,
+            Some(&v.namespace),
+            &v.persistent_volume_claim_name,
+        );
+        if Some(v.persistent_volume_name.as_str()) != primary_pv {
+            push(Kind::ReaderVolume, None, &v.persistent_volume_name);
+        }
+    }
+    for ns in &writers {
+        for job in &resources.job_names {
+            push(Kind::Job, Some(ns), job);
+        }
+        for claim in &resources.persistent_volume_claim_names {
+            let kind = if *claim == writer_claim {
+                Kind::WriterClaim
+            } else {
+                Kind::ReaderClaim
+            };
+            push(kind, Some(ns), claim);
+        }
+        push(
+            Kind::WriterVolume,
+            None,
+            &writer_view_pv_name_in(binding, ns),
+        );
+    }
+    for pv in &resources.persistent_volume_names {
+        if Some(pv.as_str()) != primary_pv {
+            push(Kind::WriterVolume, None, pv);
+        }
+    }
+    push(Kind::PrimaryClaim, Some(&control), &writer_claim);
+    push(Kind::Lease, Some(&control), &resources.lease_name);
+    for sc in &resources.storage_class_names {
+        push(Kind::StorageClass, None, sc);
+    }
+    for secret in &resources.secret_names {
+        push(Kind::Secret, Some(&control), secret);
+    }
+    out.sort_by_key(|t| t.kind.stage());
+    out
+}
+
+/// A named object as read from the API server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// NotFound.
+    Gone,
+    /// It exists.
+    Present {
+        /// Its UID (the delete's precondition).
+        uid: String,
+        /// [`is_ours`] for the binding.
+        ours: bool,
+        /// It has a deletionTimestamp.
+        terminating: bool,
+        /// Why it must not be deleted yet even though it is ours: [`Keep::Attached`] for a PV
+        /// a VolumeAttachment names, [`Keep::InUse`] for a claim a live pod uses.
+        busy: Option<Keep>,
+    },
+}
+
+/// The next step of a binding's retirement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Delete these objects (with their UIDs as preconditions): the earliest stage that still
+    /// has objects of the binding.
+    Delete(Vec<(Target, String)>),
+    /// An object of the current stage cannot go yet: try again later.
+    Wait(Target, Keep),
+    /// Everything the binding names is gone (or is not warmcache's and stays): delete the
+    /// binding and remove its finalizer.
+    Finish,
+}
+
+/// The next retirement step from what was read of each named object. Objects that are not
+/// warmcache's are never deleted and do not hold the retirement up.
+pub fn cleanup_step(seen: &[(Target, Seen)]) -> Cleanup {
+    let mut stages: BTreeMap<u8, Vec<&(Target, Seen)>> = BTreeMap::new();
+    for entry in seen {
+        stages.entry(entry.0.kind.stage()).or_default().push(entry);
+    }
+    for entries in stages.values() {
+        let mut delete = Vec::new();
+        let mut waiting = None;
+        for (target, state) in entries {
+            let Seen::Present {
+                uid,
+                ours: true,
+                terminating,
+                busy,
+            } = state
+            else {
+                continue;
+            };
+            if let Some(reason) = busy {
+                return Cleanup::Wait(target.clone(), *reason);
+            }
+            if *terminating {
+                waiting.get_or_insert_with(|| target.clone());
+            } else {
+                delete.push((target.clone(), uid.clone()));
+            }
+        }
+        if !delete.is_empty() {
+            return Cleanup::Delete(delete);
+        }
+        if let Some(target) = waiting {
+            return Cleanup::Wait(target, Keep::Terminating);
+        }
+    }
+    Cleanup::Finish
+}
+
+/// What a PV is to the volume rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PvClass {
+    /// A read-only view of a primary (warmcache's, role `reader-shared`).
+    ReadOnlyView,
+    /// A primary: bound (or once bound) to a claim `rw-pvc-<48 hex>` of the control namespace,
+    /// not a view.
+    Primary {
+        /// Labelled complete.
+        complete: bool,
+    },
+    /// Anything else (a writer view, someone else's volume): no volume rule applies.
+    Other,
+}
+
+fn is_primary_claim_name(name: &str) -> bool {
+    name.strip_prefix(warmcache_api_modelcache::names::WRITER_PVC_PREFIX)
+        .is_some_and(|h| {
+            h.len() == 48
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+fn csi_read_only(pv: &PersistentVolume) -> bool {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .and_then(|c| c.read_only)
+        .unwrap_or(false)
+}
+
+/// The class of `pv` for the control namespace `control`.
+pub fn classify(pv: &PersistentVolume, control: &str) -> PvClass {
+    let role = label(&pv.metadata, VOLUME_ROLE_LABEL);
+    if role == Some(ROLE_READER_SHARED) {
+        return if is_ours(&pv.metadata, None) {
+            PvClass::ReadOnlyView
+        } else {
+            PvClass::Other
+        };
+    }
+    if role.is_some_and(|r| r != ROLE_PRIMARY) || csi_read_only(pv) {
+        return PvClass::Other;
+    }
+    let claim = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let primary_claim = claim.is_some_and(|c| {
+        c.namespace.as_deref() == Some(control)
+            && c.name.as_deref().is_some_and(is_primary_claim_name)
+    });
+    if !primary_claim {
+        return PvClass::Other;
+    }
+    PvClass::Primary {
+        complete: label(&pv.metadata, COMPLETE_LABEL) == Some("true"),
+    }
+}
+
+fn phase(pv: &PersistentVolume) -> Option<&str> {
+    pv.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+fn reclaim_policy(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+}
+
+/// The namespace of the claim `pv` is bound (or pre-bound) to.
+pub fn claim_namespace(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|c| c.namespace.as_deref())
+}
+
+/// The primary a view PV was derived from ([`SOURCE_PV_LABEL`]).
+pub fn source_of(view: &PersistentVolume) -> Option<&str> {
+    label(&view.metadata, SOURCE_PV_LABEL)
+}
+
+/// When `pv` was last used: the latest of its creation and [`LAST_USED_ANNOTATION`] (stamped
+/// when the binding that read it retires).
+pub fn last_used(pv: &PersistentVolume) -> Option<Timestamp> {
+    let created = pv.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let stamped = annotation(&pv.metadata, LAST_USED_ANNOTATION).and_then(|t| t.parse().ok());
+    created.max(stamped)
+}
+
+/// A view of a complete primary, as the `expired-primary` rule sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewFacts {
+    /// The view PV.
+    pub name: String,
+    /// A VolumeAttachment names it.
+    pub attached: bool,
+    /// Its phase is Bound.
+    pub bound: bool,
+    /// The namespace of its claim.
+    pub namespace: NamespaceState,
+}
+
+/// What is known about a PV besides the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PvFacts {
+    /// A VolumeAttachment names it.
+    pub attached: bool,
+    /// A live pod uses the claim it is bound to.
+    pub claim_in_use: bool,
+    /// The namespace of its claim (Live when it has none).
+    pub namespace: NamespaceState,
+    /// A ModelCacheBinding records it as `status.realized.boundPersistentVolumeName`.
+    pub named_by_binding: bool,
+    /// For a complete primary: its views ([`source_of`] names it).
+    pub views: Vec<ViewFacts>,
+}
+
+/// What the volume rules decide for a PV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PvVerdict {
+    /// No volume rule applies.
+    Ignore,
+    /// The rule keeps it this sweep.
+    Keep(Rule, Keep),
+    /// `orphan-view`: delete the PV object (its reclaim policy is Retain).
+    DeleteObject(Rule),
+    /// `abandoned-primary` / `expired-primary`: delete these view PV objects first, then set the
+    /// primary's reclaim policy to Delete so the PV controller and the provisioner delete it
+    /// and its storage.
+    Reclaim {
+        /// The rule.
+        rule: Rule,
+        /// View PV objects to delete first.
+        views: Vec<String>,
+    },
+}
+
+/// The volume rules for `pv` (see the module table).
+pub fn pv_verdict(
+    pv: &PersistentVolume,
+    facts: &PvFacts,
+    now: Timestamp,
+    config: &Config,
+) -> PvVerdict {
+    let class = classify(pv, &config.control_namespace);
+    let rule = match class {
+        PvClass::Other => return PvVerdict::Ignore,
+        PvClass::ReadOnlyView => Rule::OrphanView,
+        PvClass::Primary { complete: false } => Rule::AbandonedPrimary,
+        PvClass::Primary { complete: true } => Rule::ExpiredPrimary,
+    };
+    if pv.metadata.deletion_timestamp.is_some() {
+        return PvVerdict::Keep(rule, Keep::Terminating);
+    }
+    if facts.attached {
+        return PvVerdict::Keep(rule, Keep::Attached);
+    }
+    if facts.claim_in_use {
+        return PvVerdict::Keep(rule, Keep::InUse);
+    }
+    let released = phase(pv) == Some("Released");
+    match class {
+        PvClass::Other => PvVerdict::Ignore,
+        PvClass::ReadOnlyView => {
+            if reclaim_policy(pv) != Some(RETAIN) {
+                return PvVerdict::Keep(rule, Keep::NotRetain);
+            }
+            if released {
+                return PvVerdict::DeleteObject(rule);
+            }
+            match facts.namespace {
+                NamespaceState::Gone if claim_namespace(pv).is_some() => {
+                    PvVerdict::DeleteObject(rule)
+                }
+                NamespaceState::Unknown => PvVerdict::Keep(rule, Keep::NamespaceUncertain),
+                _ => PvVerdict::Keep(rule, Keep::Bound),
+            }
+        }
+        PvClass::Primary { complete: false } => {
+            if !released {
+                return PvVerdict::Ignore;
+            }
+            let age = pv
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| seconds_since(now, t.0));
+            if age < config.abandon_after_seconds {
+                return PvVerdict::Keep(rule, Keep::Young);
+            }
+            PvVerdict::Reclaim {
+                rule,
+                views: Vec::new(),
+            }
+        }
+        PvClass::Primary { complete: true } => {
+            if !released {
+                return PvVerdict::Ignore;
+            }
+            if facts.named_by_binding {
+                return PvVerdict::Keep(rule, Keep::NamedByBinding);
+            }
+            if config.retention_seconds <= 0 {
+                return PvVerdict::Keep(rule, Keep::KeptForever);
+            }
+            let idle = last_used(pv).map_or(0, |t| seconds_since(now, t));
+            if idle < config.retention_seconds {
+                return PvVerdict::Keep(rule, Keep::InsideRetention);
+            }
+            if facts.views.iter().any(|v| v.attached) {
+                return PvVerdict::Keep(rule, Keep::Attached);
+            }
+            if facts
+                .views
+                .iter()
+                .any(|v| v.bound && v.namespace != NamespaceState::Gone)
+            {
+                return PvVerdict::Keep(rule, Keep::ViewInUse);
+            }
+            PvVerdict::Reclaim {
+                rule,
+                views: facts.views.iter().map(|v| v.name.clone()).collect(),
+            }
+        }
+    }
+}
+
+/// What the `orphan-claim` rule decides for a claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimVerdict {
+    /// No rule applies (not a read-only view claim of warmcache).
+    Ignore,
+    /// Kept this sweep.
+    Keep(Keep),
+    /// Delete the claim (UID precondition), then the mount holders that use it.
+    Delete,
+}
+
+/// The `orphan-claim` rule for `claim`; `users` are the live pods of its namespace that mount
+/// it.
+pub fn claim_verdict(
+    claim: &PersistentVolumeClaim,
+    users: &[&Pod],
+    now: Timestamp,
+    config: &Config,
+) -> ClaimVerdict {
+    let m = &claim.metadata;
+    if !is_ours(m, None) || label(m, VOLUME_ROLE_LABEL) != Some(ROLE_READER) {
+        return ClaimVerdict::Ignore;
+    }
+    if m.deletion_timestamp.is_some() {
+        return ClaimVerdict::Keep(Keep::Terminating);
+    }
+    let age = m
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| seconds_since(now, t.0));
+    if age < config.orphan_claim_after_seconds {
+        return ClaimVerdict::Keep(Keep::Young);
+    }
+    if users.iter().any(|p| is_live(p) && !is_mount_holder(p)) {
+        return ClaimVerdict::Keep(Keep::InUse);
+    }
+    ClaimVerdict::Delete
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use crate::volume_keys::ROLE_WRITER;
+    use k8s_openapi::api::core::v1::{
+        CSIPersistentVolumeSource, ObjectReference, PersistentVolumeClaimVolumeSource,
+        PersistentVolumeSpec, PersistentVolumeStatus, PodSpec, PodStatus, Volume,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use warmcache_api_modelcache::v2beta1::{
+        BindingPhase, ModelCacheBindingStatus, RealizedStorage, RequestReference, Transition,
+        WriterStatus,
+    };
+
+    fn binding() -> ModelCacheBinding {
+        let mut b = crate::testing::binding(Transition::RwxReadOnly);
+        let id = b.spec.identity.clone();
+        b.spec.resources.job_names = vec![warmcache_api_modelcache::writer_job_name(&id)];
+        b.spec.resources.persistent_volume_claim_names = vec![writer_pvc_name(&id)];
+        b
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+    }
+
+    fn config() -> Config {
+        Config::new("nvca-modelcache-init")
+    }
+
+    fn idle_binding(since: i64) -> ModelCacheBinding {
+        let mut b = binding();
+        b.status = Some(ModelCacheBindingStatus {
+            phase: Some(BindingPhase::Active),
+            unreferenced_since: Some(Time(at(since))),
+            ..ModelCacheBindingStatus::default()
+        });
+        b
+    }
+
+    #[test]
+    fn idle_retirement_waits_for_the_idle_period_and_for_no_reader() {
+        let c = config();
+        let b = idle_binding(0);
+        assert_eq!(
+            binding_verdict(&b, 0, at(DEFAULT_IDLE_SECONDS - 1), &c),
+            BindingVerdict::Keep(Rule::IdleRetirement, Keep::NotIdleLongEnough)
+        );
+        assert_eq!(
+            binding_verdict(&b, 0, at(DEFAULT_IDLE_SECONDS), &c),
+            BindingVerdict::Retire
+        );
+        assert_eq!(
+            binding_verdict(&b, 1, at(DEFAULT_IDLE_SECONDS), &c),
+            BindingVerdict::Keep(Rule::IdleRetirement, Keep::Referenced)
+        );
+        let mut referenced = b.clone();
+        if let Some(s) = referenced.status.as_mut() {
+            s.request_references.push(RequestReference {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                namespace: "team-a".into(),
+                name: "vllm".into(),
+                uid: "u-1".into(),
+            });
+        }
+        assert_eq!(
+            binding_verdict(&referenced, 0, at(10 * DEFAULT_IDLE_SECONDS), &c),
+            BindingVerdict::Keep(Rule::IdleRetirement, Keep::Referenced)
+        );
+        // No status, or no unreferencedSince: the controller has not said it is idle.
+        let mut fresh = binding();
+        assert_eq!(
+            binding_verdict(&fresh, 0, at(10 * DEFAULT_IDLE_SECONDS), &c),
+            BindingVerdict::Keep(Rule::IdleRetirement, Keep::NotRecordedIdle)
+        );
+        fresh.status = Some(ModelCacheBindingStatus {
+            phase: Some(BindingPhase::Active),
+            ..ModelCacheBindingStatus::default()
+        });
+        assert_eq!(
+            binding_verdict(&fresh, 0, at(10 * DEFAULT_IDLE_SECONDS), &c),
+            BindingVerdict::Keep(Rule::IdleRetirement, Keep::NotRecordedIdle)
+        );
+    }
+
+    #[test]
+    fn a_retiring_or_deleted_binding_is_cleaned_unless_a_reference_came_back() {
+        let c = config();
+        let mut b = idle_binding(0);
+        b.status.as_mut().unwrap().phase = Some(BindingPhase::Retiring);
+        assert_eq!(binding_verdict(&b, 0, at(1), &c), BindingVerdict::Cleanup);
+        assert_eq!(
+            binding_verdict(&b, 2, at(1), &c),
+            BindingVerdict::Keep(Rule::RetiredBinding, Keep::Referenced)
+        );
+        let mut deleted = binding();
+        deleted.metadata.deletion_timestamp = Some(Time(at(0)));
+        assert_eq!(
+            binding_verdict(&deleted, 0, at(1), &c),
+            BindingVerdict::Cleanup
+        );
+    }
+
+    fn with_views(mut b: ModelCacheBinding) -> ModelCacheBinding {
+        let views = ["team-a", "team-b"]
+            .iter()
+            .map(|ns| crate::view::reader_view(&b, ns))
+            .collect();
+        let s = b
+            .status
+            .get_or_insert_with(ModelCacheBindingStatus::default);
+        s.realized = Some(RealizedStorage {
+            bound_persistent_volume_name: Some("pvc-primary".into()),
+            views,
+            ..RealizedStorage::default()
+        });
+        s.writer = Some(WriterStatus {
+            namespace: "team-b".into(),
+            job_name: "writer-job-x".into(),
+            ..WriterStatus::default()
+        });
+        b
+    }
+
+    #[test]
+    fn named_resources_are_what_the_binding_records_in_deletion_order() {
+        let mut b = with_views(binding());
+        b.spec.resources.lease_name = "init-lease-x".into();
+        b.spec.resources.persistent_volume_names = vec!["pvc-primary".into(), "extra-pv".into()];
+        let targets = named_resources(&b);
+        let stages: Vec<u8> = targets.iter().map(|t| t.kind.stage()).collect();
+        let mut sorted = stages.clone();
+        sorted.sort_unstable();
+        assert_eq!(stages, sorted, "{targets:?}");
+        let find = |kind: Kind| -> Vec<String> {
+            targets
+                .iter()
+                .filter(|t| t.kind == kind)
+                .map(ToString::to_string)
+                .collect()
+        };
+        let writer_ns = b.spec.resources.writer_namespace.clone();
+        let hash = warmcache_api_modelcache::identity_hash(&b.spec.identity);
+        assert!(
+            find(Kind::ReaderClaim)
+                .contains(&format!("PersistentVolumeClaim team-b/ro-pvc-{hash}"))
+        );
+        assert_eq!(find(Kind::ReaderVolume).len(), 2);
+        assert_eq!(
+            find(Kind::Job),
+            [
+                format!("Job {writer_ns}/writer-job-{hash}"),
+                format!("Job team-b/writer-job-{hash}")
+            ]
+        );
+        assert!(
+            find(Kind::WriterClaim)
+                .contains(&format!("PersistentVolumeClaim team-b/rw-pvc-{hash}"))
+        );
+        assert_eq!(
+            find(Kind::PrimaryClaim),
+            [format!(
+                "PersistentVolumeClaim nvca-modelcache-init/rw-pvc-{hash}"
+            )]
+        );
+        assert_eq!(
+            find(Kind::Lease),
+            ["Lease nvca-modelcache-init/init-lease-x"]
+        );
+        let volumes = find(Kind::WriterVolume);
+        assert!(volumes.contains(&"PersistentVolume extra-pv".to_owned()));
+        assert!(
+            targets.iter().all(|t| t.name != "pvc-primary"),
+            "the primary PV is never a retirement target: {targets:?}"
+        );
+    }
+
+    fn present(ours: bool) -> Seen {
+        Seen::Present {
+            uid: "uid".into(),
+            ours,
+            terminating: false,
+            busy: None,
+        }
+    }
+
+    fn target(kind: Kind, name: &str) -> Target {
+        Target {
+            kind,
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn cleanup_goes_stage_by_stage_and_never_touches_what_is_not_ours() {
+        let claim = target(Kind::ReaderClaim, "c");
+        let view = target(Kind::ReaderVolume, "v");
+        let job = target(Kind::Job, "j");
+        let lease = target(Kind::Lease, "l");
+        let all = |c: Seen, v: Seen, j: Seen, l: Seen| {
+            vec![
+                (claim.clone(), c),
+                (view.clone(), v),
+                (job.clone(), j),
+                (lease.clone(), l),
+            ]
+        };
+        assert_eq!(
+            cleanup_step(&all(
+                present(true),
+                present(true),
+                present(true),
+                present(true)
+            )),
+            Cleanup::Delete(vec![(claim.clone(), "uid".into())])
+        );
+        let terminating = Seen::Present {
+            uid: "uid".into(),
+            ours: true,
+            terminating: true,
+            busy: None,
+        };
+        assert_eq!(
+            cleanup_step(&all(terminating, present(true), Seen::Gone, Seen::Gone)),
+            Cleanup::Wait(claim.clone(), Keep::Terminating)
+        );
+        assert_eq!(
+            cleanup_step(&all(Seen::Gone, present(true), present(true), Seen::Gone)),
+            Cleanup::Delete(vec![(view.clone(), "uid".into())])
+        );
+        let attached = Seen::Present {
+            uid: "uid".into(),
+            ours: true,
+            terminating: false,
+            busy: Some(Keep::Attached),
+        };
+        assert_eq!(
+            cleanup_step(&all(Seen::Gone, attached, present(true), Seen::Gone)),
+            Cleanup::Wait(view.clone(), Keep::Attached)
+        );
+        // An object with a named name that is not ours stays and does not hold anything up.
+        assert_eq!(
+            cleanup_step(&all(
+                present(false),
+                Seen::Gone,
+                present(false),
+                present(true)
+            )),
+            Cleanup::Delete(vec![(lease.clone(), "uid".into())])
+        );
+        assert_eq!(
+            cleanup_step(&all(present(false), Seen::Gone, Seen::Gone, Seen::Gone)),
+            Cleanup::Finish
+        );
+    }
+
+    fn pv(
+        name: &str,
+        role: Option<&str>,
+        claim_ns: &str,
+        claim: &str,
+        phase: &str,
+    ) -> PersistentVolume {
+        let mut labels = BTreeMap::new();
+        if let Some(r) = role {
+            labels.insert(VOLUME_ROLE_LABEL.to_owned(), r.to_owned());
+            labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
+        }
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(labels),
+                creation_timestamp: Some(Time(at(0))),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                persistent_volume_reclaim_policy: Some("Retain".into()),
+                claim_ref: Some(ObjectReference {
+                    namespace: Some(claim_ns.into()),
+                    name: Some(claim.into()),
+                    ..ObjectReference::default()
+                }),
+                csi: Some(CSIPersistentVolumeSource {
+                    driver: "csi.example.com".into(),
+                    volume_handle: "vol-1".into(),
+                    read_only: Some(role == Some(ROLE_READER_SHARED)),
+                    ..CSIPersistentVolumeSource::default()
+                }),
+                ..PersistentVolumeSpec::default()
+            }),
+            status: Some(PersistentVolumeStatus {
+                phase: Some(phase.into()),
+                ..PersistentVolumeStatus::default()
+            }),
+        }
+    }
+
+    fn facts() -> PvFacts {
+        PvFacts {
+            attached: false,
+            claim_in_use: false,
+            namespace: NamespaceState::Live,
+            named_by_binding: false,
+            views: Vec::new(),
+        }
+    }
+
+    const PRIMARY_CLAIM: &str = "rw-pvc-0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn orphan_views_go_only_when_released_or_their_namespace_is_surely_gone() {
+        let c = config();
+        let now = at(1);
+        let released = pv(
+            "ro-1",
+            Some(ROLE_READER_SHARED),
+            "team-a",
+            "ro-pvc-x",
+            "Released",
+        );
+        assert_eq!(
+            pv_verdict(&released, &facts(), now, &c),
+            PvVerdict::DeleteObject(Rule::OrphanView)
+        );
+        let bound = pv(
+            "ro-1",
+            Some(ROLE_READER_SHARED),
+            "team-a",
+            "ro-pvc-x",
+            "Bound",
+        );
+        assert_eq!(
+            pv_verdict(&bound, &facts(), now, &c),
+            PvVerdict::Keep(Rule::OrphanView, Keep::Bound)
+        );
+        let gone = PvFacts {
+            namespace: NamespaceState::Gone,
+            ..facts()
+        };
+        assert_eq!(
+            pv_verdict(&bound, &gone, now, &c),
+            PvVerdict::DeleteObject(Rule::OrphanView)
+        );
+        let unknown = PvFacts {
+            namespace: NamespaceState::Unknown,
+            ..facts()
+        };
+        assert_eq!(
+            pv_verdict(&bound, &unknown, now, &c),
+            PvVerdict::Keep(Rule::OrphanView, Keep::NamespaceUncertain)
+        );
+        let attached = PvFacts {
+            attached: true,
+            ..gone.clone()
+        };
+        assert_eq!(
+            pv_verdict(&released, &attached, now, &c),
+            PvVerdict::Keep(Rule::OrphanView, Keep::Attached)
+        );
+        let mut delete_policy = released.clone();
+        delete_policy
+            .spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_reclaim_policy = Some("Delete".into());
+        assert_eq!(
+            pv_verdict(&delete_policy, &facts(), now, &c),
+            PvVerdict::Keep(Rule::OrphanView, Keep::NotRetain)
+        );
+        // A look-alike: the role label without warmcache's managed-by label.
+        let mut foreign = released.clone();
+        foreign
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(MANAGED_BY_LABEL);
+        assert_eq!(pv_verdict(&foreign, &facts(), now, &c), PvVerdict::Ignore);
+    }
+
+    #[test]
+    fn abandoned_primaries_are_released_incomplete_and_old_enough() {
+        let c = config();
+        let p = pv(
+            "pvc-1",
+            None,
+            "nvca-modelcache-init",
+            PRIMARY_CLAIM,
+            "Released",
+        );
+        assert_eq!(
+            pv_verdict(&p, &facts(), at(DEFAULT_ABANDON_AFTER_SECONDS - 1), &c),
+            PvVerdict::Keep(Rule::AbandonedPrimary, Keep::Young)
+        );
+        assert_eq!(
+            pv_verdict(&p, &facts(), at(DEFAULT_ABANDON_AFTER_SECONDS), &c),
+            PvVerdict::Reclaim {
+                rule: Rule::AbandonedPrimary,
+                views: vec![]
+            }
+        );
+        let bound = pv(
+            "pvc-1",
+            None,
+            "nvca-modelcache-init",
+            PRIMARY_CLAIM,
+            "Bound",
+        );
+        assert_eq!(
+            pv_verdict(&bound, &facts(), at(99_999), &c),
+            PvVerdict::Ignore
+        );
+        // Same claim name in another namespace, or a claim name that is not ours: not a primary.
+        for (ns, claim) in [
+            ("team-a", PRIMARY_CLAIM),
+            ("nvca-modelcache-init", "rw-pvc-short"),
+            ("nvca-modelcache-init", "data"),
+        ] {
+            let other = pv("pvc-1", None, ns, claim, "Released");
+            assert_eq!(
+                pv_verdict(&other, &facts(), at(99_999), &c),
+                PvVerdict::Ignore,
+                "{ns}/{claim}"
+            );
+        }
+        // A writer view never counts as a primary.
+        let writer = pv(
+            "rw-1",
+            Some(ROLE_WRITER),
+            "nvca-modelcache-init",
+            PRIMARY_CLAIM,
+            "Released",
+        );
+        assert_eq!(
+            pv_verdict(&writer, &facts(), at(99_999), &c),
+            PvVerdict::Ignore
+        );
+    }
+
+    fn complete(stamp: Option<i64>) -> PersistentVolume {
+        let mut p = pv(
+            "pvc-1",
+            Some(ROLE_PRIMARY),
+            "nvca-modelcache-init",
+            PRIMARY_CLAIM,
+            "Released",
+        );
+        p.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(COMPLETE_LABEL.into(), "true".into());
+        if let Some(s) = stamp {
+            p.metadata.annotations = Some(BTreeMap::from([(
+                LAST_USED_ANNOTATION.to_owned(),
+                at(s).to_string(),
+            )]));
+        }
+        p
+    }
+
+    #[test]
+    fn complete_primaries_are_kept_for_their_retention_and_while_read() {
+        let c = config();
+        let r = DEFAULT_RETENTION_SECONDS;
+        let view = |bound, namespace| ViewFacts {
+            name: "ro-1".into(),
+            attached: false,
+            bound,
+            namespace,
+        };
+        assert_eq!(
+            pv_verdict(&complete(None), &facts(), at(r - 1), &c),
+            PvVerdict::Keep(Rule::ExpiredPrimary, Keep::InsideRetention)
+        );
+        // The stamp of the last retirement moves the clock.
+        assert_eq!(
+            pv_verdict(&complete(Some(100)), &facts(), at(r + 99), &c),
+            PvVerdict::Keep(Rule::ExpiredPrimary, Keep::InsideRetention)
+        );
+        let with_views = PvFacts {
+            views: vec![
+                view(false, NamespaceState::Live),
+                view(true, NamespaceState::Gone),
+            ],
+            ..facts()
+        };
+        assert_eq!(
+            pv_verdict(&complete(None), &with_views, at(r), &c),
+            PvVerdict::Reclaim {
+                rule: Rule::ExpiredPrimary,
+                views: vec!["ro-1".into(), "ro-1".into()]
+            }
+        );
+        for (bound, ns) in [
+            (true, NamespaceState::Live),
+            (true, NamespaceState::Unknown),
+        ] {
+            let read = PvFacts {
+                views: vec![view(bound, ns)],
+                ..facts()
+            };
+            assert_eq!(
+                pv_verdict(&complete(None), &read, at(r), &c),
+                PvVerdict::Keep(Rule::ExpiredPrimary, Keep::ViewInUse)
+            );
+        }
+        let named = PvFacts {
+            named_by_binding: true,
+            ..facts()
+        };
+        assert_eq!(
+            pv_verdict(&complete(None), &named, at(10 * r), &c),
+            PvVerdict::Keep(Rule::ExpiredPrimary, Keep::NamedByBinding)
+        );
+        let forever = Config {
+            retention_seconds: 0,
+            ..config()
+        };
+        assert_eq!(
+            pv_verdict(&complete(None), &facts(), at(100 * r), &forever),
+            PvVerdict::Keep(Rule::ExpiredPrimary, Keep::KeptForever)
+        );
+    }
+
+    fn pod(claim: &str, holder: bool, phase: &str) -> Pod {
+        let mut labels = BTreeMap::new();
+        if holder {
+            labels.insert(COMPONENT_LABEL.to_owned(), MOUNT_HOLDER.to_owned());
+            labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
+        }
+        Pod {
+            metadata: ObjectMeta {
+                labels: Some(labels),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                volumes: Some(vec![Volume {
+                    name: "m".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: claim.into(),
+                        read_only: Some(true),
+                    }),
+                    ..Volume::default()
+                }]),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn orphan_claims_are_old_view_claims_only_mount_holders_use() {
+        let c = config();
+        let b = binding();
+        let (_, claim) = crate::view::read_only_view(
+            &b,
+            &crate::testing::primary_pv(),
+            "team-a",
+            Some(1 << 20),
+            &[],
+        )
+        .unwrap();
+        let mut claim = claim;
+        claim.metadata.creation_timestamp = Some(Time(at(0)));
+        let name = claim.metadata.name.clone().unwrap();
+        let late = at(DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS);
+        assert_eq!(
+            claim_verdict(&claim, &[], at(DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS - 1), &c),
+            ClaimVerdict::Keep(Keep::Young)
+        );
+        let reader = pod(&name, false, "Running");
+        let holder = pod(&name, true, "Running");
+        let done = pod(&name, false, "Succeeded");
+        assert_eq!(
+            claim_verdict(&claim, &[&reader], late, &c),
+            ClaimVerdict::Keep(Keep::InUse)
+        );
+        assert_eq!(
+            claim_verdict(&claim, &[&holder, &done], late, &c),
+            ClaimVerdict::Delete
+        );
+        assert_eq!(claims_of(&holder).collect::<Vec<_>>(), [name.as_str()]);
+        // A claim that only looks like a view (no managed-by label) is never touched.
+        let mut foreign = claim.clone();
+        foreign
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(MANAGED_BY_LABEL);
+        assert_eq!(claim_verdict(&foreign, &[], late, &c), ClaimVerdict::Ignore);
+        // The primary claim is not a view claim.
+        let primary = crate::view::primary_claim(&b, crate::view::view_size(1));
+        assert_eq!(claim_verdict(&primary, &[], late, &c), ClaimVerdict::Ignore);
+    }
+
+    #[test]
+    fn ownership_needs_warmcache_and_the_binding_label_when_present() {
+        let mut m = ObjectMeta {
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY_LABEL.to_owned(),
+                MANAGED_BY_VALUE.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        };
+        assert!(is_ours(&m, Some("model-cache-a")));
+        m.labels
+            .as_mut()
+            .unwrap()
+            .insert(BINDING_LABEL.into(), "model-cache-b".into());
+        assert!(!is_ours(&m, Some("model-cache-a")));
+        assert!(is_ours(&m, Some("model-cache-b")));
+        m.labels.as_mut().unwrap().remove(MANAGED_BY_LABEL);
+        assert!(!is_ours(&m, Some("model-cache-b")));
+    }
+
+    #[test]
+    fn names_are_unique_and_bounded() {
+        let rules: std::collections::BTreeSet<_> = Rule::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(rules.len(), Rule::ALL.len());
+        let keeps: std::collections::BTreeSet<_> = Keep::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(keeps.len(), Keep::ALL.len());
+        assert!(Keep::ALL.iter().all(|k| !k.words().is_empty()));
+    }
+}
