@@ -36,6 +36,10 @@ pub fn components() -> Vec<(&'static str, Vec<Permission>)> {
             warmcache_model_volume_controller::rbac::permissions(),
         ),
         (
+            warmcache_reaper::rbac::COMPONENT,
+            warmcache_reaper::rbac::permissions(),
+        ),
+        (
             warmcache_uninstall_hook::rbac::COMPONENT,
             warmcache_uninstall_hook::rbac::permissions(),
         ),

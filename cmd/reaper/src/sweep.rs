@@ -1,0 +1,1110 @@
+//! One sweep: read, ask the pure rules ([`warmcache_modelvolume::reaper`]), act with
+//! preconditions. Three passes, in this order:
+//!
+//! 1. **Bindings** of the control namespace, listed page by page: `idle-retirement` sets phase
+//!    Retiring (status update with the resourceVersion read, an Event on the binding); a
+//!    Retiring or deleted binding then goes through `retired-binding` in the same sweep: every
+//!    object it names is read (metadata only), the earliest stage with objects left is deleted
+//!    (UID preconditions), and when nothing is left the binding is deleted and its finalizer
+//!    removed. A stage whose objects cannot go yet (attached, in use, terminating) is waited on
+//!    for at most `stage_wait`, then left for the next sweep. Before the first deletion the
+//!    primary PV is stamped with its last use (the retention clock).
+//! 2. **View claims** (warmcache's, role `reader`, all namespaces, page by page):
+//!    `orphan-claim`.
+//! 3. **PVs** (page by page, with every VolumeAttachment): `orphan-view`,
+//!    `abandoned-primary`, `expired-primary`.
+//!
+//! API calls (the list [`crate::rbac`] grants): bindings list/get/delete/patch, bindings/status
+//! update; pods list (cluster) and delete (mount holders); claims list/get/delete; PVs
+//! list/get/delete/patch; VolumeAttachments list; namespaces get; Jobs, Leases, StorageClasses
+//! and Secrets get (metadata) and delete; Events.
+//!
+//! Every delete carries the UID read as a precondition, so an object recreated under the same
+//! name in between is never deleted; NotFound is success (idempotent: a crash anywhere is
+//! finished by the next sweep). With `--dry-run` nothing is written: each action is printed as
+//! `would ...`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    Api, DeleteParams, ListParams, ObjectList, Patch, PatchParams, PostParams, Preconditions,
+    PropagationPolicy,
+};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+use warmcache_api_modelcache::FINALIZER;
+use warmcache_api_modelcache::v2beta1::{BindingPhase, ModelCacheBinding};
+use warmcache_kube::{EventRecorder, Leadership};
+use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
+use warmcache_modelvolume::reaper::{
+    self, BindingVerdict, ClaimVerdict, Cleanup, Config, Keep, Kind, NamespaceState, PvClass,
+    PvFacts, PvVerdict, Rule, Seen, Target, ViewFacts,
+};
+use warmcache_modelvolume::volume_keys::{LAST_USED_ANNOTATION, VOLUME_ROLE_LABEL};
+
+use crate::metrics::Metrics;
+
+/// How a sweep behaves.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The rules' settings.
+    pub config: Config,
+    /// Print what would be done; write nothing.
+    pub dry_run: bool,
+    /// Objects per list page.
+    pub page_size: u32,
+    /// How long one retirement stage is waited on within a sweep before it is left for the next.
+    pub stage_wait: Duration,
+}
+
+/// A write or read the sweep could not make; the sweep goes on with the other objects.
+#[derive(Debug, thiserror::Error)]
+#[error("{verb} {what}: {source}")]
+pub struct SweepError {
+    verb: &'static str,
+    what: String,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+fn failed(verb: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> SweepError {
+    move |source| SweepError {
+        verb,
+        what: what.into(),
+        source: Box::new(source),
+    }
+}
+
+/// What a sweep did, in the order it did it.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// One line per action (or `would ...` action in a dry run).
+    pub lines: Vec<String>,
+    /// Actions taken (or that would be taken).
+    pub actions: u64,
+    /// Objects kept, by rule and reason.
+    pub kept: BTreeMap<(Rule, Keep), u64>,
+    /// Reads and writes that failed (the objects involved are left for the next sweep).
+    pub errors: Vec<String>,
+    /// Bindings looked at.
+    pub bindings: u64,
+    /// PVs looked at.
+    pub volumes: u64,
+}
+
+impl Report {
+    /// The summary line.
+    pub fn summary(&self) -> String {
+        let kept: u64 = self.kept.values().sum();
+        format!(
+            "sweep: {} bindings and {} volumes looked at, {} actions, {} kept, {} errors",
+            self.bindings,
+            self.volumes,
+            self.actions,
+            kept,
+            self.errors.len()
+        )
+    }
+}
+
+/// Runs sweeps against one cluster.
+pub struct Sweeper {
+    client: Client,
+    settings: Settings,
+    metrics: Option<Metrics>,
+    recorder: Option<EventRecorder>,
+    leadership: Option<Leadership>,
+}
+
+const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
+
+enum Stop {
+    NotLeader,
+}
+
+impl Sweeper {
+    /// A sweeper; `metrics`, `recorder` and `leadership` are the runtime's when it runs as a
+    /// Deployment (every write then checks leadership first).
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Option<Metrics>,
+        recorder: Option<EventRecorder>,
+        leadership: Option<Leadership>,
+    ) -> Self {
+        Self {
+            client,
+            settings,
+            metrics,
+            recorder,
+            leadership,
+        }
+    }
+
+    /// One sweep at `now`.
+    pub async fn sweep(&self, now: Timestamp) -> Report {
+        let started = Instant::now();
+        let span = tracing::info_span!("reaper.sweep", dry_run = self.settings.dry_run);
+        let mut report = Report::default();
+        let result = async {
+            let bound = self.bindings(now, &mut report).await?;
+            self.claims(now, &mut report).await?;
+            match bound {
+                Some(bound) => self.volumes(now, &bound, &mut report).await,
+                None => Ok(()),
+            }
+        }
+        .instrument(span)
+        .await;
+        if let Err(Stop::NotLeader) = result {
+            report
+                .errors
+                .push("lost leadership: the sweep stopped before its next write".to_owned());
+        }
+        if let Some(m) = &self.metrics {
+            let unix = Timestamp::now().as_second();
+            #[allow(clippy::cast_precision_loss)]
+            m.swept(
+                report.errors.is_empty(),
+                started.elapsed().as_secs_f64(),
+                unix as f64,
+            );
+        }
+        tracing::info!(
+            actions = report.actions,
+            errors = report.errors.len(),
+            "{}",
+            report.summary()
+        );
+        report
+    }
+
+    fn may_write(&self) -> Result<(), Stop> {
+        match &self.leadership {
+            Some(l) if !l.is_leader() => Err(Stop::NotLeader),
+            _ => Ok(()),
+        }
+    }
+
+    fn act(&self, report: &mut Report, rule: Rule, action: &'static str, line: String) {
+        let line = if self.settings.dry_run {
+            format!("would {line} ({})", rule.as_str())
+        } else {
+            if let Some(m) = &self.metrics {
+                m.action(rule, action);
+            }
+            format!("{line} ({})", rule.as_str())
+        };
+        tracing::info!(rule = rule.as_str(), action, "{line}");
+        report.lines.push(line);
+        report.actions += 1;
+    }
+
+    fn keep(&self, report: &mut Report, rule: Rule, reason: Keep, what: &str) {
+        tracing::debug!(
+            rule = rule.as_str(),
+            reason = reason.as_str(),
+            "kept {what}: {}",
+            reason.words()
+        );
+        if let Some(m) = &self.metrics {
+            m.kept(rule, reason);
+        }
+        *report.kept.entry((rule, reason)).or_default() += 1;
+    }
+
+    fn error(&self, report: &mut Report, err: &SweepError) {
+        tracing::warn!(error = %err, "reaper: {err}");
+        report.errors.push(err.to_string());
+    }
+
+    async fn list_all<K>(
+        &self,
+        api: &Api<K>,
+        params: ListParams,
+        mut each: impl FnMut(K),
+    ) -> Result<(), kube::Error>
+    where
+        K: Clone + DeserializeOwned + Debug,
+    {
+        let mut params = params.limit(self.settings.page_size);
+        loop {
+            let page: ObjectList<K> = api.list(&params).await?;
+            let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+            page.items.into_iter().for_each(&mut each);
+            match next {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    // ---- bindings ----
+
+    async fn bindings(
+        &self,
+        now: Timestamp,
+        report: &mut Report,
+    ) -> Result<Option<BTreeSet<String>>, Stop> {
+        let control = &self.settings.config.control_namespace;
+        let api: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), control);
+        let mut bound = BTreeSet::new();
+        let mut params = ListParams::default().limit(self.settings.page_size);
+        loop {
+            let page = match api.list(&params).await {
+                Ok(page) => page,
+                Err(e) => {
+                    self.error(report, &failed("list", "ModelCacheBindings")(e));
+                    // Without every binding no primary is known to be unnamed: the volume pass
+                    // must not run on a partial list.
+                    return Ok(None);
+                }
+            };
+            let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+            for b in page.items {
+                if let Some(pv) = b
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.realized.as_ref())
+                    .and_then(|r| r.bound_persistent_volume_name.clone())
+                {
+                    bound.insert(pv);
+                }
+                report.bindings += 1;
+                let name = b.name_any();
+                let span = tracing::info_span!("reaper.binding", binding = %name);
+                if let Some(annotations) = b.metadata.annotations.as_ref()
+                    && let Err(err) =
+                        warmcache_telemetry::set_parent_from_annotations(&span, annotations)
+                {
+                    tracing::debug!(%err, "no trace context on the binding");
+                }
+                self.binding(b, now, report).instrument(span).await?;
+            }
+            match next {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(Some(bound)),
+            }
+        }
+    }
+
+    async fn live_readers(&self, b: &ModelCacheBinding) -> Result<usize, SweepError> {
+        let hash = warmcache_api_modelcache::identity_hash(&b.spec.identity);
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let params = ListParams::default()
+            .labels(&format!("{MODEL_LABEL}={hash}"))
+            .fields(LIVE_PODS)
+            .limit(1);
+        let page = pods
+            .list_metadata(&params)
+            .await
+            .map_err(failed("list", format!("pods reading {}", b.name_any())))?;
+        Ok(page.items.len())
+    }
+
+    async fn binding(
+        &self,
+        b: ModelCacheBinding,
+        now: Timestamp,
+        report: &mut Report,
+    ) -> Result<(), Stop> {
+        let name = b.name_any();
+        let config = &self.settings.config;
+        // The status says whether anything references it; pods are listed only when nothing does.
+        let readers = if b
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.request_references.is_empty())
+        {
+            0
+        } else {
+            match self.live_readers(&b).await {
+                Ok(n) => n,
+                Err(e) => {
+                    self.error(report, &e);
+                    return Ok(());
+                }
+            }
+        };
+        match reaper::binding_verdict(&b, readers, now, config) {
+            BindingVerdict::Keep(rule, reason) => {
+                self.keep(report, rule, reason, &format!("ModelCacheBinding {name}"));
+                Ok(())
+            }
+            BindingVerdict::Retire => {
+                let since = b
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.unreferenced_since.as_ref())
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default();
+                self.act(
+                    report,
+                    Rule::IdleRetirement,
+                    "retire",
+                    format!(
+                        "retire ModelCacheBinding {name}: unreferenced since {since}, idle period {}s",
+                        config.idle_seconds
+                    ),
+                );
+                if self.settings.dry_run {
+                    self.print_cleanup(&b, report).await;
+                    return Ok(());
+                }
+                self.may_write()?;
+                match self.retire(&b, now).await {
+                    Ok(retired) => self.cleanup(retired, now, report).await,
+                    Err(e) => {
+                        self.error(report, &e);
+                        Ok(())
+                    }
+                }
+            }
+            BindingVerdict::Cleanup => {
+                if self.settings.dry_run {
+                    self.print_cleanup(&b, report).await;
+                    return Ok(());
+                }
+                self.cleanup(b, now, report).await
+            }
+        }
+    }
+
+    async fn retire(
+        &self,
+        b: &ModelCacheBinding,
+        now: Timestamp,
+    ) -> Result<ModelCacheBinding, SweepError> {
+        let name = b.name_any();
+        let api: Api<ModelCacheBinding> =
+            Api::namespaced(self.client.clone(), &self.settings.config.control_namespace);
+        let mut next = b.clone();
+        let status = next.status.get_or_insert_with(Default::default);
+        status.phase = Some(BindingPhase::Retiring);
+        status.last_phase_transition_time = Some(Time(now));
+        // A PUT with the resourceVersion read: a reference recorded since then is a conflict,
+        // and the binding is looked at again next sweep.
+        let retired = api
+            .replace_status(&name, &PostParams::default(), &next)
+            .await
+            .map_err(failed("retire", format!("ModelCacheBinding {name}")))?;
+        if let Some(r) = &self.recorder {
+            let note = format!(
+                "no request reference and no reading pod for longer than the idle period ({}s): Retiring; the reaper deletes what the binding names, its complete data is kept for the retention",
+                self.settings.config.idle_seconds
+            );
+            r.normal(&retired, "Retiring", "Retire", Some(&note)).await;
+        }
+        Ok(retired)
+    }
+
+    async fn observe<K>(&self, api: Api<K>, binding: &str, name: &str) -> Result<Seen, kube::Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        Ok(match api.get_metadata_opt(name).await? {
+            None => Seen::Gone,
+            Some(meta) => present(&meta.metadata, binding, None),
+        })
+    }
+
+    async fn observe_target(
+        &self,
+        t: &Target,
+        binding: &str,
+        attached: &BTreeSet<String>,
+    ) -> Result<Seen, SweepError> {
+        let c = self.client.clone();
+        let ns = t.namespace.as_deref().unwrap_or_default();
+        let seen = match t.kind {
+            Kind::ReaderClaim | Kind::WriterClaim | Kind::PrimaryClaim => {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(c, ns);
+                match api.get_metadata_opt(&t.name).await {
+                    Ok(None) => Ok(Seen::Gone),
+                    Ok(Some(meta)) => {
+                        let users = self
+                            .claim_users(ns, &t.name)
+                            .await
+                            .map_err(failed("list", format!("pods of namespace {ns}")))?;
+                        let busy = users.iter().any(|u| !u.holder).then_some(Keep::InUse);
+                        Ok(present(&meta.metadata, binding, busy))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Kind::ReaderVolume | Kind::WriterVolume => {
+                let api: Api<PersistentVolume> = Api::all(c);
+                match api.get_metadata_opt(&t.name).await {
+                    Ok(None) => Ok(Seen::Gone),
+                    Ok(Some(meta)) => {
+                        let busy = attached.contains(&t.name).then_some(Keep::Attached);
+                        Ok(present(&meta.metadata, binding, busy))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Kind::Job => {
+                self.observe(Api::<Job>::namespaced(c, ns), binding, &t.name)
+                    .await
+            }
+            Kind::Lease => {
+                self.observe(Api::<Lease>::namespaced(c, ns), binding, &t.name)
+                    .await
+            }
+            Kind::StorageClass => {
+                self.observe(Api::<StorageClass>::all(c), binding, &t.name)
+                    .await
+            }
+            Kind::Secret => {
+                self.observe(Api::<Secret>::namespaced(c, ns), binding, &t.name)
+                    .await
+            }
+        };
+        seen.map_err(failed("get", t.to_string()))
+    }
+
+    async fn delete_target(&self, t: &Target, uid: &str) -> Result<(), SweepError> {
+        let c = self.client.clone();
+        let ns = t.namespace.as_deref().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        let result = match t.kind {
+            Kind::ReaderClaim | Kind::WriterClaim | Kind::PrimaryClaim => {
+                delete(
+                    Api::<PersistentVolumeClaim>::namespaced(c, ns),
+                    &t.name,
+                    &params,
+                )
+                .await
+            }
+            Kind::ReaderVolume | Kind::WriterVolume => {
+                delete(Api::<PersistentVolume>::all(c), &t.name, &params).await
+            }
+            Kind::Job => delete(Api::<Job>::namespaced(c, ns), &t.name, &params).await,
+            Kind::Lease => delete(Api::<Lease>::namespaced(c, ns), &t.name, &params).await,
+            Kind::StorageClass => delete(Api::<StorageClass>::all(c), &t.name, &params).await,
+            Kind::Secret => delete(Api::<Secret>::namespaced(c, ns), &t.name, &params).await,
+        };
+        result.map_err(failed("delete", t.to_string()))
+    }
+
+    async fn attached_volumes(&self) -> Result<BTreeSet<String>, SweepError> {
+        let api: Api<VolumeAttachment> = Api::all(self.client.clone());
+        let mut out = BTreeSet::new();
+        self.list_all(&api, ListParams::default(), |va| {
+            if let Some(pv) = va.spec.source.persistent_volume_name {
+                out.insert(pv);
+            }
+        })
+        .await
+        .map_err(failed("list", "VolumeAttachments"))?;
+        Ok(out)
+    }
+
+    async fn observe_all(
+        &self,
+        b: &ModelCacheBinding,
+        targets: &[Target],
+    ) -> Result<Vec<(Target, Seen)>, SweepError> {
+        let attached = self.attached_volumes().await?;
+        let name = b.name_any();
+        let mut seen = Vec::with_capacity(targets.len());
+        for t in targets {
+            seen.push((t.clone(), self.observe_target(t, &name, &attached).await?));
+        }
+        Ok(seen)
+    }
+
+    async fn print_cleanup(&self, b: &ModelCacheBinding, report: &mut Report) {
+        let name = b.name_any();
+        let seen = match self.observe_all(b, &reaper::named_resources(b)).await {
+            Ok(seen) => seen,
+            Err(e) => return self.error(report, &e),
+        };
+        for (t, s) in &seen {
+            match s {
+                Seen::Present { ours: true, .. } => self.act(
+                    report,
+                    Rule::RetiredBinding,
+                    "delete",
+                    format!("delete {t}, named by ModelCacheBinding {name}"),
+                ),
+                Seen::Present { ours: false, .. } => {
+                    self.keep(report, Rule::RetiredBinding, Keep::NotOurs, &t.to_string());
+                }
+                Seen::Gone => {}
+            }
+        }
+        self.act(
+            report,
+            Rule::RetiredBinding,
+            "finalize",
+            format!("delete ModelCacheBinding {name} and remove its finalizer once that is gone"),
+        );
+    }
+
+    async fn stamp_last_use(
+        &self,
+        b: &ModelCacheBinding,
+        now: Timestamp,
+    ) -> Result<(), SweepError> {
+        let status = b.status.as_ref();
+        let Some(pv) = status
+            .and_then(|s| s.realized.as_ref())
+            .and_then(|r| r.bound_persistent_volume_name.as_deref())
+        else {
+            return Ok(());
+        };
+        let used = status
+            .and_then(|s| s.unreferenced_since.as_ref())
+            .map_or(now, |t| t.0);
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let Some(meta) = api
+            .get_metadata_opt(pv)
+            .await
+            .map_err(failed("get", format!("PersistentVolume {pv}")))?
+        else {
+            return Ok(());
+        };
+        let stored = meta
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LAST_USED_ANNOTATION))
+            .and_then(|t| t.parse::<Timestamp>().ok());
+        if stored.is_some_and(|s| s >= used) {
+            return Ok(());
+        }
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": meta.metadata.resource_version,
+                "annotations": {LAST_USED_ANNOTATION: used.to_string()},
+            }
+        });
+        api.patch(pv, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(failed("stamp", format!("PersistentVolume {pv}")))?;
+        Ok(())
+    }
+
+    async fn cleanup(
+        &self,
+        b: ModelCacheBinding,
+        now: Timestamp,
+        report: &mut Report,
+    ) -> Result<(), Stop> {
+        let name = b.name_any();
+        if let Err(e) = self.stamp_last_use(&b, now).await {
+            // Without the stamp the retention would count from the PV's creation: stop here.
+            self.error(report, &e);
+            return Ok(());
+        }
+        let targets = reaper::named_resources(&b);
+        let deadline = Instant::now() + self.settings.stage_wait;
+        let mut reported = BTreeSet::new();
+        loop {
+            let seen = match self.observe_all(&b, &targets).await {
+                Ok(seen) => seen,
+                Err(e) => {
+                    self.error(report, &e);
+                    return Ok(());
+                }
+            };
+            for (t, s) in &seen {
+                if matches!(s, Seen::Present { ours: false, .. }) && reported.insert(t.clone()) {
+                    self.keep(report, Rule::RetiredBinding, Keep::NotOurs, &t.to_string());
+                }
+            }
+            match reaper::cleanup_step(&seen) {
+                Cleanup::Delete(batch) => {
+                    self.may_write()?;
+                    for (t, uid) in batch {
+                        match self.delete_target(&t, &uid).await {
+                            Ok(()) => self.act(
+                                report,
+                                Rule::RetiredBinding,
+                                "delete",
+                                format!("deleted {t}, named by ModelCacheBinding {name}"),
+                            ),
+                            Err(e) => {
+                                self.error(report, &e);
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                Cleanup::Wait(t, reason) => {
+                    if Instant::now() >= deadline {
+                        self.keep(report, Rule::RetiredBinding, reason, &t.to_string());
+                        tracing::info!(
+                            binding = %name,
+                            "retirement of {name} waits for {t}: {}",
+                            reason.words()
+                        );
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Cleanup::Finish => {
+                    self.may_write()?;
+                    if let Err(e) = self.finish(&b).await {
+                        self.error(report, &e);
+                    } else {
+                        self.act(
+                            report,
+                            Rule::RetiredBinding,
+                            "finalize",
+                            format!(
+                                "deleted ModelCacheBinding {name}: everything it names is gone"
+                            ),
+                        );
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    async fn finish(&self, b: &ModelCacheBinding) -> Result<(), SweepError> {
+        let name = b.name_any();
+        let what = format!("ModelCacheBinding {name}");
+        let api: Api<ModelCacheBinding> =
+            Api::namespaced(self.client.clone(), &self.settings.config.control_namespace);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: b.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        delete(api.clone(), &name, &params)
+            .await
+            .map_err(failed("delete", what.clone()))?;
+        let Some(current) = api
+            .get_opt(&name)
+            .await
+            .map_err(failed("get", what.clone()))?
+        else {
+            return Ok(());
+        };
+        if current.metadata.uid != b.metadata.uid {
+            return Ok(());
+        }
+        match warmcache_kube::remove_finalizer(&api, &current, FINALIZER).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(SweepError {
+                verb: "remove the finalizer of",
+                what,
+                source: Box::new(e),
+            }),
+        }
+    }
+
+    // ---- view claims ----
+
+    async fn claim_users(&self, namespace: &str, claim: &str) -> Result<Vec<PodUse>, kube::Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut users = Vec::new();
+        self.list_all(&api, ListParams::default().fields(LIVE_PODS), |p| {
+            if reaper::claims_of(&p).any(|c| c == claim) {
+                users.push(PodUse {
+                    holder: reaper::is_mount_holder(&p),
+                    live: reaper::is_live(&p),
+                    name: p.name_any(),
+                    uid: p.metadata.uid.clone().unwrap_or_default(),
+                });
+            }
+        })
+        .await?;
+        users.retain(|u| u.live);
+        Ok(users)
+    }
+
+    async fn claims(&self, now: Timestamp, report: &mut Report) -> Result<(), Stop> {
+        let api: Api<PersistentVolumeClaim> = Api::all(self.client.clone());
+        let selector =
+            format!("{VOLUME_ROLE_LABEL}={ROLE_READER},{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+        let mut candidates = Vec::new();
+        let config = &self.settings.config;
+        // The verdict without users first: only claims old enough need their namespace's pods.
+        let listed = self
+            .list_all(&api, ListParams::default().labels(&selector), |claim| {
+                match reaper::claim_verdict(&claim, &[], now, config) {
+                    ClaimVerdict::Delete => candidates.push(claim),
+                    ClaimVerdict::Keep(reason) => self.keep(
+                        report,
+                        Rule::OrphanClaim,
+                        reason,
+                        &format!(
+                            "PersistentVolumeClaim {}/{}",
+                            claim.namespace().unwrap_or_default(),
+                            claim.name_any()
+                        ),
+                    ),
+                    ClaimVerdict::Ignore => {}
+                }
+            })
+            .await;
+        if let Err(e) = listed {
+            self.error(report, &failed("list", "view claims")(e));
+            return Ok(());
+        }
+        for claim in candidates {
+            let ns = claim.namespace().unwrap_or_default();
+            let name = claim.name_any();
+            let what = format!("PersistentVolumeClaim {ns}/{name}");
+            let users = match self.claim_users(&ns, &name).await {
+                Ok(u) => u,
+                Err(e) => {
+                    self.error(
+                        report,
+                        &failed("list", format!("pods of namespace {ns}"))(e),
+                    );
+                    continue;
+                }
+            };
+            let pods: Vec<Pod> = users.iter().map(PodUse::as_pod).collect();
+            let refs: Vec<&Pod> = pods.iter().collect();
+            match reaper::claim_verdict(&claim, &refs, now, config) {
+                ClaimVerdict::Delete => {}
+                ClaimVerdict::Keep(reason) => {
+                    self.keep(report, Rule::OrphanClaim, reason, &what);
+                    continue;
+                }
+                ClaimVerdict::Ignore => continue,
+            }
+            let holders: Vec<&PodUse> = users.iter().filter(|u| u.holder).collect();
+            self.act(
+                report,
+                Rule::OrphanClaim,
+                "delete",
+                format!(
+                    "delete {what}: no pod but {} mount holder(s) uses it",
+                    holders.len()
+                ),
+            );
+            if self.settings.dry_run {
+                continue;
+            }
+            self.may_write()?;
+            let uid = claim.metadata.uid.clone().unwrap_or_default();
+            let params = with_uid(&uid);
+            if let Err(e) = delete(
+                api_ns::<PersistentVolumeClaim>(&self.client, &ns),
+                &name,
+                &params,
+            )
+            .await
+            {
+                self.error(report, &failed("delete", what.clone())(e));
+                continue;
+            }
+            for h in holders {
+                let pod = format!("Pod {ns}/{}", h.name);
+                match delete(api_ns::<Pod>(&self.client, &ns), &h.name, &with_uid(&h.uid)).await {
+                    Ok(()) => self.act(
+                        report,
+                        Rule::OrphanClaim,
+                        "delete",
+                        format!("deleted mount holder {pod} of {what}"),
+                    ),
+                    Err(e) => self.error(report, &failed("delete", pod)(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- volumes ----
+
+    async fn namespace_state(
+        &self,
+        cache: &mut BTreeMap<String, NamespaceState>,
+        namespace: &str,
+    ) -> NamespaceState {
+        if let Some(state) = cache.get(namespace) {
+            return *state;
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let state = match api.get_metadata(namespace).await {
+            Ok(_) => NamespaceState::Live,
+            Err(e) if warmcache_kube::is_not_found(&e) => NamespaceState::Gone,
+            Err(e) => {
+                tracing::info!(namespace, error = %e, "namespace unreadable: its volumes are kept");
+                NamespaceState::Unknown
+            }
+        };
+        cache.insert(namespace.to_owned(), state);
+        state
+    }
+
+    async fn volumes(
+        &self,
+        now: Timestamp,
+        bound: &BTreeSet<String>,
+        report: &mut Report,
+    ) -> Result<(), Stop> {
+        let attached = match self.attached_volumes().await {
+            Ok(a) => a,
+            Err(e) => {
+                self.error(report, &e);
+                return Ok(());
+            }
+        };
+        let control = self.settings.config.control_namespace.clone();
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        // Only what the rules need is kept from each page: the candidates, and each view's facts
+        // by the primary it was derived from.
+        let mut candidates: Vec<PersistentVolume> = Vec::new();
+        let mut views_of: BTreeMap<String, Vec<(String, bool, Option<String>)>> = BTreeMap::new();
+        let mut looked = 0_u64;
+        let listed = self
+            .list_all(&api, ListParams::default(), |pv| {
+                looked += 1;
+                match reaper::classify(&pv, &control) {
+                    PvClass::Other => {}
+                    class => {
+                        if class == PvClass::ReadOnlyView
+                            && let Some(source) = reaper::source_of(&pv)
+                        {
+                            views_of.entry(source.to_owned()).or_default().push((
+                                pv.name_any(),
+                                pv.status.as_ref().and_then(|s| s.phase.as_deref())
+                                    == Some("Bound"),
+                                reaper::claim_namespace(&pv).map(str::to_owned),
+                            ));
+                        }
+                        candidates.push(pv);
+                    }
+                }
+            })
+            .await;
+        report.volumes += looked;
+        if let Err(e) = listed {
+            self.error(report, &failed("list", "PersistentVolumes")(e));
+            return Ok(());
+        }
+        let mut namespaces = BTreeMap::new();
+        for pv in candidates {
+            let name = pv.name_any();
+            let what = format!("PersistentVolume {name}");
+            let namespace = match reaper::claim_namespace(&pv) {
+                Some(ns) => self.namespace_state(&mut namespaces, ns).await,
+                None => NamespaceState::Live,
+            };
+            let mut views = Vec::new();
+            for (view, is_bound, ns) in views_of.get(&name).into_iter().flatten() {
+                let state = match ns {
+                    Some(ns) => self.namespace_state(&mut namespaces, ns).await,
+                    None => NamespaceState::Live,
+                };
+                views.push(ViewFacts {
+                    name: view.clone(),
+                    attached: attached.contains(view),
+                    bound: *is_bound,
+                    namespace: state,
+                });
+            }
+            let mut facts = PvFacts {
+                attached: attached.contains(&name),
+                claim_in_use: false,
+                namespace,
+                named_by_binding: bound.contains(&name),
+                views,
+            };
+            let mut verdict = reaper::pv_verdict(&pv, &facts, now, &self.settings.config);
+            // A deletion is checked against the pods of the claim's namespace first.
+            if matches!(
+                verdict,
+                PvVerdict::DeleteObject(_) | PvVerdict::Reclaim { .. }
+            ) && facts.namespace != NamespaceState::Gone
+                && let Some(claim) = pv
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .and_then(|c| c.name.clone().zip(c.namespace.clone()))
+            {
+                match self.claim_users(&claim.1, &claim.0).await {
+                    Ok(users) => facts.claim_in_use = !users.is_empty(),
+                    Err(e) => {
+                        self.error(
+                            report,
+                            &failed("list", format!("pods of namespace {}", claim.1))(e),
+                        );
+                        continue;
+                    }
+                }
+                verdict = reaper::pv_verdict(&pv, &facts, now, &self.settings.config);
+            }
+            match verdict {
+                PvVerdict::Ignore => {}
+                PvVerdict::Keep(rule, reason) => self.keep(report, rule, reason, &what),
+                PvVerdict::DeleteObject(rule) => {
+                    self.act(
+                        report,
+                        rule,
+                        "delete",
+                        format!("delete {what} (object only; Retain)"),
+                    );
+                    if self.settings.dry_run {
+                        continue;
+                    }
+                    self.may_write()?;
+                    let uid = pv.metadata.uid.clone().unwrap_or_default();
+                    if let Err(e) = delete(api.clone(), &name, &with_uid(&uid)).await {
+                        self.error(report, &failed("delete", what)(e));
+                    }
+                }
+                PvVerdict::Reclaim { rule, views } => {
+                    self.reclaim(&pv, rule, &views, report).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn reclaim(
+        &self,
+        pv: &PersistentVolume,
+        rule: Rule,
+        views: &[String],
+        report: &mut Report,
+    ) -> Result<(), Stop> {
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let name = pv.name_any();
+        for view in views {
+            let what = format!("PersistentVolume {view}");
+            self.act(
+                report,
+                rule,
+                "delete",
+                format!("delete {what}, a view of {name} (object only)"),
+            );
+            if self.settings.dry_run {
+                continue;
+            }
+            self.may_write()?;
+            let uid = match api.get_metadata_opt(view).await {
+                Ok(Some(meta)) => meta.metadata.uid.unwrap_or_default(),
+                Ok(None) => continue,
+                Err(e) => {
+                    self.error(report, &failed("get", what)(e));
+                    return Ok(());
+                }
+            };
+            if let Err(e) = delete(api.clone(), view, &with_uid(&uid)).await {
+                // The primary goes only after every view.
+                self.error(report, &failed("delete", what)(e));
+                return Ok(());
+            }
+        }
+        self.act(
+            report,
+            rule,
+            "reclaim",
+            format!("set the reclaim policy of PersistentVolume {name} to Delete: the provisioner deletes it and its storage"),
+        );
+        if self.settings.dry_run {
+            return Ok(());
+        }
+        self.may_write()?;
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": pv.metadata.resource_version},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete"},
+        });
+        if let Err(e) = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            self.error(
+                report,
+                &failed("reclaim", format!("PersistentVolume {name}"))(e),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A live pod that mounts a claim.
+#[derive(Clone, Debug)]
+struct PodUse {
+    name: String,
+    uid: String,
+    holder: bool,
+    live: bool,
+}
+
+impl PodUse {
+    /// The pod as the pure rules read it (labels and liveness only).
+    fn as_pod(&self) -> Pod {
+        let mut labels = std::collections::BTreeMap::new();
+        if self.holder {
+            labels.insert(
+                warmcache_modelvolume::agent::COMPONENT_LABEL.to_owned(),
+                warmcache_modelvolume::agent::MOUNT_HOLDER.to_owned(),
+            );
+            labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
+        }
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                labels: Some(labels),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+}
+
+fn present(meta: &ObjectMeta, binding: &str, busy: Option<Keep>) -> Seen {
+    Seen::Present {
+        uid: meta.uid.clone().unwrap_or_default(),
+        ours: reaper::is_ours(meta, Some(binding)),
+        terminating: meta.deletion_timestamp.is_some(),
+        busy,
+    }
+}
+
+fn with_uid(uid: &str) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
+}
+
+fn api_ns<K>(client: &Client, namespace: &str) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    Api::namespaced(client.clone(), namespace)
+}
+
+/// Deletes `name`; NotFound is success (already gone).
+async fn delete<K>(api: Api<K>, name: &str, params: &DeleteParams) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(()),
+        Err(e) if warmcache_kube::is_not_found(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
