@@ -1039,6 +1039,12 @@ async fn the_deployment_records_an_event_and_metrics_for_a_retirement() {
     })
     .await
     .unwrap();
+    // Kept for `promtool check metrics` (docs/operations.md).
+    std::fs::write(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reaper-metrics.prom"),
+        &metrics,
+    )
+    .unwrap();
     for series in [
         r#"warmcache_reaper_actions_total{action="retire",rule="idle-retirement"} 1"#,
         r#"warmcache_reaper_actions_total{action="finalize",rule="retired-binding"} 1"#,
