@@ -802,17 +802,22 @@ impl Sweeper {
                 continue;
             }
             self.may_write()?;
-            let uid = claim.metadata.uid.clone().unwrap_or_default();
-            let params = with_uid(&uid);
-            if let Err(e) = delete(
+            match delete_exact(
                 api_ns::<PersistentVolumeClaim>(&self.client, &ns),
                 &name,
-                &params,
+                &claim.metadata,
             )
             .await
             {
-                self.error(report, &failed("delete", what.clone())(e));
-                continue;
+                Ok(true) => {}
+                Ok(false) => {
+                    self.keep(report, Rule::OrphanClaim, Keep::Changed, &what);
+                    continue;
+                }
+                Err(e) => {
+                    self.error(report, &failed("delete", what.clone())(e));
+                    continue;
+                }
             }
             for h in holders {
                 let pod = format!("Pod {ns}/{}", h.name);
@@ -871,23 +876,33 @@ impl Sweeper {
         // Only what the rules need is kept from each page: the candidates, and each view's facts
         // by the primary it was derived from.
         let mut candidates: Vec<PersistentVolume> = Vec::new();
-        let mut views_of: BTreeMap<String, Vec<(String, bool, Option<String>)>> = BTreeMap::new();
+        let mut views_of: BTreeMap<String, Vec<ListedView>> = BTreeMap::new();
         let mut looked = 0_u64;
         let listed = self
-            .list_all(&api, ListParams::default(), |pv| {
+            .list_all(&api, ListParams::default(), |mut pv| {
                 looked += 1;
+                pv.metadata.managed_fields = None;
                 match reaper::classify(&pv, &control) {
                     PvClass::Other => {}
                     class => {
-                        if class == PvClass::ReadOnlyView
+                        if class == PvClass::View
+                            && reaper::is_read_only_view(&pv)
                             && let Some(source) = reaper::source_of(&pv)
                         {
-                            views_of.entry(source.to_owned()).or_default().push((
-                                pv.name_any(),
-                                pv.status.as_ref().and_then(|s| s.phase.as_deref())
-                                    == Some("Bound"),
-                                reaper::claim_namespace(&pv).map(str::to_owned),
-                            ));
+                            views_of
+                                .entry(source.to_owned())
+                                .or_default()
+                                .push(ListedView {
+                                    name: pv.name_any(),
+                                    bound: pv.status.as_ref().and_then(|s| s.phase.as_deref())
+                                        == Some("Bound"),
+                                    namespace: reaper::claim_namespace(&pv).map(str::to_owned),
+                                    meta: ObjectMeta {
+                                        uid: pv.metadata.uid.clone(),
+                                        resource_version: pv.metadata.resource_version.clone(),
+                                        ..ObjectMeta::default()
+                                    },
+                                });
                         }
                         candidates.push(pv);
                     }
@@ -900,23 +915,29 @@ impl Sweeper {
             return Ok(());
         }
         let mut namespaces = BTreeMap::new();
+        // Views an expired primary took with it: not looked at again.
+        let mut handled: BTreeSet<String> = BTreeSet::new();
         for pv in candidates {
             let name = pv.name_any();
+            if handled.contains(&name) {
+                continue;
+            }
             let what = format!("PersistentVolume {name}");
             let namespace = match reaper::claim_namespace(&pv) {
                 Some(ns) => self.namespace_state(&mut namespaces, ns).await,
                 None => NamespaceState::Live,
             };
             let mut views = Vec::new();
-            for (view, is_bound, ns) in views_of.get(&name).into_iter().flatten() {
-                let state = match ns {
+            let listed_views = views_of.remove(&name).unwrap_or_default();
+            for view in &listed_views {
+                let state = match &view.namespace {
                     Some(ns) => self.namespace_state(&mut namespaces, ns).await,
                     None => NamespaceState::Live,
                 };
                 views.push(ViewFacts {
-                    name: view.clone(),
-                    attached: attached.contains(view),
-                    bound: *is_bound,
+                    name: view.name.clone(),
+                    attached: attached.contains(&view.name),
+                    bound: view.bound,
                     namespace: state,
                 });
             }
@@ -965,12 +986,18 @@ impl Sweeper {
                         continue;
                     }
                     self.may_write()?;
-                    let uid = pv.metadata.uid.clone().unwrap_or_default();
-                    if let Err(e) = delete(api.clone(), &name, &with_uid(&uid)).await {
-                        self.error(report, &failed("delete", what)(e));
+                    match delete_exact(api.clone(), &name, &pv.metadata).await {
+                        Ok(true) => {}
+                        Ok(false) => self.keep(report, rule, Keep::Changed, &what),
+                        Err(e) => self.error(report, &failed("delete", what)(e)),
                     }
                 }
                 PvVerdict::Reclaim { rule, views } => {
+                    let views: Vec<&ListedView> = listed_views
+                        .iter()
+                        .filter(|v| views.contains(&v.name))
+                        .collect();
+                    handled.extend(views.iter().map(|v| v.name.clone()));
                     self.reclaim(&pv, rule, &views, report).await?;
                 }
             }
@@ -982,13 +1009,13 @@ impl Sweeper {
         &self,
         pv: &PersistentVolume,
         rule: Rule,
-        views: &[String],
+        views: &[&ListedView],
         report: &mut Report,
     ) -> Result<(), Stop> {
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let name = pv.name_any();
         for view in views {
-            let what = format!("PersistentVolume {view}");
+            let what = format!("PersistentVolume {}", view.name);
             self.act(
                 report,
                 rule,
@@ -999,18 +1026,18 @@ impl Sweeper {
                 continue;
             }
             self.may_write()?;
-            let uid = match api.get_metadata_opt(view).await {
-                Ok(Some(meta)) => meta.metadata.uid.unwrap_or_default(),
-                Ok(None) => continue,
-                Err(e) => {
-                    self.error(report, &failed("get", what)(e));
+            // With the UID and resourceVersion the decision read: a view bound since then stays,
+            // and the primary with it. The primary goes only after every view.
+            match delete_exact(api.clone(), &view.name, &view.meta).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.keep(report, rule, Keep::Changed, &what);
                     return Ok(());
                 }
-            };
-            if let Err(e) = delete(api.clone(), view, &with_uid(&uid)).await {
-                // The primary goes only after every view.
-                self.error(report, &failed("delete", what)(e));
-                return Ok(());
+                Err(e) => {
+                    self.error(report, &failed("delete", what)(e));
+                    return Ok(());
+                }
             }
         }
         self.act(
@@ -1038,6 +1065,16 @@ impl Sweeper {
         }
         Ok(())
     }
+}
+
+/// A read-only view PV as listed: what the `expired-primary` rule needs of it.
+#[derive(Clone, Debug)]
+struct ListedView {
+    name: String,
+    bound: bool,
+    namespace: Option<String>,
+    /// Its UID and resourceVersion as listed (the delete's preconditions).
+    meta: ObjectMeta,
 }
 
 /// A live pod that mounts a claim.
@@ -1077,6 +1114,26 @@ fn present(meta: &ObjectMeta, binding: &str, busy: Option<Keep>) -> Seen {
         ours: reaper::is_ours(meta, Some(binding)),
         terminating: meta.deletion_timestamp.is_some(),
         busy,
+    }
+}
+
+/// Deletes `name` if it still is the object `read` describes (UID and resourceVersion
+/// preconditions): `Ok(false)` when it changed since (409), `Ok(true)` when it is gone.
+async fn delete_exact<K>(api: Api<K>, name: &str, read: &ObjectMeta) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: read.uid.clone(),
+            resource_version: read.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match delete(api, name, &params).await {
+        Ok(()) => Ok(true),
+        Err(e) if warmcache_kube::is_conflict(&e) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -36,7 +36,7 @@ use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABE
 use warmcache_modelvolume::reaper::{Config, Keep, Rule};
 use warmcache_modelvolume::view;
 use warmcache_modelvolume::volume_keys::{
-    BINDING_LABEL, COMPLETE_LABEL, LAST_USED_ANNOTATION, VOLUME_ROLE_LABEL,
+    BINDING_LABEL, COMPLETE_LABEL, LAST_USED_ANNOTATION, SOURCE_PV_LABEL, VOLUME_ROLE_LABEL,
 };
 use warmcache_reaper::{Report, Settings, Sweeper};
 use warmcache_testkit::{
@@ -210,6 +210,22 @@ async fn pv_phase(client: &Client, name: &str, phase: &str) {
             let pv = api.get(name).await.ok()?;
             (pv.status?.phase.as_deref() == Some(phase)).then_some(())
         }
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits until `name` is gone (deleted objects may wait for a protection finalizer).
+async fn gone<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(&format!("{name} gone"), WAIT, || async move {
+        api.get_metadata_opt(name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
     })
     .await
     .unwrap();
@@ -407,11 +423,11 @@ async fn an_idle_binding_retires_and_exactly_what_it_names_goes_then_the_binding
     let reader_claims: Api<PersistentVolumeClaim> = w.reader.api();
     let writer_claims: Api<PersistentVolumeClaim> = w.writer.api();
     let control_claims: Api<PersistentVolumeClaim> = w.control.api();
-    assert!(!exists(&reader_claims, &cache.view_claim).await);
-    assert!(!exists(&pvs, &cache.view_pv).await);
-    assert!(!exists(&writer_claims, &cache.writer_claim).await);
-    assert!(!exists(&pvs, &cache.writer_pv).await);
-    assert!(!exists(&w.writer.api::<Job>(), &cache.job).await);
+    gone(&reader_claims, &cache.view_claim).await;
+    gone(&pvs, &cache.view_pv).await;
+    gone(&writer_claims, &cache.writer_claim).await;
+    gone(&pvs, &cache.writer_pv).await;
+    gone(&w.writer.api::<Job>(), &cache.job).await;
     assert!(
         !exists(
             &control_claims,
@@ -419,7 +435,7 @@ async fn an_idle_binding_retires_and_exactly_what_it_names_goes_then_the_binding
         )
         .await
     );
-    assert!(!exists(&w.control.api::<Lease>(), &cache.lease).await);
+    gone(&w.control.api::<Lease>(), &cache.lease).await;
 
     // Kept: the data (Released, Retain, stamped with its last use), what it does not name, and
     // the named object that is not warmcache's.
@@ -600,7 +616,7 @@ async fn a_reader_between_the_phases_stops_the_deletion_until_it_is_gone() {
             .unwrap()
             .is_none()
     );
-    assert!(!exists(&w.reader.api::<PersistentVolumeClaim>(), &cache.view_claim).await);
+    gone(&w.reader.api::<PersistentVolumeClaim>(), &cache.view_claim).await;
     cleanup_pvs(&w.admin, &cache).await;
 }
 
@@ -645,7 +661,7 @@ async fn a_retirement_cut_short_is_finished_by_the_next_sweep_and_deletes_nothin
         Some(&1),
         "{report:?}"
     );
-    assert!(!exists(&w.reader.api::<PersistentVolumeClaim>(), &cache.view_claim).await);
+    gone(&w.reader.api::<PersistentVolumeClaim>(), &cache.view_claim).await;
     assert!(exists(&pvs, &cache.view_pv).await, "attached: kept");
     assert!(
         exists(&w.writer.api::<Job>(), &cache.job).await,
@@ -667,8 +683,8 @@ async fn a_retirement_cut_short_is_finished_by_the_next_sweep_and_deletes_nothin
             .unwrap()
             .is_none()
     );
-    assert!(!exists(&pvs, &cache.view_pv).await);
-    assert!(!exists(&w.writer.api::<Job>(), &cache.job).await);
+    gone(&pvs, &cache.view_pv).await;
+    gone(&w.writer.api::<Job>(), &cache.job).await;
     assert!(
         exists(
             &w.reader.api::<PersistentVolumeClaim>(),
@@ -792,8 +808,8 @@ async fn orphan_views_go_only_on_proof_and_never_while_attached_or_on_an_unreada
     println!("{}", report.lines.join("\n"));
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(faults.injected() >= 1);
-    assert!(!exists(&pvs, &released).await, "Released: deleted");
-    assert!(!exists(&pvs, &in_gone).await, "namespace NotFound: deleted");
+    gone(&pvs, &released).await;
+    gone(&pvs, &in_gone).await;
     assert!(
         exists(&pvs, &unreadable).await,
         "namespace unreadable: kept"
@@ -816,7 +832,7 @@ async fn orphan_views_go_only_on_proof_and_never_while_attached_or_on_an_unreada
         .await
         .unwrap();
     w.sweep(w.config()).await;
-    assert!(!exists(&pvs, &attached).await, "detached: deleted");
+    gone(&pvs, &attached).await;
     for pv in [&unreadable, &lookalike] {
         pvs.delete(pv, &DeleteParams::default()).await.ok();
     }
@@ -1066,4 +1082,97 @@ async fn scrape(admin: std::net::SocketAddr) -> String {
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();
     raw.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+fn view_of(primary: &str, mut pv: PersistentVolume) -> PersistentVolume {
+    pv.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(SOURCE_PV_LABEL.to_owned(), primary.to_owned());
+    pv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_primary_goes_after_its_views_and_never_while_one_is_read() {
+    let _turn = serial().await;
+    let w = World::new("reap-exp").await;
+    let pvs: Api<PersistentVolume> = Api::all(w.admin.clone());
+    let control = &w.control.name;
+    let hash = identity_hash(&identity("domain-exp"));
+    let primary = format!("{control}-primary");
+    let mut pv = primary_pv(&primary, control, &format!("rw-pvc-{hash}"), true);
+    pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some("deleted-claim-uid".into());
+    create(&pvs, &pv).await;
+    let released = format!("{control}-v-released");
+    let read = format!("{control}-v-read");
+    create(
+        &pvs,
+        &view_of(
+            &primary,
+            view_pv(&released, &w.writer.name, "ro-pvc-a", Some("deleted-uid")),
+        ),
+    )
+    .await;
+    create(
+        &pvs,
+        &view_of(&primary, view_pv(&read, &w.reader.name, "ro-pvc-b", None)),
+    )
+    .await;
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": "ro-pvc-b" },
+        "spec": {
+            "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": read,
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    }))
+    .unwrap();
+    create(&w.reader.api(), &claim).await;
+    bound(&w.admin, &w.reader.name, "ro-pvc-b").await;
+    pv_phase(&w.admin, &primary, "Released").await;
+
+    // One view is bound in a live namespace: the primary and its views stay.
+    let expired = Config {
+        retention_seconds: 1,
+        ..w.config()
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = w.sweep(expired.clone()).await;
+    assert_eq!(
+        report.kept.get(&(Rule::ExpiredPrimary, Keep::ViewInUse)),
+        Some(&1),
+        "{report:?}"
+    );
+    let reclaim = |pv: PersistentVolume| pv.spec.unwrap().persistent_volume_reclaim_policy.unwrap();
+    assert_eq!(reclaim(pvs.get(&primary).await.unwrap()), "Retain");
+    assert!(exists(&pvs, &read).await);
+
+    // Its claim gone, the view is Released: views first (objects only), then the primary.
+    w.reader
+        .api::<PersistentVolumeClaim>()
+        .delete("ro-pvc-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    pv_phase(&w.admin, &read, "Released").await;
+    let report = w.sweep(expired).await;
+    let order: Vec<&String> = report
+        .lines
+        .iter()
+        .filter(|l| l.contains("expired-primary") || l.contains("orphan-view"))
+        .collect();
+    println!("{order:?}");
+    gone(&pvs, &released).await;
+    gone(&pvs, &read).await;
+    assert_eq!(reclaim(pvs.get(&primary).await.unwrap()), "Delete");
+    assert_eq!(
+        order.len(),
+        2,
+        "each view once, then the primary: {order:?}"
+    );
+    assert!(order[0].contains(&read), "{order:?}");
+    assert!(
+        order[1].contains(&primary) && order[1].contains("Delete"),
+        "the primary last: {order:?}"
+    );
+    pvs.delete(&primary, &DeleteParams::default()).await.ok();
 }

@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | `idle-retirement` | a ModelCacheBinding | nothing (sets `Retiring`) | no request reference and no live reading pod since `unreferencedSince` + the idle period |
 //! | `retired-binding` | a Retiring (or deleted) binding | exactly what it names: reader views (claims, then PV objects), writer Jobs, writer views (claims, then PVs), the primary claim, the Lease, the StorageClasses and Secrets; then its finalizer | no request reference and no live reading pod; a stage waits while one of its objects is attached, used by a pod or still terminating |
-//! | `orphan-view` | a read-only view PV | the PV object only (Retain: the storage is the primary's) | Released, or its claim's namespace is gone (a definite NotFound) |
+//! | `orphan-view` | a view PV (read-only, or a writer view) | the PV object only (Retain: the storage is the primary's) | Released, or its claim's namespace is gone (a definite NotFound) |
 //! | `abandoned-primary` | an incomplete primary PV | its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | Released for longer than the abandon age (by creation time) |
 //! | `expired-primary` | a complete primary PV | its view PV objects first, then its storage (reclaim Delete) | Released, no binding records it, retention > 0 passed since its last use, no view bound in a live namespace |
 //! | `orphan-claim` | a read-only view claim | the claim, then the mount holders that use it | older than the orphan age and no pod other than mount holders uses it |
@@ -31,7 +31,7 @@ use crate::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
 use crate::view::{RETAIN, writer_view_pv_name_in};
 use crate::volume_keys::{
     BINDING_LABEL, COMPLETE_LABEL, LAST_USED_ANNOTATION, ROLE_PRIMARY, ROLE_READER_SHARED,
-    SOURCE_PV_LABEL, VOLUME_ROLE_LABEL,
+    ROLE_WRITER, SOURCE_PV_LABEL, VOLUME_ROLE_LABEL,
 };
 
 /// Default pause between sweeps (nvsnap's `reapInterval`).
@@ -83,7 +83,8 @@ pub enum Rule {
     IdleRetirement,
     /// A Retiring binding's named resources are deleted, then its finalizer.
     RetiredBinding,
-    /// A read-only view PV left Released or in a gone namespace is deleted (object only).
+    /// A view PV (read-only or writer) left Released or in a gone namespace is deleted
+    /// (object only).
     OrphanView,
     /// A Released incomplete primary is deleted with its storage.
     AbandonedPrimary,
@@ -152,11 +153,14 @@ pub enum Keep {
     NotRetain,
     /// Already being deleted; waiting for it to go.
     Terminating,
+    /// It changed between the read that decided and the delete (the precondition failed): it
+    /// is looked at again next sweep.
+    Changed,
 }
 
 impl Keep {
     /// Every reason.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Referenced,
         Self::NotRecordedIdle,
         Self::NotIdleLongEnough,
@@ -172,6 +176,7 @@ impl Keep {
         Self::NotOurs,
         Self::NotRetain,
         Self::Terminating,
+        Self::Changed,
     ];
 
     /// The reason's name (metric label, logs).
@@ -192,6 +197,7 @@ impl Keep {
             Self::NotOurs => "not_ours",
             Self::NotRetain => "not_retain",
             Self::Terminating => "terminating",
+            Self::Changed => "changed",
         }
     }
 
@@ -215,6 +221,7 @@ impl Keep {
             Self::NotOurs => "it is not warmcache's, or belongs to another binding",
             Self::NotRetain => "its reclaim policy is not Retain",
             Self::Terminating => "it is being deleted",
+            Self::Changed => "it changed since it was read",
         }
     }
 }
@@ -554,8 +561,10 @@ pub fn cleanup_step(seen: &[(Target, Seen)]) -> Cleanup {
 /// What a PV is to the volume rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PvClass {
-    /// A read-only view of a primary (warmcache's, role `reader-shared`).
-    ReadOnlyView,
+    /// A view of a primary: warmcache's, role `reader-shared` (read-only) or `writer` (the
+    /// writer view; Released once its download is complete, or left by an earlier writer
+    /// namespace).
+    View,
     /// A primary: bound (or once bound) to a claim `rw-pvc-<48 hex>` of the control namespace,
     /// not a view.
     Primary {
@@ -586,9 +595,9 @@ fn csi_read_only(pv: &PersistentVolume) -> bool {
 /// The class of `pv` for the control namespace `control`.
 pub fn classify(pv: &PersistentVolume, control: &str) -> PvClass {
     let role = label(&pv.metadata, VOLUME_ROLE_LABEL);
-    if role == Some(ROLE_READER_SHARED) {
+    if matches!(role, Some(ROLE_READER_SHARED | ROLE_WRITER)) {
         return if is_ours(&pv.metadata, None) {
-            PvClass::ReadOnlyView
+            PvClass::View
         } else {
             PvClass::Other
         };
@@ -625,6 +634,11 @@ pub fn claim_namespace(pv: &PersistentVolume) -> Option<&str> {
         .as_ref()
         .and_then(|s| s.claim_ref.as_ref())
         .and_then(|c| c.namespace.as_deref())
+}
+
+/// Whether `pv` is a read-only view (role `reader-shared`), not the writer view.
+pub fn is_read_only_view(pv: &PersistentVolume) -> bool {
+    label(&pv.metadata, VOLUME_ROLE_LABEL) == Some(ROLE_READER_SHARED)
 }
 
 /// The primary a view PV was derived from ([`SOURCE_PV_LABEL`]).
@@ -698,7 +712,7 @@ pub fn pv_verdict(
     let class = classify(pv, &config.control_namespace);
     let rule = match class {
         PvClass::Other => return PvVerdict::Ignore,
-        PvClass::ReadOnlyView => Rule::OrphanView,
+        PvClass::View => Rule::OrphanView,
         PvClass::Primary { complete: false } => Rule::AbandonedPrimary,
         PvClass::Primary { complete: true } => Rule::ExpiredPrimary,
     };
@@ -714,7 +728,7 @@ pub fn pv_verdict(
     let released = phase(pv) == Some("Released");
     match class {
         PvClass::Other => PvVerdict::Ignore,
-        PvClass::ReadOnlyView => {
+        PvClass::View => {
             if reclaim_policy(pv) != Some(RETAIN) {
                 return PvVerdict::Keep(rule, Keep::NotRetain);
             }
@@ -821,7 +835,6 @@ pub fn claim_verdict(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
-    use crate::volume_keys::ROLE_WRITER;
     use k8s_openapi::api::core::v1::{
         CSIPersistentVolumeSource, ObjectReference, PersistentVolumeClaimVolumeSource,
         PersistentVolumeSpec, PersistentVolumeStatus, PodSpec, PodStatus, Volume,
@@ -1245,7 +1258,8 @@ mod tests {
                 "{ns}/{claim}"
             );
         }
-        // A writer view never counts as a primary.
+        // A writer view never counts as a primary: Released, it is an orphan view (object
+        // only).
         let writer = pv(
             "rw-1",
             Some(ROLE_WRITER),
@@ -1255,7 +1269,7 @@ mod tests {
         );
         assert_eq!(
             pv_verdict(&writer, &facts(), at(99_999), &c),
-            PvVerdict::Ignore
+            PvVerdict::DeleteObject(Rule::OrphanView)
         );
     }
 
