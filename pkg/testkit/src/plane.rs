@@ -372,6 +372,25 @@ pub(crate) fn run_script(script: &str, env: &str) -> Result<PathBuf, TestkitErro
         })
 }
 
+/// The plane's Service CIDR, a /24 of the loopback range derived from the API server's port
+/// (so concurrent planes differ), and the `kubernetes` Service's ClusterIP (its first address).
+///
+/// Loopback because nothing routes ClusterIPs here (no kube-proxy): the API server calls a
+/// Service-registered webhook (as the chart registers its own) at the Service's ClusterIP, and a
+/// loopback ClusterIP is an address of the host (and of every pod's `lo`) that a test can listen
+/// on without adding an address or a route anywhere; a private range would leave by the host's
+/// default route. Pod IPs (127.201.0.0/16, the node's CNI) cannot serve instead: the API server
+/// refuses loopback addresses in Endpoints and EndpointSlices, so endpoint routing
+/// (`--enable-aggregator-routing`) finds none. test/chart's install test listens there.
+pub(crate) fn service_range(apiserver_port: u16) -> (String, std::net::Ipv4Addr) {
+    let second = 202 + (apiserver_port >> 8) % 48;
+    let third = apiserver_port & 0xff;
+    (
+        format!("127.{second}.{third}.0/24"),
+        std::net::Ipv4Addr::new(127, second as u8, third as u8, 1),
+    )
+}
+
 /// Random free loopback ports, distinct from each other (listeners are held until all are chosen).
 pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], TestkitError> {
     let mut listeners = Vec::with_capacity(N);
@@ -649,6 +668,9 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
     // From here on the janitor owns the directory's removal.
     let mut processes = Processes::new(&dir)?;
 
+    let [etcd_port, peer_port, apiserver_port] = free_ports::<3>()?;
+    let (service_range, kubernetes_service_ip) = service_range(apiserver_port);
+
     // --- PKI and credentials ---
     let ca = Ca::generate("warmcache-testkit CA")?;
     let (serving_cert, serving_key) = ca.leaf(
@@ -662,7 +684,7 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         ],
         &[
             std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-            std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)),
+            std::net::IpAddr::V4(kubernetes_service_ip),
         ],
         true,
         false,
@@ -696,7 +718,6 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         ),
     )?;
 
-    let [etcd_port, peer_port, apiserver_port] = free_ports::<3>()?;
     let etcd_url = format!("http://127.0.0.1:{etcd_port}");
     let server_url = format!("https://127.0.0.1:{apiserver_port}");
     let kubeconfig_text = kubeconfig_yaml(&server_url, &ca.cert_pem, &token);
@@ -731,7 +752,7 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         format!("--service-account-key-file={}", s(p("sa.pub"))),
         format!("--service-account-signing-key-file={}", s(p("sa.key"))),
         "--api-audiences=https://kubernetes.default.svc.cluster.local".to_owned(),
-        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        format!("--service-cluster-ip-range={service_range}"),
         "--endpoint-reconciler-type=none".to_owned(),
         "--enable-priority-and-fairness=false".to_owned(),
         "--allow-privileged=true".to_owned(),

@@ -1,0 +1,879 @@
+//! A real `helm install` of `charts/warmcache` on the real test node, with the image
+//! `hack/build-image.sh` packs (built here from the component binaries, as `image.rs` does):
+//!
+//! 1. every Deployment the chart renders (pod webhook, binding controller, KVCacheBackend
+//!    controller and webhook) becomes Ready: probes answered, caches synced over in-cluster
+//!    API access, as the chart ships them (no hostNetwork, no test-only value but the image);
+//! 2. the API server calls both webhooks through their Service registrations: a GPU pod in an
+//!    ordinary namespace comes back with the pod webhook's skip annotations (no `nvcf-sc` on this
+//!    cluster), an invalid KVCacheBackend is refused with the operator webhook's message, and the
+//!    bridge counted connections to the webhook pods;
+//! 3. `helm upgrade` to a chart whose CRD changed, with a changed value: the stored CRDs are the
+//!    new chart's, and the webhook rewrites pods requesting the newly listed GPU resource;
+//! 4. `helm uninstall` runs the pre-delete hook: a ModelCacheBinding holding warmcache's
+//!    finalizer is released, the control namespace is gone (nothing Terminating), a retained PV
+//!    of model data is still there, the CRDs are kept.
+//!
+//! The test node has no pod network (see `podnet`): this test bridges pod IPs and the
+//! `kubernetes` Service into the pods, and the kit's API server runs with
+//! `--enable-aggregator-routing` so Service-registered webhooks are called at pod IPs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod podnet;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Helm, RELEASE};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, PostParams};
+use kube::{Client, ResourceExt};
+use podnet::PodNetwork;
+use serde_json::{Value, json};
+use warmcache_api_modelcache::v2beta1::{
+    BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
+    ModelCacheBindingSpec, ReclaimPolicy, Transition, Workflow, WriterIdentity,
+};
+use warmcache_api_modelcache::{
+    FINALIZER, binding_name, init_lease_name, sha256_digest, writer_job_name, writer_pvc_name,
+};
+use warmcache_chart_tests::NAMESPACE;
+use warmcache_kvcache::vectors;
+use warmcache_testkit::{COMPONENT_BINARIES, ControlPlane, RealNode, TOOLS_IMAGE, component_image};
+
+const CONTROL: &str = "nvca-modelcache-init";
+const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
+const IMAGE_TAG: &str = "install";
+/// Every Deployment of the chart with everything on (the node agent and the reaper are not in
+/// the chart yet).
+const DEPLOYMENTS: [&str; 4] = [
+    "warmcache-webhook",
+    "warmcache-binding-controller",
+    "warmcache-kvcache-operator",
+    "warmcache-kvcache-operator-webhook",
+];
+const MODELCACHE_CRD: &str = "modelcachebindings.nvca.nvcf.nvidia.io";
+const KVCACHE_CRD: &str = "kvcachebackends.worker.gpustack.ai";
+const SKIP_REASON: &str = "nvca.nvcf.nvidia.io/model-cache-skip-reason";
+const SKIP_MESSAGE: &str = "nvca.nvcf.nvidia.io/model-cache-skip-message";
+/// The column the "next chart version" adds to the ModelCacheBinding CRD.
+const NEW_COLUMN: &str = "Generation";
+/// The GPU resource the upgrade adds to `webhook.gpuResources`.
+const NEW_GPU: &str = "example.com/gpu";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(360);
+const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
+const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The component binaries `cargo test` (or `cargo build --bins`) built next to this test.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
+}
+
+struct Cluster {
+    client: Client,
+    helm: Helm,
+    kubeconfig: String,
+    net: PodNetwork,
+}
+
+impl Cluster {
+    fn helm(&self, args: &[&str]) -> Result<String, common::HelmError> {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--kubeconfig", &self.kubeconfig]);
+        self.helm.command(&all)
+    }
+
+    /// Everything a failure needs: pods, their containers' logs, events, the bridge.
+    async fn report(&self, namespace: &str) -> String {
+        let mut out = format!("--- namespace {namespace}\n");
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        for pod in pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let name = pod.name_any();
+            let status = pod.status.clone().unwrap_or_default();
+            out.push_str(&format!(
+                "pod {name}: phase {:?}, ip {:?}, conditions {:?}\n",
+                status.phase,
+                status.pod_ip,
+                status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .map(|c| format!(
+                        "{}={} {}",
+                        c.type_,
+                        c.status,
+                        c.message.clone().unwrap_or_default()
+                    ))
+                    .collect::<Vec<_>>()
+            ));
+            for c in status.container_statuses.iter().flatten() {
+                out.push_str(&format!(
+                    "  container {}: ready {}, restarts {}, state {:?}, last {:?}\n",
+                    c.name, c.ready, c.restart_count, c.state, c.last_state
+                ));
+                for previous in [false, true] {
+                    let log = pods
+                        .logs(
+                            &name,
+                            &LogParams {
+                                container: Some(c.name.clone()),
+                                previous,
+                                tail_lines: Some(25),
+                                ..LogParams::default()
+                            },
+                        )
+                        .await
+                        .unwrap_or_default();
+                    if !log.is_empty() {
+                        out.push_str(&format!(
+                            "  --- log{}:\n{log}\n",
+                            if previous { " (previous)" } else { "" }
+                        ));
+                    }
+                }
+            }
+        }
+        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let mut events = events
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        events.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+        for e in events.iter().rev().take(40).rev() {
+            out.push_str(&format!(
+                "event {} {}: {} {}\n",
+                e.involved_object.name.clone().unwrap_or_default(),
+                e.type_.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+                e.message.clone().unwrap_or_default()
+            ));
+        }
+        out.push_str(&self.net.report());
+        out
+    }
+}
+
+/// Polls `probe` every second until it returns `Some`, at most `timeout`.
+async fn wait_for<T, F, Fut>(timeout: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return Some(v);
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Every Deployment's replicas are all updated, ready and available, and it has no other pods.
+async fn deployments_ready(client: &Client, names: &[&str]) -> Result<(), String> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut waiting = Vec::new();
+    for name in names {
+        let Ok(Some(d)) = deployments.get_opt(name).await else {
+            waiting.push(format!("{name}: missing"));
+            continue;
+        };
+        let want = d.spec.replicas.unwrap_or(1);
+        let s = d.status.clone().unwrap_or_default();
+        let current = s.observed_generation >= d.metadata.generation;
+        let selector = d
+            .spec
+            .selector
+            .match_labels
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let pod_count = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map(|l| l.items.len() as i32)
+            .unwrap_or(-1);
+        if !(current
+            && s.updated_replicas == Some(want)
+            && s.ready_replicas == Some(want)
+            && s.available_replicas == Some(want)
+            && pod_count == want)
+        {
+            waiting.push(format!(
+                "{name}: want {want}, updated {:?}, ready {:?}, available {:?}, pods {pod_count}, observed {:?}/{:?}",
+                s.updated_replicas, s.ready_replicas, s.available_replicas, s.observed_generation, d.metadata.generation
+            ));
+        }
+    }
+    if waiting.is_empty() {
+        Ok(())
+    } else {
+        Err(waiting.join("; "))
+    }
+}
+
+async fn wait_deployments(cluster: &Cluster, names: &[&str], timeout: Duration, what: &str) {
+    let start = Instant::now();
+    loop {
+        match deployments_ready(&cluster.client, names).await {
+            Ok(()) => break,
+            Err(why) if start.elapsed() > timeout => panic!(
+                "{what}: not ready after {:?}: {why}\n{}",
+                start.elapsed(),
+                cluster.report(NAMESPACE).await
+            ),
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+    eprintln!("{what}: ready after {:.1?}", start.elapsed());
+}
+
+/// A vLLM pod downloading `Qwen/Qwen3-8B` into an emptyDir, requesting one `gpu`.
+fn vllm_pod(name: &str, gpu: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{
+                "name": "vllm",
+                "image": TOOLS_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["vllm", "serve", "Qwen/Qwen3-8B"],
+                "env": [{"name": "HF_HOME", "value": "/models/hf"}],
+                "resources": {"limits": {gpu: "1"}},
+                "volumeMounts": [{"name": "m", "mountPath": "/models"}],
+            }],
+            "volumes": [{"name": "m", "emptyDir": {}}],
+        },
+    }))
+    .unwrap()
+}
+
+/// The annotations the API server returns for a dry-run create of `pod` (after every
+/// mutating webhook).
+async fn admitted_annotations(pods: &Api<Pod>, pod: &Pod) -> BTreeMap<String, String> {
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    match pods.create(&dry, pod).await {
+        Ok(admitted) => admitted.metadata.annotations.unwrap_or_default(),
+        Err(e) => panic!("dry-run create of pod {}: {e}", pod.name_any()),
+    }
+}
+
+/// The pod webhook's skip annotations on a dry-run create of a GPU pod, once it answers
+/// (its failurePolicy is Ignore: until it is called, pods come back unchanged).
+async fn wait_skip(cluster: &Cluster, pods: &Api<Pod>, gpu: &str, what: &str) -> (String, String) {
+    let pod = vllm_pod("qwen", gpu);
+    let start = Instant::now();
+    loop {
+        let annotations = admitted_annotations(pods, &pod).await;
+        if let Some(reason) = annotations.get(SKIP_REASON) {
+            return (
+                reason.clone(),
+                annotations.get(SKIP_MESSAGE).cloned().unwrap_or_default(),
+            );
+        }
+        if start.elapsed() > WEBHOOK_TIMEOUT {
+            panic!(
+                "{what}: no {SKIP_REASON} on a {gpu} pod after {WEBHOOK_TIMEOUT:?} (annotations {annotations:?}); the API server did not call the pod webhook\n{}",
+                cluster.report(NAMESPACE).await
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn kvcache_api(client: &Client) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "worker.gpustack.ai".into(),
+        version: "v1alpha1".into(),
+        api_version: "worker.gpustack.ai/v1alpha1".into(),
+        kind: "KVCacheBackend".into(),
+        plural: "kvcachebackends".into(),
+    };
+    Api::all_with(client.clone(), &resource)
+}
+
+/// `spec` holds every field of `expected` with the same value (the API server may add
+/// defaults: extra object keys are allowed, arrays must match element by element).
+fn contains(actual: &Value, expected: &Value, path: &str, diffs: &mut Vec<String>) {
+    match (actual, expected) {
+        (Value::Object(a), Value::Object(e)) => {
+            for (k, ev) in e {
+                match a.get(k) {
+                    Some(av) => contains(av, ev, &format!("{path}.{k}"), diffs),
+                    None => diffs.push(format!("{path}.{k}: missing")),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(e)) => {
+            if a.len() != e.len() {
+                diffs.push(format!(
+                    "{path}: {} items, the chart has {}",
+                    a.len(),
+                    e.len()
+                ));
+                return;
+            }
+            for (i, (av, ev)) in a.iter().zip(e).enumerate() {
+                contains(av, ev, &format!("{path}[{i}]"), diffs);
+            }
+        }
+        (a, e) if a == e => {}
+        // The API server stores a minimum of 0 as 0.0.
+        (Value::Number(a), Value::Number(e)) if a.as_f64() == e.as_f64() => {}
+        (a, e) => diffs.push(format!("{path}: stored {a}, the chart has {e}")),
+    }
+}
+
+/// The CRD `name` as `chart` renders it (`helm template`).
+fn rendered_crd(helm: &Helm, chart: &Path, name: &str) -> Value {
+    let text = helm
+        .command(&[
+            "template",
+            RELEASE,
+            &chart.display().to_string(),
+            "--namespace",
+            NAMESPACE,
+            "--show-only",
+            "templates/crds.yaml",
+        ])
+        .unwrap();
+    warmcache_cli::yaml::documents(&text)
+        .unwrap()
+        .into_iter()
+        .find(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+        .unwrap_or_else(|| panic!("{name} not rendered by {}", chart.display()))
+}
+
+async fn assert_crd_current(client: &Client, helm: &Helm, chart: &Path, name: &str) -> Value {
+    let expected = rendered_crd(helm, chart, name);
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let stored = serde_json::to_value(crds.get(name).await.unwrap()).unwrap();
+    let mut diffs = Vec::new();
+    contains(&stored["spec"], &expected["spec"], "spec", &mut diffs);
+    for (k, v) in expected["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        if stored["metadata"]["annotations"].get(k) != Some(v) {
+            diffs.push(format!(
+                "metadata.annotations.{k}: stored {}",
+                stored["metadata"]["annotations"][k]
+            ));
+        }
+    }
+    assert!(
+        diffs.is_empty(),
+        "stored CRD {name} is not the chart's:\n{}",
+        diffs.join("\n")
+    );
+    stored
+}
+
+fn printer_columns(crd: &Value) -> Vec<String> {
+    crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|v| {
+            v["additionalPrinterColumns"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The "next version" of the chart: the same chart whose ModelCacheBinding CRD gained a
+/// printer column (written as JSON, which is YAML).
+fn next_chart(dir: &Path) -> PathBuf {
+    let chart = dir.join("warmcache");
+    copy_dir(&warmcache_testkit::chart_dir(), &chart);
+    let file = chart.join("files/crds/nvca.nvcf.nvidia.io_modelcachebindings.yaml");
+    let mut crd = warmcache_cli::yaml::documents(&std::fs::read_to_string(&file).unwrap())
+        .unwrap()
+        .remove(0);
+    for version in crd["spec"]["versions"].as_array_mut().unwrap() {
+        let columns = version
+            .as_object_mut()
+            .unwrap()
+            .entry("additionalPrinterColumns")
+            .or_insert_with(|| json!([]));
+        columns.as_array_mut().unwrap().push(json!({
+            "name": NEW_COLUMN,
+            "type": "integer",
+            "jsonPath": ".metadata.generation",
+            "priority": 1,
+        }));
+    }
+    std::fs::write(&file, serde_json::to_string_pretty(&crd).unwrap()).unwrap();
+    chart
+}
+
+/// A binding in the control namespace holding warmcache's finalizer, as the webhook creates
+/// them.
+fn binding() -> ModelCacheBinding {
+    let identity = BindingIdentity::new(
+        Workflow::HelmModelCache,
+        "install-test",
+        "hf://Qwen/Qwen3-8B",
+    );
+    let spec = ModelCacheBindingSpec {
+        identity: identity.clone(),
+        decision: BindingDecision {
+            provider: "weka".into(),
+            provisioner: "fake.csi.warmcache.io".into(),
+            transition: Transition::RwxReadOnly,
+            required_access_modes: Transition::RwxReadOnly.required_access_modes().to_vec(),
+            required_mount_options: Vec::new(),
+            catalog_digest: sha256_digest("profile"),
+            encryption_required: false,
+            writer_identity: Some(WriterIdentity::FsGroup),
+        },
+        storage_class: BindingStorageClass {
+            name: "nvcf-sc".into(),
+            uid: "sc-uid".into(),
+            reclaim_policy: ReclaimPolicy::Retain,
+            configuration_digest: format!("v1:{}", sha256_digest("sc")),
+        },
+        resources: BindingResources {
+            writer_namespace: "team-a".into(),
+            persistent_volume_claim_names: vec![writer_pvc_name(&identity)],
+            job_names: vec![writer_job_name(&identity)],
+            lease_name: init_lease_name(&identity),
+            ..BindingResources::default()
+        },
+    };
+    let mut b = ModelCacheBinding::new(&binding_name(&identity), spec);
+    b.metadata.namespace = Some(CONTROL.into());
+    b.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    b
+}
+
+/// Follows the uninstall hook's pod and keeps the last log it read (the Job and its pod are
+/// deleted when the hook succeeds).
+fn follow_hook(client: Client) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
+        let selector = "app.kubernetes.io/component=uninstall-hook";
+        loop {
+            if let Ok(list) = pods.list(&ListParams::default().labels(selector)).await {
+                for pod in list.items {
+                    if let Ok(log) = pods.logs(&pod.name_any(), &LogParams::default()).await
+                        && !log.is_empty()
+                    {
+                        HOOK_LOG.lock().unwrap().insert(pod.name_any(), log);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+static HOOK_LOG: std::sync::Mutex<BTreeMap<String, String>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+fn hook_log() -> String {
+    HOOK_LOG
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(pod, log)| format!("--- uninstall hook pod {pod}:\n{log}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
+    let started = Instant::now();
+    let plane = ControlPlane::shared().await.unwrap();
+    let node = RealNode::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+
+    // The image, as hack/build-image.sh packs it, on the node.
+    let dir = tempfile::tempdir().unwrap();
+    let image = component_image(
+        &format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}"),
+        &bin_dir(),
+        &COMPONENT_BINARIES,
+    )
+    .unwrap_or_else(|e| panic!("{e} (run `cargo build --bins` for the component crates)"))
+    .build(dir.path())
+    .unwrap();
+    node.import_image(&image).await.unwrap();
+    eprintln!("image imported after {:.1?}", started.elapsed());
+
+    let apiserver: SocketAddr = plane
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let net = PodNetwork::start(client.clone(), node.cgroups()[0].clone(), apiserver)
+        .await
+        .unwrap();
+    let cluster = Cluster {
+        client: client.clone(),
+        helm: Helm::new().unwrap(),
+        kubeconfig: plane.kubeconfig_path().display().to_string(),
+        net,
+    };
+
+    // The kit installs our CRDs on every plane; the chart must own them (Helm refuses to adopt
+    // objects it did not create), as on a cluster that never had them.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in [MODELCACHE_CRD, KVCACHE_CRD] {
+        let _ = crds.delete(name, &DeleteParams::default()).await;
+    }
+    wait_for(Duration::from_secs(60), || {
+        let crds = crds.clone();
+        async move {
+            for name in [MODELCACHE_CRD, KVCACHE_CRD] {
+                if crds.get_opt(name).await.unwrap().is_some() {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await
+    .expect("the kit's CRDs deleted");
+
+    // --- 1. install: every component Ready.
+    let chart = warmcache_testkit::chart_dir().display().to_string();
+    let repository = format!("image.repository={IMAGE_REPOSITORY}");
+    let tag = format!("image.tag={IMAGE_TAG}");
+    let out = cluster
+        .helm(&[
+            "install",
+            RELEASE,
+            &chart,
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "--set",
+            &repository,
+            "--set",
+            &tag,
+            "--set",
+            "image.pullPolicy=Never",
+        ])
+        .unwrap_or_else(|e| panic!("helm install: {e}"));
+    eprintln!("helm install after {:.1?}:\n{out}", started.elapsed());
+    wait_deployments(&cluster, &DEPLOYMENTS, READY_TIMEOUT, "install").await;
+
+    // --- 2. both webhooks called by the API server.
+    let workloads: Api<Namespace> = Api::all(client.clone());
+    workloads
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "install-workloads"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "install-workloads");
+    let (reason, message) = wait_skip(&cluster, &pods, "nvidia.com/gpu", "install").await;
+    assert_eq!(
+        reason, "no-durable-storage",
+        "a GPU pod on a cluster without nvcf-sc: {message}"
+    );
+    assert!(message.contains("StorageClassNotFound"), "{message}");
+    let before = admitted_annotations(&pods, &vllm_pod("other-gpu", NEW_GPU)).await;
+    assert!(
+        !before.contains_key(SKIP_REASON),
+        "{NEW_GPU} is not a GPU resource before the upgrade: {before:?}"
+    );
+    assert!(
+        cluster.net.inbound(NAMESPACE, "warmcache-webhook-", 9443) > 0,
+        "the API server never connected to a pod webhook pod\n{}",
+        cluster.net.report()
+    );
+
+    let backends = kvcache_api(&client);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let valid: DynamicObject = serde_json::from_value(vectors::with(vectors::v2(), |o| {
+        o["metadata"]["name"] = json!("install-probe")
+    }))
+    .unwrap();
+    if let Err(e) = backends.create(&dry, &valid).await {
+        panic!(
+            "a valid KVCacheBackend (dry run) was refused, so the operator webhook was not reachable: {e}\n{}",
+            cluster.report(NAMESPACE).await
+        );
+    }
+    let too_small: DynamicObject = serde_json::from_value(vectors::with(vectors::v2(), |o| {
+        o["metadata"]["name"] = json!("install-too-small");
+        vectors::members(o)[0]["capacityPerMember"] = json!("8Mi");
+    }))
+    .unwrap();
+    match backends.create(&dry, &too_small).await {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("kvcachebackends.worker.gpustack.ai")
+                && s.message.contains("must be at least 16Mi"),
+            "the refusal is not the operator webhook's: {s:?}"
+        ),
+        other => panic!("an 8Mi member capacity was not refused by the webhook: {other:?}"),
+    }
+    assert!(
+        cluster
+            .net
+            .inbound(NAMESPACE, "warmcache-kvcache-operator-webhook-", 9443)
+            > 0,
+        "the API server never connected to a KVCacheBackend webhook pod\n{}",
+        cluster.net.report()
+    );
+    eprintln!("webhooks called after {:.1?}", started.elapsed());
+
+    // --- 3. upgrade to a chart whose CRD changed, with a changed value.
+    let installed = assert_crd_current(
+        &client,
+        &cluster.helm,
+        &warmcache_testkit::chart_dir(),
+        MODELCACHE_CRD,
+    )
+    .await;
+    assert!(!printer_columns(&installed).contains(&NEW_COLUMN.to_owned()));
+    let next = next_chart(dir.path());
+    let gpus = format!("webhook.gpuResources={{nvidia.com/gpu,{NEW_GPU}}}");
+    let out = cluster
+        .helm(&[
+            "upgrade",
+            RELEASE,
+            &next.display().to_string(),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            &gpus,
+        ])
+        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    eprintln!("helm upgrade after {:.1?}:\n{out}", started.elapsed());
+    let upgraded = assert_crd_current(&client, &cluster.helm, &next, MODELCACHE_CRD).await;
+    assert!(
+        printer_columns(&upgraded).contains(&NEW_COLUMN.to_owned()),
+        "{:?}",
+        printer_columns(&upgraded)
+    );
+    assert_crd_current(&client, &cluster.helm, &next, KVCACHE_CRD).await;
+    wait_deployments(&cluster, &DEPLOYMENTS, ROLLOUT_TIMEOUT, "upgrade").await;
+    let webhook_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for pod in webhook_pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await
+        .unwrap()
+        .items
+    {
+        let args = pod.spec.clone().unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            args.contains(&format!("--gpu-resource={NEW_GPU}")),
+            "{}: {args:?}",
+            pod.name_any()
+        );
+    }
+    let (reason, message) = wait_skip(&cluster, &pods, NEW_GPU, "upgrade").await;
+    assert_eq!(reason, "no-durable-storage", "{message}");
+    eprintln!("upgrade took effect after {:.1?}", started.elapsed());
+
+    // --- 4. uninstall: the hook releases bindings, the control namespace goes, data stays.
+    let bindings: Api<ModelCacheBinding> = Api::namespaced(client.clone(), CONTROL);
+    let created = bindings
+        .create(&PostParams::default(), &binding())
+        .await
+        .unwrap();
+    let pv_name = "install-test-primary";
+    let claim_name = "rw-pvc-install-test";
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/managed-by": "warmcache"}},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": format!("/tmp/{pv_name}")},
+            "claimRef": {"namespace": CONTROL, "name": claim_name},
+        },
+    }))
+    .unwrap();
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    volumes.create(&PostParams::default(), &pv).await.unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim_name},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }))
+    .unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), CONTROL);
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    wait_for(Duration::from_secs(60), || {
+        let claims = claims.clone();
+        async move {
+            let c = claims.get(claim_name).await.ok()?;
+            (c.status?.phase.as_deref() == Some("Bound")).then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("claim {CONTROL}/{claim_name} not Bound to {pv_name}"));
+
+    let follower = follow_hook(client.clone());
+    let uninstall_started = Instant::now();
+    let result = cluster.helm(&[
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        NAMESPACE,
+        "--timeout",
+        "5m",
+    ]);
+    // The pod's last log lines may arrive after helm returned.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    follower.abort();
+    let log = hook_log();
+    match result {
+        Ok(out) => eprintln!(
+            "helm uninstall took {:.1?}:\n{out}\n{log}",
+            uninstall_started.elapsed()
+        ),
+        Err(e) => panic!(
+            "helm uninstall: {e}\n{log}\n{}",
+            cluster.report(NAMESPACE).await
+        ),
+    }
+    assert!(
+        log.contains("uninstall-hook: done"),
+        "the hook's report does not end done:\n{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "removed finalizer {FINALIZER} from ModelCacheBinding {CONTROL}/{}",
+            created.name_any()
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(pv_name),
+        "the kept volume is not listed:\n{log}"
+    );
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let all = namespaces.list(&ListParams::default()).await.unwrap().items;
+    let terminating: Vec<String> = all
+        .iter()
+        .filter(|n| n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating"))
+        .map(|n| n.name_any())
+        .collect();
+    assert!(
+        terminating.is_empty(),
+        "Terminating namespaces: {terminating:?}\n{log}"
+    );
+    assert!(
+        !all.iter().any(|n| n.name_any() == CONTROL),
+        "{CONTROL} is still there\n{log}"
+    );
+    let left: Vec<String> = Api::<ModelCacheBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|b| !b.finalizers().is_empty())
+        .map(|b| {
+            format!(
+                "{}/{}: {:?}",
+                b.namespace().unwrap_or_default(),
+                b.name_any(),
+                b.finalizers()
+            )
+        })
+        .collect();
+    assert!(left.is_empty(), "bindings with finalizers: {left:?}");
+    let kept = volumes
+        .get(pv_name)
+        .await
+        .unwrap_or_else(|e| panic!("{pv_name}: {e}\n{log}"));
+    let spec = kept.spec.clone().unwrap();
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    assert!(kept.metadata.deletion_timestamp.is_none(), "{kept:?}");
+    eprintln!(
+        "kept volume {pv_name}: phase {:?}",
+        kept.status.and_then(|s| s.phase)
+    );
+    for name in [MODELCACHE_CRD, KVCACHE_CRD] {
+        assert!(
+            crds.get_opt(name).await.unwrap().is_some(),
+            "crds.keep: {name} deleted"
+        );
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let remaining: Vec<String> = deployments
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|d| d.name_any())
+        .collect();
+    assert!(remaining.is_empty(), "Deployments left: {remaining:?}");
+    volumes
+        .delete(pv_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eprintln!(
+        "install, upgrade and uninstall took {:.1?}",
+        started.elapsed()
+    );
+}

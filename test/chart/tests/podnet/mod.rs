@@ -1,0 +1,616 @@
+//! A pod network for the real test node, for the install test: the chart's pods run as
+//! shipped (no hostNetwork, HTTP probes, Service-registered webhooks, in-cluster API access),
+//! which a real cluster's pod network and kube-proxy make work. The test node has neither: its
+//! CNI gives every pod an `eth0` with a loopback-range address (127.201.X.Y) whose other end
+//! stays in the pod, so the pod reaches nothing and, from the host, its address is the host's
+//! own loopback. The kit's Service CIDR is a loopback /24 (see `service_range` in the kit's
+//! `plane.rs`), so ClusterIPs are host addresses too. This bridge supplies the paths the chart's
+//! pods need, and nothing else:
+//!
+//! - **pod IPs**: for every TCP `containerPort` of a pod, a listener on the host at the pod's IP
+//!   and that port, each connection relayed to the same address inside the pod's network
+//!   namespace: the kubelet's `httpGet` probes reach the pod as over a pod network.
+//! - **Services** (what kube-proxy does): for every port of every Service with a selector, a
+//!   listener on the host at its ClusterIP and port, each connection relayed to a Ready pod the
+//!   selector matches, at the target port (numeric or named): the API server's calls of a
+//!   Service-registered webhook reach a webhook pod. Pods are chosen from their Ready condition,
+//!   as EndpointSlices would list them (the API server refuses loopback addresses in
+//!   EndpointSlices, so there are none to read).
+//! - **the API server**: inside every pod, a listener at the `kubernetes` Service's ClusterIP and
+//!   port (what `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` name, and what the API
+//!   server's certificate names; a loopback address, so already local to the pod's `lo`), each
+//!   connection relayed to the API server on the host: in-cluster clients work unchanged.
+//!
+//! Sockets inside a pod are opened by a thread of this process that joined the pod's network
+//! namespace (`setns`). Nothing is added to any network namespace but listening sockets on
+//! loopback addresses. Every relayed connection is counted per pod and port, so a test can tell
+//! that the API server really connected to a pod.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::net::{IpAddr, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// How often the bridge looks for new pods and Services.
+const POLL: Duration = Duration::from_millis(200);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+type ConnectRequest = (SocketAddr, oneshot::Sender<std::io::Result<StdStream>>);
+type Connector = std::sync::mpsc::Sender<ConnectRequest>;
+
+/// What the bridge knows and did, for routing, failure messages and assertions.
+#[derive(Default)]
+struct State {
+    /// Pod UID -> its bridge.
+    pods: BTreeMap<String, Bridged>,
+    /// "namespace/service:port" -> its listener.
+    services: BTreeMap<String, Tasks>,
+    /// Pod UIDs or Service keys whose bridge failed (not retried), with why.
+    failed: BTreeMap<String, String>,
+    /// "namespace/pod:port" -> connections relayed into the pod (to its IP or through a
+    /// Service).
+    inbound: BTreeMap<String, u64>,
+    /// "namespace/pod" -> connections relayed from the pod to the API server.
+    outbound: BTreeMap<String, u64>,
+    log: Vec<String>,
+}
+
+struct Tasks(Vec<JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+struct Bridged {
+    /// "namespace/name".
+    key: String,
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    ready: bool,
+    ip: IpAddr,
+    /// Container port names -> numbers.
+    named_ports: BTreeMap<String, u16>,
+    connect: Connector,
+    _tasks: Tasks,
+}
+
+/// The running bridge; dropping it stops every listener.
+pub struct PodNetwork {
+    state: Arc<Mutex<State>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for PodNetwork {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Ok(mut state) = self.state.lock() {
+            state.pods.clear();
+            state.services.clear();
+        }
+    }
+}
+
+impl PodNetwork {
+    /// Starts bridging every pod of the node (all namespaces) that is not on the host network,
+    /// and every Service. `cgroup_root` is one of the node's cgroup directories (where the
+    /// kubelet's `pod<uid>` cgroups are), `apiserver` the API server's address on the host.
+    pub async fn start(
+        client: Client,
+        cgroup_root: PathBuf,
+        apiserver: SocketAddr,
+    ) -> Result<PodNetwork, String> {
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        let mut cluster_api = None;
+        for _ in 0..300 {
+            if let Ok(Some(svc)) = services.get_opt("kubernetes").await {
+                let spec = svc.spec.unwrap_or_default();
+                let ip = spec.cluster_ip.unwrap_or_default();
+                let port = spec
+                    .ports
+                    .unwrap_or_default()
+                    .first()
+                    .map(|p| p.port)
+                    .unwrap_or(443);
+                if let Ok(ip) = ip.parse::<IpAddr>() {
+                    cluster_api = Some(SocketAddr::new(ip, port as u16));
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let cluster_api =
+            cluster_api.ok_or("the Service default/kubernetes has no ClusterIP after 30 s")?;
+        if !cluster_api.ip().is_loopback() {
+            return Err(format!(
+                "the kubernetes Service's ClusterIP {} is not a loopback address: this kit's \
+                 Service CIDR cannot be bridged",
+                cluster_api.ip()
+            ));
+        }
+        let state = Arc::new(Mutex::new(State::default()));
+        let task = tokio::spawn(run(
+            client,
+            cgroup_root,
+            apiserver,
+            cluster_api,
+            state.clone(),
+        ));
+        Ok(PodNetwork { state, task })
+    }
+
+    /// Connections relayed into pods of `namespace` whose name starts with `prefix`, on `port`.
+    pub fn inbound(&self, namespace: &str, prefix: &str, port: u16) -> u64 {
+        let Ok(state) = self.state.lock() else {
+            return 0;
+        };
+        state
+            .inbound
+            .iter()
+            .filter(|(key, _)| {
+                key.strip_prefix(&format!("{namespace}/"))
+                    .is_some_and(|rest| rest.starts_with(prefix))
+                    && key.ends_with(&format!(":{port}"))
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// What the bridge did: pods and Services bridged, failures, connection counts.
+    pub fn report(&self) -> String {
+        let Ok(state) = self.state.lock() else {
+            return "pod network state poisoned".into();
+        };
+        let mut out = String::from("pod network bridge:\n");
+        for line in state.log.iter().rev().take(80).rev() {
+            out.push_str(&format!("  {line}\n"));
+        }
+        for (what, why) in &state.failed {
+            out.push_str(&format!("  FAILED {what}: {why}\n"));
+        }
+        out.push_str(&format!(
+            "  inbound {:?}\n  to the API server {:?}\n",
+            state.inbound, state.outbound
+        ));
+        out
+    }
+}
+
+fn note(state: &Arc<Mutex<State>>, line: String) {
+    if let Ok(mut s) = state.lock() {
+        s.log.push(line);
+    }
+}
+
+fn count(state: &Arc<Mutex<State>>, key: &str) {
+    if let Ok(mut s) = state.lock() {
+        *s.inbound.entry(key.to_owned()).or_default() += 1;
+    }
+}
+
+async fn run(
+    client: Client,
+    cgroup_root: PathBuf,
+    apiserver: SocketAddr,
+    cluster_api: SocketAddr,
+    state: Arc<Mutex<State>>,
+) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let services: Api<Service> = Api::all(client);
+    loop {
+        match pods.list(&ListParams::default()).await {
+            Ok(list) => {
+                let live: BTreeSet<String> = list.items.iter().filter_map(|p| p.uid()).collect();
+                if let Ok(mut s) = state.lock() {
+                    let gone: Vec<String> = s
+                        .pods
+                        .keys()
+                        .filter(|uid| !live.contains(*uid))
+                        .cloned()
+                        .collect();
+                    for uid in gone {
+                        if let Some(b) = s.pods.remove(&uid) {
+                            s.log.push(format!("{}: gone, bridge closed", b.key));
+                        }
+                    }
+                    // Readiness and labels change over a pod's life.
+                    for pod in &list.items {
+                        if let Some(b) = pod.uid().and_then(|uid| s.pods.get_mut(&uid)) {
+                            b.ready = is_ready(pod) && pod.metadata.deletion_timestamp.is_none();
+                            b.labels = pod.labels().clone();
+                        }
+                    }
+                }
+                for pod in list.items {
+                    bridge_if_new(&pod, &cgroup_root, apiserver, cluster_api, &state).await;
+                }
+            }
+            Err(e) => note(&state, format!("listing pods: {e}")),
+        }
+        match services.list(&ListParams::default()).await {
+            Ok(list) => sync_services(&list.items, &state).await,
+            Err(e) => note(&state, format!("listing services: {e}")),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn sync_services(services: &[Service], state: &Arc<Mutex<State>>) {
+    let mut wanted = BTreeMap::new();
+    for svc in services {
+        let spec = svc.spec.clone().unwrap_or_default();
+        let (Some(selector), Some(ip)) = (
+            spec.selector.filter(|s| !s.is_empty()),
+            spec.cluster_ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<IpAddr>().ok())
+                .filter(IpAddr::is_loopback),
+        ) else {
+            continue;
+        };
+        let namespace = svc.namespace().unwrap_or_default();
+        for port in spec.ports.iter().flatten() {
+            if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+                continue;
+            }
+            let target = port
+                .target_port
+                .clone()
+                .unwrap_or(IntOrString::Int(port.port));
+            let key = format!("{namespace}/{}:{}", svc.name_any(), port.port);
+            wanted.insert(
+                key,
+                (
+                    SocketAddr::new(ip, port.port as u16),
+                    namespace.clone(),
+                    selector.clone(),
+                    target,
+                ),
+            );
+        }
+    }
+    let new: Vec<_> = {
+        let Ok(mut s) = state.lock() else { return };
+        s.services.retain(|key, _| wanted.contains_key(key));
+        wanted
+            .into_iter()
+            .filter(|(key, _)| !s.services.contains_key(key) && !s.failed.contains_key(key))
+            .collect()
+    };
+    for (key, (addr, namespace, selector, target)) in new {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => {
+                let task = tokio::spawn(serve_service(
+                    listener,
+                    namespace,
+                    selector,
+                    target,
+                    state.clone(),
+                ));
+                if let Ok(mut s) = state.lock() {
+                    s.log.push(format!("service {key}: routed at {addr}"));
+                    s.services.insert(key, Tasks(vec![task]));
+                }
+            }
+            Err(e) => {
+                if let Ok(mut s) = state.lock() {
+                    s.failed.insert(key, format!("listening on {addr}: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// kube-proxy for one Service port: each connection to a Ready pod the selector matches, in
+/// turn.
+async fn serve_service(
+    listener: TcpListener,
+    namespace: String,
+    selector: BTreeMap<String, String>,
+    target: IntOrString,
+    state: Arc<Mutex<State>>,
+) {
+    let turn = AtomicUsize::new(0);
+    loop {
+        let Ok((outer, _)) = listener.accept().await else {
+            return;
+        };
+        let chosen = state.lock().ok().and_then(|s| {
+            let ready: Vec<(String, Connector, SocketAddr)> = s
+                .pods
+                .values()
+                .filter(|b| {
+                    b.ready
+                        && b.namespace == namespace
+                        && selector.iter().all(|(k, v)| b.labels.get(k) == Some(v))
+                })
+                .filter_map(|b| {
+                    let port = match &target {
+                        IntOrString::Int(n) => u16::try_from(*n).ok()?,
+                        IntOrString::String(name) => *b.named_ports.get(name)?,
+                    };
+                    Some((
+                        format!("{}:{port}", b.key),
+                        b.connect.clone(),
+                        SocketAddr::new(b.ip, port),
+                    ))
+                })
+                .collect();
+            if ready.is_empty() {
+                return None;
+            }
+            let i = turn.fetch_add(1, Ordering::Relaxed) % ready.len();
+            ready.into_iter().nth(i)
+        });
+        // No ready endpoint: the connection is closed, as a Service without endpoints refuses.
+        let Some((key, connect, addr)) = chosen else {
+            continue;
+        };
+        count(&state, &key);
+        tokio::spawn(relay_into(outer, connect, addr, key, state.clone()));
+    }
+}
+
+/// Relays `outer` to `addr` inside a pod (through its netns thread).
+async fn relay_into(
+    outer: TcpStream,
+    connect: Connector,
+    addr: SocketAddr,
+    key: String,
+    state: Arc<Mutex<State>>,
+) {
+    let (reply, answer) = oneshot::channel();
+    if connect.send((addr, reply)).is_err() {
+        return;
+    }
+    let inner = match answer.await {
+        Ok(Ok(s)) => s,
+        // Refused while the server is not listening yet: the caller sees the connection
+        // closed, as a probe before the server starts would.
+        Ok(Err(e)) => {
+            note(&state, format!("{key}: connecting inside the pod: {e}"));
+            return;
+        }
+        Err(_) => return,
+    };
+    match TcpStream::from_std(inner) {
+        Ok(inner) => relay(outer, inner).await,
+        Err(e) => note(&state, format!("{key}: {e}")),
+    }
+}
+
+async fn bridge_if_new(
+    pod: &Pod,
+    cgroup_root: &Path,
+    apiserver: SocketAddr,
+    cluster_api: SocketAddr,
+    state: &Arc<Mutex<State>>,
+) {
+    let Some(uid) = pod.uid() else { return };
+    let namespace = pod.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", pod.name_any());
+    let spec = pod.spec.clone().unwrap_or_default();
+    if spec.host_network == Some(true) || pod.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let Some(ip) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|ip| ip.parse::<IpAddr>().ok())
+    else {
+        return;
+    };
+    if let Ok(s) = state.lock()
+        && (s.pods.contains_key(&uid) || s.failed.contains_key(&uid))
+    {
+        return;
+    }
+    let container_ports: Vec<_> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .collect();
+    let ports: BTreeSet<u16> = container_ports
+        .iter()
+        .map(|p| p.container_port as u16)
+        .collect();
+    let named_ports: BTreeMap<String, u16> = container_ports
+        .iter()
+        .filter_map(|p| Some((p.name.clone()?, p.container_port as u16)))
+        .collect();
+    let Some(pid) = pod_pid(cgroup_root, &uid) else {
+        // The sandbox's cgroup holds no process yet: try again at the next poll.
+        return;
+    };
+    match bridge(&key, ip, &ports, pid, apiserver, cluster_api, state).await {
+        Ok((connect, tasks)) => {
+            if let Ok(mut s) = state.lock() {
+                s.log.push(format!(
+                    "{key}: bridged (ip {ip}, pid {pid}, ports {ports:?}, API at {cluster_api})"
+                ));
+                s.pods.insert(
+                    uid,
+                    Bridged {
+                        key,
+                        namespace,
+                        labels: pod.labels().clone(),
+                        ready: is_ready(pod),
+                        ip,
+                        named_ports,
+                        connect,
+                        _tasks: Tasks(tasks),
+                    },
+                );
+            }
+        }
+        Err(why) => {
+            if let Ok(mut s) = state.lock() {
+                s.log.push(format!("{key}: bridge failed: {why}"));
+                s.failed.insert(uid, format!("{key}: {why}"));
+            }
+        }
+    }
+}
+
+/// A process of the pod: its cgroup is `.../pod<uid>/<container>` under the node's root.
+fn pod_pid(root: &Path, uid: &str) -> Option<u32> {
+    let dir = find_dir(root, &format!("pod{uid}"), 6)?;
+    let mut stack = vec![dir];
+    while let Some(d) = stack.pop() {
+        if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs"))
+            && let Some(pid) = text.lines().find_map(|l| l.trim().parse::<u32>().ok())
+        {
+            return Some(pid);
+        }
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    None
+}
+
+fn find_dir(root: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if entry.file_name().to_str() == Some(name) {
+            return Some(entry.path());
+        }
+        if depth > 0
+            && let Some(found) = find_dir(&entry.path(), name, depth - 1)
+        {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// A thread inside the pod's network namespace: listens at `listen` there, then opens
+/// connections there on request until every [`Connector`] is dropped.
+fn netns_thread(netns: File, listen: SocketAddr) -> Result<(StdListener, Connector), String> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<StdListener, String>>();
+    let (tx, rx) = std::sync::mpsc::channel::<ConnectRequest>();
+    std::thread::Builder::new()
+        .name("podnet-netns".into())
+        .spawn(move || {
+            if let Err(e) = rustix::thread::move_into_link_name_space(
+                netns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            ) {
+                let _ = ready_tx.send(Err(format!("setns: {e}")));
+                return;
+            }
+            let listener = StdListener::bind(listen)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(|e| format!("listening on {listen} in the pod: {e}"));
+            let ok = listener.is_ok();
+            let _ = ready_tx.send(listener);
+            if !ok {
+                return;
+            }
+            while let Ok((addr, reply)) = rx.recv() {
+                let stream = StdStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                    .and_then(|s| s.set_nonblocking(true).map(|()| s));
+                let _ = reply.send(stream);
+            }
+        })
+        .map_err(|e| format!("spawning the netns thread: {e}"))?;
+    let listener = ready_rx
+        .recv()
+        .map_err(|_| "the netns thread ended".to_owned())??;
+    Ok((listener, tx))
+}
+
+async fn bridge(
+    key: &str,
+    ip: IpAddr,
+    ports: &BTreeSet<u16>,
+    pid: u32,
+    apiserver: SocketAddr,
+    cluster_api: SocketAddr,
+    state: &Arc<Mutex<State>>,
+) -> Result<(Connector, Vec<JoinHandle<()>>), String> {
+    let netns_path = format!("/proc/{pid}/ns/net");
+    let netns = File::open(&netns_path).map_err(|e| format!("opening {netns_path}: {e}"))?;
+    let (api_listener, connect) = netns_thread(netns, cluster_api)?;
+    let api_listener =
+        TcpListener::from_std(api_listener).map_err(|e| format!("API listener: {e}"))?;
+    let mut tasks = Vec::new();
+
+    // Pod -> API server.
+    let (st, k) = (state.clone(), key.to_owned());
+    tasks.push(tokio::spawn(async move {
+        loop {
+            let Ok((inner, _)) = api_listener.accept().await else {
+                return;
+            };
+            if let Ok(mut s) = st.lock() {
+                *s.outbound.entry(k.clone()).or_default() += 1;
+            }
+            let (st, k) = (st.clone(), k.clone());
+            tokio::spawn(async move {
+                match TcpStream::connect(apiserver).await {
+                    Ok(outer) => relay(inner, outer).await,
+                    Err(e) => note(&st, format!("{k}: connecting to the API server: {e}")),
+                }
+            });
+        }
+    }));
+
+    // Host -> pod IP, per container port.
+    for &port in ports {
+        let addr = SocketAddr::new(ip, port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("listening on {addr} on the host: {e}"))?;
+        let (st, k, connect) = (state.clone(), format!("{key}:{port}"), connect.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((outer, _)) = listener.accept().await else {
+                    return;
+                };
+                count(&st, &k);
+                tokio::spawn(relay_into(
+                    outer,
+                    connect.clone(),
+                    addr,
+                    k.clone(),
+                    st.clone(),
+                ));
+            }
+        }));
+    }
+    Ok((connect, tasks))
+}
+
+async fn relay(mut a: TcpStream, mut b: TcpStream) {
+    let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+}
