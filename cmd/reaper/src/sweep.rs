@@ -155,12 +155,13 @@ impl Sweeper {
         let span = tracing::info_span!("reaper.sweep", dry_run = self.settings.dry_run);
         let mut report = Report::default();
         let result = async {
-            let bound = self.bindings(now, &mut report).await?;
-            self.claims(now, &mut report).await?;
-            match bound {
-                Some(bound) => self.volumes(now, &bound, &mut report).await,
-                None => Ok(()),
-            }
+            // Without every binding nothing is known to be unnamed: the claim and volume passes
+            // run only on a complete list.
+            let Some(known) = self.bindings(now, &mut report).await? else {
+                return Ok(());
+            };
+            self.claims(now, &known, &mut report).await?;
+            self.volumes(now, &known.primaries, &mut report).await
         }
         .instrument(span)
         .await;
@@ -249,34 +250,30 @@ impl Sweeper {
 
     // ---- bindings ----
 
-    async fn bindings(
-        &self,
-        now: Timestamp,
-        report: &mut Report,
-    ) -> Result<Option<BTreeSet<String>>, Stop> {
+    async fn bindings(&self, now: Timestamp, report: &mut Report) -> Result<Option<Known>, Stop> {
         let control = &self.settings.config.control_namespace;
         let api: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), control);
-        let mut bound = BTreeSet::new();
+        let mut known = Known::default();
         let mut params = ListParams::default().limit(self.settings.page_size);
         loop {
             let page = match api.list(&params).await {
                 Ok(page) => page,
                 Err(e) => {
                     self.error(report, &failed("list", "ModelCacheBindings")(e));
-                    // Without every binding no primary is known to be unnamed: the volume pass
-                    // must not run on a partial list.
                     return Ok(None);
                 }
             };
             let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
             for b in page.items {
-                if let Some(pv) = b
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.realized.as_ref())
-                    .and_then(|r| r.bound_persistent_volume_name.clone())
-                {
-                    bound.insert(pv);
+                if let Some(realized) = b.status.as_ref().and_then(|s| s.realized.as_ref()) {
+                    if let Some(pv) = &realized.bound_persistent_volume_name {
+                        known.primaries.insert(pv.clone());
+                    }
+                    for v in &realized.views {
+                        known
+                            .views
+                            .insert((v.namespace.clone(), v.persistent_volume_claim_name.clone()));
+                    }
                 }
                 report.bindings += 1;
                 let name = b.name_any();
@@ -291,7 +288,7 @@ impl Sweeper {
             }
             match next {
                 Some(token) => params = params.continue_token(&token),
-                None => return Ok(Some(bound)),
+                None => return Ok(Some(known)),
             }
         }
     }
@@ -735,7 +732,7 @@ impl Sweeper {
         Ok(users)
     }
 
-    async fn claims(&self, now: Timestamp, report: &mut Report) -> Result<(), Stop> {
+    async fn claims(&self, now: Timestamp, known: &Known, report: &mut Report) -> Result<(), Stop> {
         let api: Api<PersistentVolumeClaim> = Api::all(self.client.clone());
         let selector =
             format!("{VOLUME_ROLE_LABEL}={ROLE_READER},{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
@@ -744,7 +741,8 @@ impl Sweeper {
         // The verdict without users first: only claims old enough need their namespace's pods.
         let listed = self
             .list_all(&api, ListParams::default().labels(&selector), |claim| {
-                match reaper::claim_verdict(&claim, &[], now, config) {
+                let recorded = known.records(&claim);
+                match reaper::claim_verdict(&claim, recorded, &[], now, config) {
                     ClaimVerdict::Delete => candidates.push(claim),
                     ClaimVerdict::Keep(reason) => self.keep(
                         report,
@@ -780,7 +778,7 @@ impl Sweeper {
             };
             let pods: Vec<Pod> = users.iter().map(PodUse::as_pod).collect();
             let refs: Vec<&Pod> = pods.iter().collect();
-            match reaper::claim_verdict(&claim, &refs, now, config) {
+            match reaper::claim_verdict(&claim, known.records(&claim), &refs, now, config) {
                 ClaimVerdict::Delete => {}
                 ClaimVerdict::Keep(reason) => {
                     self.keep(report, Rule::OrphanClaim, reason, &what);
@@ -1064,6 +1062,23 @@ impl Sweeper {
             );
         }
         Ok(())
+    }
+}
+
+/// What the bindings record, collected page by page: the names the claim and volume rules must
+/// not treat as unnamed.
+#[derive(Debug, Default)]
+struct Known {
+    /// `status.realized.boundPersistentVolumeName` of every binding.
+    primaries: BTreeSet<String>,
+    /// `status.realized.views` of every binding, as (namespace, claim).
+    views: BTreeSet<(String, String)>,
+}
+
+impl Known {
+    fn records(&self, claim: &PersistentVolumeClaim) -> bool {
+        self.views
+            .contains(&(claim.namespace().unwrap_or_default(), claim.name_any()))
     }
 }
 

@@ -939,6 +939,34 @@ async fn orphan_view_claims_go_with_their_mount_holders_but_not_while_a_pod_read
         orphan_claim_after_seconds: 1,
         ..w.config()
     };
+    // While its binding records it as a view, the claim is the binding's (the controller would
+    // create it again): kept.
+    let mut recording = bindings.get(&b.name_any()).await.unwrap();
+    recording.status = Some(ModelCacheBindingStatus {
+        phase: Some(BindingPhase::Active),
+        realized: Some(RealizedStorage {
+            views: vec![view::reader_view(&b, &w.reader.name)],
+            ..RealizedStorage::default()
+        }),
+        ..ModelCacheBindingStatus::default()
+    });
+    let recording = bindings
+        .replace_status(&b.name_any(), &PostParams::default(), &recording)
+        .await
+        .unwrap();
+    let report = w.sweep(old.clone()).await;
+    assert_eq!(
+        report.kept.get(&(Rule::OrphanClaim, Keep::NamedByBinding)),
+        Some(&1),
+        "{report:?}"
+    );
+    assert!(exists(&w.reader.api::<PersistentVolumeClaim>(), &orphan.name_any()).await);
+    let mut forgetting = recording;
+    forgetting.status.as_mut().unwrap().realized = None;
+    bindings
+        .replace_status(&b.name_any(), &PostParams::default(), &forgetting)
+        .await
+        .unwrap();
     let report = w.sweep(old).await;
     assert_eq!(
         report.kept.get(&(Rule::OrphanClaim, Keep::InUse)),

@@ -10,7 +10,7 @@
 //! | `orphan-view` | a view PV (read-only, or a writer view) | the PV object only (Retain: the storage is the primary's) | Released, or its claim's namespace is gone (a definite NotFound) |
 //! | `abandoned-primary` | an incomplete primary PV | its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | Released for longer than the abandon age (by creation time) |
 //! | `expired-primary` | a complete primary PV | its view PV objects first, then its storage (reclaim Delete) | Released, no binding records it, retention > 0 passed since its last use, no view bound in a live namespace |
-//! | `orphan-claim` | a read-only view claim | the claim, then the mount holders that use it | older than the orphan age and no pod other than mount holders uses it |
+//! | `orphan-claim` | a read-only view claim | the claim, then the mount holders that use it | no binding records it as a view, older than the orphan age, and no pod other than mount holders uses it |
 //!
 //! Guards every rule shares: a PV with a VolumeAttachment or a claim a live pod uses is kept this
 //! sweep; a namespace is gone only on NotFound ([`NamespaceState`]); an object is only deleted
@@ -144,7 +144,7 @@ pub enum Keep {
     KeptForever,
     /// A complete primary with a view bound in a live namespace.
     ViewInUse,
-    /// A binding records the PV as its primary.
+    /// A binding records the PV as its primary, or the claim as one of its views.
     NamedByBinding,
     /// The object carries a name the binding names but is not warmcache's (or names another
     /// binding): never touched.
@@ -217,7 +217,7 @@ impl Keep {
             Self::InsideRetention => "its last use is inside the retention",
             Self::KeptForever => "retention is 0: complete primaries are kept forever",
             Self::ViewInUse => "one of its views is bound in a live namespace",
-            Self::NamedByBinding => "a ModelCacheBinding records it as its primary",
+            Self::NamedByBinding => "a ModelCacheBinding records it (its primary, or a view)",
             Self::NotOurs => "it is not warmcache's, or belongs to another binding",
             Self::NotRetain => "its reclaim policy is not Retain",
             Self::Terminating => "it is being deleted",
@@ -803,10 +803,13 @@ pub enum ClaimVerdict {
     Delete,
 }
 
-/// The `orphan-claim` rule for `claim`; `users` are the live pods of its namespace that mount
-/// it.
+/// The `orphan-claim` rule for `claim`; `recorded` says whether a binding records it in
+/// `status.realized.views` (its view is wanted: the binding controller would create it again,
+/// and the binding's retirement deletes it); `users` are the live pods of its namespace that
+/// mount it.
 pub fn claim_verdict(
     claim: &PersistentVolumeClaim,
+    recorded: bool,
     users: &[&Pod],
     now: Timestamp,
     config: &Config,
@@ -817,6 +820,9 @@ pub fn claim_verdict(
     }
     if m.deletion_timestamp.is_some() {
         return ClaimVerdict::Keep(Keep::Terminating);
+    }
+    if recorded {
+        return ClaimVerdict::Keep(Keep::NamedByBinding);
     }
     let age = m
         .creation_timestamp
@@ -1405,18 +1411,24 @@ mod tests {
         let name = claim.metadata.name.clone().unwrap();
         let late = at(DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS);
         assert_eq!(
-            claim_verdict(&claim, &[], at(DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS - 1), &c),
+            claim_verdict(
+                &claim,
+                false,
+                &[],
+                at(DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS - 1),
+                &c
+            ),
             ClaimVerdict::Keep(Keep::Young)
         );
         let reader = pod(&name, false, "Running");
         let holder = pod(&name, true, "Running");
         let done = pod(&name, false, "Succeeded");
         assert_eq!(
-            claim_verdict(&claim, &[&reader], late, &c),
+            claim_verdict(&claim, false, &[&reader], late, &c),
             ClaimVerdict::Keep(Keep::InUse)
         );
         assert_eq!(
-            claim_verdict(&claim, &[&holder, &done], late, &c),
+            claim_verdict(&claim, false, &[&holder, &done], late, &c),
             ClaimVerdict::Delete
         );
         assert_eq!(claims_of(&holder).collect::<Vec<_>>(), [name.as_str()]);
@@ -1428,10 +1440,21 @@ mod tests {
             .as_mut()
             .unwrap()
             .remove(MANAGED_BY_LABEL);
-        assert_eq!(claim_verdict(&foreign, &[], late, &c), ClaimVerdict::Ignore);
+        assert_eq!(
+            claim_verdict(&foreign, false, &[], late, &c),
+            ClaimVerdict::Ignore
+        );
+        // A view a binding records stays: the binding controller would only create it again.
+        assert_eq!(
+            claim_verdict(&claim, true, &[], late, &c),
+            ClaimVerdict::Keep(Keep::NamedByBinding)
+        );
         // The primary claim is not a view claim.
         let primary = crate::view::primary_claim(&b, crate::view::view_size(1));
-        assert_eq!(claim_verdict(&primary, &[], late, &c), ClaimVerdict::Ignore);
+        assert_eq!(
+            claim_verdict(&primary, false, &[], late, &c),
+            ClaimVerdict::Ignore
+        );
     }
 
     #[test]
