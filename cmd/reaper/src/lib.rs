@@ -68,6 +68,10 @@ pub struct RuleArgs {
     /// complete primaries forever.
     #[arg(long, default_value = "168h", value_parser = parse_period_or_zero, value_name = "DURATION")]
     pub retention: Duration,
+    /// retired-binding: time between a binding becoming Retiring (or being deleted) and the
+    /// deletion of what it names (admissions that read it while Active may still arrive).
+    #[arg(long, default_value = "1m", value_parser = parse_period_or_zero, value_name = "DURATION")]
+    pub retiring_grace: Duration,
     /// orphan-claim: age of a read-only view claim no pod uses before it is deleted.
     #[arg(long, default_value = "10m", value_parser = parse_period, value_name = "DURATION")]
     pub orphan_claim_after: Duration,
@@ -179,6 +183,7 @@ impl RuleArgs {
                 abandon_after_seconds: seconds(self.abandon_after),
                 retention_seconds: seconds(self.retention),
                 orphan_claim_after_seconds: seconds(self.orphan_claim_after),
+                retiring_grace_seconds: seconds(self.retiring_grace),
             },
             dry_run: self.dry_run,
             page_size: self.page_size,

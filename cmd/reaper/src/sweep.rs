@@ -357,12 +357,21 @@ impl Sweeper {
                     return Ok(());
                 }
                 self.may_write()?;
-                match self.retire(&b, now).await {
-                    Ok(retired) => self.cleanup(retired, now, report).await,
+                let retired = match self.retire(&b, now).await {
+                    Ok(retired) => retired,
                     Err(e) => {
                         self.error(report, &e);
+                        return Ok(());
+                    }
+                };
+                // The second phase waits for the retiring grace (the next sweep, unless it is 0).
+                match reaper::binding_verdict(&retired, 0, now, config) {
+                    BindingVerdict::Cleanup => self.cleanup(retired, now, report).await,
+                    BindingVerdict::Keep(rule, reason) => {
+                        self.keep(report, rule, reason, &format!("ModelCacheBinding {name}"));
                         Ok(())
                     }
+                    BindingVerdict::Retire => Ok(()),
                 }
             }
             BindingVerdict::Cleanup => {
@@ -628,6 +637,24 @@ impl Sweeper {
             }
             match reaper::cleanup_step(&seen) {
                 Cleanup::Delete(batch) => {
+                    // A pod admitted since the binding was read keeps it: looked at afresh
+                    // before every stage.
+                    match self.live_readers(&b).await {
+                        Ok(0) => {}
+                        Ok(_) => {
+                            self.keep(
+                                report,
+                                Rule::RetiredBinding,
+                                Keep::Referenced,
+                                &format!("ModelCacheBinding {name}"),
+                            );
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            self.error(report, &e);
+                            return Ok(());
+                        }
+                    }
                     self.may_write()?;
                     for (t, uid) in batch {
                         match self.delete_target(&t, &uid).await {

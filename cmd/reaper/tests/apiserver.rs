@@ -84,6 +84,7 @@ impl World {
     fn config(&self) -> Config {
         Config {
             idle_seconds: 1,
+            retiring_grace_seconds: 0,
             ..Config::new(self.control.name.clone())
         }
     }
@@ -392,8 +393,12 @@ async fn an_idle_binding_retires_and_exactly_what_it_names_goes_then_the_binding
         Some(BindingPhase::Active)
     );
 
-    // Past it: Retiring, then every named object, then the binding.
-    let report = w.sweep(w.config()).await;
+    // Past it: Retiring (phase one); within the retiring grace nothing is deleted yet.
+    let settling = Config {
+        retiring_grace_seconds: 3600,
+        ..w.config()
+    };
+    let report = w.sweep(settling).await;
     assert!(
         report
             .lines
@@ -401,6 +406,18 @@ async fn an_idle_binding_retires_and_exactly_what_it_names_goes_then_the_binding
             .any(|l| l.starts_with("retire ModelCacheBinding")),
         "{report:?}"
     );
+    assert_eq!(
+        report.kept.get(&(Rule::RetiredBinding, Keep::Settling)),
+        Some(&1),
+        "{report:?}"
+    );
+    let retiring = bindings.get(&name).await.unwrap();
+    assert_eq!(phase_of(&retiring), Some(BindingPhase::Retiring));
+    assert!(exists(&w.reader.api::<PersistentVolumeClaim>(), &cache.view_claim).await);
+    assert!(exists(&w.writer.api::<Job>(), &cache.job).await);
+
+    // Phase two: every named object, then the binding.
+    let report = w.sweep(w.config()).await;
     assert_eq!(
         report.kept.get(&(Rule::RetiredBinding, Keep::NotOurs)),
         Some(&1),

@@ -47,6 +47,10 @@ pub const DEFAULT_ABANDON_AFTER_SECONDS: i64 = 15 * 60;
 pub const DEFAULT_RETENTION_SECONDS: i64 = 168 * 60 * 60;
 /// Default age after which a read-only view claim no pod uses is deleted.
 pub const DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS: i64 = 10 * 60;
+/// Default time between a binding becoming Retiring (or being deleted) and the deletion of what
+/// it names: admissions that read it from a cache while it was still Active may still be
+/// arriving, and their pods then keep it.
+pub const DEFAULT_RETIRING_GRACE_SECONDS: i64 = 60;
 
 /// The reaper's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +65,9 @@ pub struct Config {
     pub retention_seconds: i64,
     /// Seconds a read-only view claim may exist without a pod before it is deleted.
     pub orphan_claim_after_seconds: i64,
+    /// Seconds after a binding became Retiring (or was deleted) before `retired-binding`
+    /// deletes anything.
+    pub retiring_grace_seconds: i64,
 }
 
 impl Config {
@@ -72,6 +79,7 @@ impl Config {
             abandon_after_seconds: DEFAULT_ABANDON_AFTER_SECONDS,
             retention_seconds: DEFAULT_RETENTION_SECONDS,
             orphan_claim_after_seconds: DEFAULT_ORPHAN_CLAIM_AFTER_SECONDS,
+            retiring_grace_seconds: DEFAULT_RETIRING_GRACE_SECONDS,
         }
     }
 }
@@ -156,11 +164,14 @@ pub enum Keep {
     /// It changed between the read that decided and the delete (the precondition failed): it
     /// is looked at again next sweep.
     Changed,
+    /// Retiring (or deleted) for less than the retiring grace: admissions that read it while
+    /// it was Active may still be arriving.
+    Settling,
 }
 
 impl Keep {
     /// Every reason.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::Referenced,
         Self::NotRecordedIdle,
         Self::NotIdleLongEnough,
@@ -177,6 +188,7 @@ impl Keep {
         Self::NotRetain,
         Self::Terminating,
         Self::Changed,
+        Self::Settling,
     ];
 
     /// The reason's name (metric label, logs).
@@ -198,6 +210,7 @@ impl Keep {
             Self::NotRetain => "not_retain",
             Self::Terminating => "terminating",
             Self::Changed => "changed",
+            Self::Settling => "settling",
         }
     }
 
@@ -222,6 +235,7 @@ impl Keep {
             Self::NotRetain => "its reclaim policy is not Retain",
             Self::Terminating => "it is being deleted",
             Self::Changed => "it changed since it was read",
+            Self::Settling => "it became Retiring less than the retiring grace ago",
         }
     }
 }
@@ -321,6 +335,17 @@ pub fn binding_verdict(
         return BindingVerdict::Keep(rule, Keep::Referenced);
     }
     if retiring {
+        let since = [
+            status.and_then(|s| s.last_phase_transition_time.as_ref()),
+            binding.metadata.deletion_timestamp.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|t| t.0)
+        .max();
+        if since.is_some_and(|t| seconds_since(now, t) < config.retiring_grace_seconds) {
+            return BindingVerdict::Keep(rule, Keep::Settling);
+        }
         return BindingVerdict::Cleanup;
     }
     let Some(since) = status
@@ -928,6 +953,17 @@ mod tests {
         let c = config();
         let mut b = idle_binding(0);
         b.status.as_mut().unwrap().phase = Some(BindingPhase::Retiring);
+        b.status.as_mut().unwrap().last_phase_transition_time = Some(Time(at(100)));
+        // Admissions that read it while Active may still be arriving: not yet.
+        assert_eq!(
+            binding_verdict(&b, 0, at(100 + DEFAULT_RETIRING_GRACE_SECONDS - 1), &c),
+            BindingVerdict::Keep(Rule::RetiredBinding, Keep::Settling)
+        );
+        assert_eq!(
+            binding_verdict(&b, 0, at(100 + DEFAULT_RETIRING_GRACE_SECONDS), &c),
+            BindingVerdict::Cleanup
+        );
+        b.status.as_mut().unwrap().last_phase_transition_time = None;
         assert_eq!(binding_verdict(&b, 0, at(1), &c), BindingVerdict::Cleanup);
         assert_eq!(
             binding_verdict(&b, 2, at(1), &c),
@@ -937,6 +973,10 @@ mod tests {
         deleted.metadata.deletion_timestamp = Some(Time(at(0)));
         assert_eq!(
             binding_verdict(&deleted, 0, at(1), &c),
+            BindingVerdict::Keep(Rule::RetiredBinding, Keep::Settling)
+        );
+        assert_eq!(
+            binding_verdict(&deleted, 0, at(DEFAULT_RETIRING_GRACE_SECONDS), &c),
             BindingVerdict::Cleanup
         );
     }
