@@ -32,7 +32,10 @@ use common::{Helm, RELEASE};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams,
+    PostParams,
+};
 use kube::{Client, ResourceExt};
 use podnet::PodNetwork;
 use serde_json::{Value, json};
@@ -387,6 +390,18 @@ async fn assert_crd_current(client: &Client, helm: &Helm, chart: &Path, name: &s
             ));
         }
     }
+    for (k, v) in expected["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        if stored["metadata"]["labels"].get(k) != Some(v) {
+            diffs.push(format!(
+                "metadata.labels.{k}: stored {}",
+                stored["metadata"]["labels"][k]
+            ));
+        }
+    }
     assert!(
         diffs.is_empty(),
         "stored CRD {name} is not the chart's:\n{}",
@@ -557,25 +572,38 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
         net,
     };
 
-    // The kit installs our CRDs on every plane; the chart must own them (Helm refuses to adopt
-    // objects it did not create), as on a cluster that never had them.
+    // The kit installs our CRDs on every plane, as on a cluster where they were applied from
+    // config/crd/ (or `hack/local-up.sh`'s). Helm refuses to take over objects it did not create,
+    // so both ways docs/install.md gives are taken: the ModelCacheBinding CRD is deleted (the
+    // chart creates it, as on a fresh cluster), the KVCacheBackend CRD is handed to the release
+    // with Helm's ownership label and annotations (the chart adopts and updates it).
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in [MODELCACHE_CRD, KVCACHE_CRD] {
-        let _ = crds.delete(name, &DeleteParams::default()).await;
-    }
+    let _ = crds.delete(MODELCACHE_CRD, &DeleteParams::default()).await;
     wait_for(Duration::from_secs(60), || {
         let crds = crds.clone();
         async move {
-            for name in [MODELCACHE_CRD, KVCACHE_CRD] {
-                if crds.get_opt(name).await.unwrap().is_some() {
-                    return None;
-                }
-            }
-            Some(())
+            crds.get_opt(MODELCACHE_CRD)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
         }
     })
     .await
-    .expect("the kit's CRDs deleted");
+    .expect("the kit's ModelCacheBinding CRD deleted");
+    crds.patch(
+        KVCACHE_CRD,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            "annotations": {
+                "meta.helm.sh/release-name": RELEASE,
+                "meta.helm.sh/release-namespace": NAMESPACE,
+            },
+        }})),
+    )
+    .await
+    .unwrap();
 
     // --- 1. install: every component Ready.
     let chart = warmcache_testkit::chart_dir().display().to_string();
@@ -674,6 +702,14 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
     )
     .await;
     assert!(!printer_columns(&installed).contains(&NEW_COLUMN.to_owned()));
+    // The adopted CRD is the chart's too (its labels and the keep policy included).
+    assert_crd_current(
+        &client,
+        &cluster.helm,
+        &warmcache_testkit::chart_dir(),
+        KVCACHE_CRD,
+    )
+    .await;
     let next = next_chart(dir.path());
     let gpus = format!("webhook.gpuResources={{nvidia.com/gpu,{NEW_GPU}}}");
     let out = cluster
@@ -790,6 +826,14 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
             cluster.report(NAMESPACE).await
         ),
     }
+    // The hook's first calls found the API: a failed first list of KVCacheBackends is today
+    // reported as "0 found" (cmd/uninstall-hook), which would make the line below meaningless.
+    assert!(
+        !log.contains("client error (Connect)"),
+        "the uninstall hook could not reach the API server at first:\n{log}\n{}",
+        cluster.net.report()
+    );
+    assert!(log.contains("KVCacheBackends: 0 found"), "{log}");
     assert!(
         log.contains("uninstall-hook: done"),
         "the hook's report does not end done:\n{log}"

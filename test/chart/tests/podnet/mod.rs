@@ -22,7 +22,9 @@
 //!   connection relayed to the API server on the host: in-cluster clients work unchanged.
 //!
 //! Sockets inside a pod are opened by a thread of this process that joined the pod's network
-//! namespace (`setns`). Nothing is added to any network namespace but listening sockets on
+//! namespace (`setns`), as soon as the pod's sandbox has a process (the node's `pod<uid>`
+//! cgroups are watched every 20 ms): before its containers start, as a CNI sets the network up
+//! first on a cluster, so a one-shot container's first API call does not race the bridge. Nothing is added to any network namespace but listening sockets on
 //! loopback addresses. Every relayed connection is counted per pod and port, so a test can tell
 //! that the API server really connected to a pod.
 
@@ -43,8 +45,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// How often the bridge looks for new pods and Services.
+/// How often the bridge looks for new pods and Services in the API.
 const POLL: Duration = Duration::from_millis(200);
+/// How often it looks for new pod sandboxes on the node: a pod's containers start shortly
+/// after its sandbox, and a one-shot container (the uninstall hook) needs the API at once, as
+/// it would have it on a cluster whose CNI set the network up before any container started.
+const ATTACH_POLL: Duration = Duration::from_millis(20);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 type ConnectRequest = (SocketAddr, oneshot::Sender<std::io::Result<StdStream>>);
@@ -53,7 +59,13 @@ type Connector = std::sync::mpsc::Sender<ConnectRequest>;
 /// What the bridge knows and did, for routing, failure messages and assertions.
 #[derive(Default)]
 struct State {
-    /// Pod UID -> its bridge.
+    /// Pod UID -> its netns thread and in-pod API listener, from the moment its sandbox runs.
+    attached: BTreeMap<String, Attached>,
+    /// Pod UIDs of host-network pods (nothing to bridge), from the API.
+    host_network: BTreeSet<String>,
+    /// Pod UID -> failed attach attempts so far (a sandbox being set up is retried).
+    attempts: BTreeMap<String, u32>,
+    /// Pod UID -> its pod IP listeners, once the API shows its IP.
     pods: BTreeMap<String, Bridged>,
     /// "namespace/service:port" -> its listener.
     services: BTreeMap<String, Tasks>,
@@ -62,7 +74,7 @@ struct State {
     /// "namespace/pod:port" -> connections relayed into the pod (to its IP or through a
     /// Service).
     inbound: BTreeMap<String, u64>,
-    /// "namespace/pod" -> connections relayed from the pod to the API server.
+    /// Pod UID -> connections relayed from the pod to the API server.
     outbound: BTreeMap<String, u64>,
     log: Vec<String>,
 }
@@ -75,6 +87,13 @@ impl Drop for Tasks {
             task.abort();
         }
     }
+}
+
+struct Attached {
+    /// The pod's cgroup directory: the pod is gone when it is.
+    dir: PathBuf,
+    connect: Connector,
+    _tasks: Tasks,
 }
 
 struct Bridged {
@@ -93,14 +112,14 @@ struct Bridged {
 /// The running bridge; dropping it stops every listener.
 pub struct PodNetwork {
     state: Arc<Mutex<State>>,
-    task: JoinHandle<()>,
+    _tasks: Tasks,
 }
 
 impl Drop for PodNetwork {
     fn drop(&mut self) {
-        self.task.abort();
         if let Ok(mut state) = self.state.lock() {
             state.pods.clear();
+            state.attached.clear();
             state.services.clear();
         }
     }
@@ -144,14 +163,19 @@ impl PodNetwork {
             ));
         }
         let state = Arc::new(Mutex::new(State::default()));
-        let task = tokio::spawn(run(
-            client,
-            cgroup_root,
-            apiserver,
-            cluster_api,
-            state.clone(),
-        ));
-        Ok(PodNetwork { state, task })
+        let tasks = Tasks(vec![
+            tokio::spawn(attach_loop(
+                cgroup_root,
+                apiserver,
+                cluster_api,
+                state.clone(),
+            )),
+            tokio::spawn(run(client, state.clone())),
+        ]);
+        Ok(PodNetwork {
+            state,
+            _tasks: tasks,
+        })
     }
 
     /// Connections relayed into pods of `namespace` whose name starts with `prefix`, on `port`.
@@ -203,13 +227,103 @@ fn count(state: &Arc<Mutex<State>>, key: &str) {
     }
 }
 
-async fn run(
-    client: Client,
+/// Watches the node's cgroups for pod sandboxes and attaches to each one's network namespace
+/// as soon as it has a process; detaches when its cgroup is gone.
+async fn attach_loop(
     cgroup_root: PathBuf,
     apiserver: SocketAddr,
     cluster_api: SocketAddr,
     state: Arc<Mutex<State>>,
 ) {
+    let own_netns = std::fs::read_link("/proc/self/ns/net").ok();
+    loop {
+        let mut dirs = BTreeMap::new();
+        pod_dirs(&cgroup_root, 4, &mut dirs);
+        let new: Vec<(String, PathBuf)> = {
+            let Ok(mut s) = state.lock() else { return };
+            let gone: Vec<String> = s
+                .attached
+                .iter()
+                .filter(|(_, a)| !a.dir.exists())
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            for uid in gone {
+                s.attached.remove(&uid);
+                s.log.push(format!("pod {uid}: sandbox gone, detached"));
+            }
+            dirs.into_iter()
+                .filter(|(uid, _)| {
+                    !s.attached.contains_key(uid)
+                        && !s.host_network.contains(uid)
+                        && !s.failed.contains_key(uid)
+                })
+                .collect()
+        };
+        for (uid, dir) in new {
+            let Some(pid) = first_pid(&dir) else {
+                // No process in the sandbox yet: next round.
+                continue;
+            };
+            let netns_path = format!("/proc/{pid}/ns/net");
+            // Still ours: a host-network pod (the API says so, see `run`), or a sandbox whose
+            // first process (runc's init) has not joined the pod's namespace yet.
+            if own_netns.is_some() && std::fs::read_link(&netns_path).ok() == own_netns {
+                continue;
+            }
+            match attach(&uid, &netns_path, apiserver, cluster_api, &state) {
+                Ok((connect, tasks)) => {
+                    if let Ok(mut s) = state.lock() {
+                        s.log.push(format!(
+                            "pod {uid}: attached (pid {pid}, API at {cluster_api})"
+                        ));
+                        s.attached.insert(
+                            uid,
+                            Attached {
+                                dir,
+                                connect,
+                                _tasks: Tasks(tasks),
+                            },
+                        );
+                    }
+                }
+                // A sandbox being set up (lo not up yet, the process gone): again, for about
+                // 5 s, then given up and reported.
+                Err(why) => {
+                    if let Ok(mut s) = state.lock() {
+                        let n = s.attempts.entry(uid.clone()).or_default();
+                        *n += 1;
+                        if *n >= 250 {
+                            s.log.push(format!("pod {uid}: attach failed: {why}"));
+                            s.failed.insert(uid, why);
+                        }
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(ATTACH_POLL).await;
+    }
+}
+
+/// The kubelet's pod cgroups (`pod<uid>`) under `dir`, by UID.
+fn pod_dirs(dir: &Path, depth: usize, out: &mut BTreeMap<String, PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if let Some(uid) = name.strip_prefix("pod")
+            && uid.len() == 36
+        {
+            out.insert(uid.to_owned(), entry.path());
+        } else if depth > 0 {
+            pod_dirs(&entry.path(), depth - 1, out);
+        }
+    }
+}
+
+/// Exposes pods (their IPs, for probes) and Services as the API shows them.
+async fn run(client: Client, state: Arc<Mutex<State>>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let services: Api<Service> = Api::all(client);
     loop {
@@ -228,6 +342,13 @@ async fn run(
                             s.log.push(format!("{}: gone, bridge closed", b.key));
                         }
                     }
+                    for pod in &list.items {
+                        if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true)
+                            && let Some(uid) = pod.uid()
+                        {
+                            s.host_network.insert(uid);
+                        }
+                    }
                     // Readiness and labels change over a pod's life.
                     for pod in &list.items {
                         if let Some(b) = pod.uid().and_then(|uid| s.pods.get_mut(&uid)) {
@@ -237,7 +358,7 @@ async fn run(
                     }
                 }
                 for pod in list.items {
-                    bridge_if_new(&pod, &cgroup_root, apiserver, cluster_api, &state).await;
+                    bridge_if_new(&pod, &state).await;
                 }
             }
             Err(e) => note(&state, format!("listing pods: {e}")),
@@ -401,13 +522,7 @@ async fn relay_into(
     }
 }
 
-async fn bridge_if_new(
-    pod: &Pod,
-    cgroup_root: &Path,
-    apiserver: SocketAddr,
-    cluster_api: SocketAddr,
-    state: &Arc<Mutex<State>>,
-) {
+async fn bridge_if_new(pod: &Pod, state: &Arc<Mutex<State>>) {
     let Some(uid) = pod.uid() else { return };
     let namespace = pod.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", pod.name_any());
@@ -423,11 +538,17 @@ async fn bridge_if_new(
     else {
         return;
     };
-    if let Ok(s) = state.lock()
-        && (s.pods.contains_key(&uid) || s.failed.contains_key(&uid))
-    {
-        return;
-    }
+    let connect = {
+        let Ok(s) = state.lock() else { return };
+        if s.pods.contains_key(&uid) || s.failed.contains_key(&uid) {
+            return;
+        }
+        match s.attached.get(&uid) {
+            Some(a) => a.connect.clone(),
+            // Its sandbox is not attached yet: next round.
+            None => return,
+        }
+    };
     let container_ports: Vec<_> = spec
         .containers
         .iter()
@@ -443,16 +564,11 @@ async fn bridge_if_new(
         .iter()
         .filter_map(|p| Some((p.name.clone()?, p.container_port as u16)))
         .collect();
-    let Some(pid) = pod_pid(cgroup_root, &uid) else {
-        // The sandbox's cgroup holds no process yet: try again at the next poll.
-        return;
-    };
-    match bridge(&key, ip, &ports, pid, apiserver, cluster_api, state).await {
-        Ok((connect, tasks)) => {
+    match expose(&key, ip, &ports, &connect, state).await {
+        Ok(tasks) => {
             if let Ok(mut s) = state.lock() {
-                s.log.push(format!(
-                    "{key}: bridged (ip {ip}, pid {pid}, ports {ports:?}, API at {cluster_api})"
-                ));
+                s.log
+                    .push(format!("{key} ({uid}): exposed at {ip}, ports {ports:?}"));
                 s.pods.insert(
                     uid,
                     Bridged {
@@ -477,10 +593,9 @@ async fn bridge_if_new(
     }
 }
 
-/// A process of the pod: its cgroup is `.../pod<uid>/<container>` under the node's root.
-fn pod_pid(root: &Path, uid: &str) -> Option<u32> {
-    let dir = find_dir(root, &format!("pod{uid}"), 6)?;
-    let mut stack = vec![dir];
+/// A process of the pod (its sandbox's pause first): `.../pod<uid>/<container>/cgroup.procs`.
+fn first_pid(dir: &Path) -> Option<u32> {
+    let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs"))
             && let Some(pid) = text.lines().find_map(|l| l.trim().parse::<u32>().ok())
@@ -491,23 +606,6 @@ fn pod_pid(root: &Path, uid: &str) -> Option<u32> {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
                 stack.push(entry.path());
             }
-        }
-    }
-    None
-}
-
-fn find_dir(root: &Path, name: &str, depth: usize) -> Option<PathBuf> {
-    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        if entry.file_name().to_str() == Some(name) {
-            return Some(entry.path());
-        }
-        if depth > 0
-            && let Some(found) = find_dir(&entry.path(), name, depth - 1)
-        {
-            return Some(found);
         }
     }
     None
@@ -549,25 +647,21 @@ fn netns_thread(netns: File, listen: SocketAddr) -> Result<(StdListener, Connect
     Ok((listener, tx))
 }
 
-async fn bridge(
-    key: &str,
-    ip: IpAddr,
-    ports: &BTreeSet<u16>,
-    pid: u32,
+/// Joins the pod's network namespace (a thread) and relays its connections to the
+/// `kubernetes` Service to the API server.
+fn attach(
+    uid: &str,
+    netns_path: &str,
     apiserver: SocketAddr,
     cluster_api: SocketAddr,
     state: &Arc<Mutex<State>>,
 ) -> Result<(Connector, Vec<JoinHandle<()>>), String> {
-    let netns_path = format!("/proc/{pid}/ns/net");
-    let netns = File::open(&netns_path).map_err(|e| format!("opening {netns_path}: {e}"))?;
+    let netns = File::open(netns_path).map_err(|e| format!("opening {netns_path}: {e}"))?;
     let (api_listener, connect) = netns_thread(netns, cluster_api)?;
     let api_listener =
         TcpListener::from_std(api_listener).map_err(|e| format!("API listener: {e}"))?;
-    let mut tasks = Vec::new();
-
-    // Pod -> API server.
-    let (st, k) = (state.clone(), key.to_owned());
-    tasks.push(tokio::spawn(async move {
+    let (st, k) = (state.clone(), uid.to_owned());
+    let task = tokio::spawn(async move {
         loop {
             let Ok((inner, _)) = api_listener.accept().await else {
                 return;
@@ -579,13 +673,23 @@ async fn bridge(
             tokio::spawn(async move {
                 match TcpStream::connect(apiserver).await {
                     Ok(outer) => relay(inner, outer).await,
-                    Err(e) => note(&st, format!("{k}: connecting to the API server: {e}")),
+                    Err(e) => note(&st, format!("pod {k}: connecting to the API server: {e}")),
                 }
             });
         }
-    }));
+    });
+    Ok((connect, vec![task]))
+}
 
-    // Host -> pod IP, per container port.
+/// Listens on the host at the pod's IP for each of its container ports.
+async fn expose(
+    key: &str,
+    ip: IpAddr,
+    ports: &BTreeSet<u16>,
+    connect: &Connector,
+    state: &Arc<Mutex<State>>,
+) -> Result<Vec<JoinHandle<()>>, String> {
+    let mut tasks = Vec::new();
     for &port in ports {
         let addr = SocketAddr::new(ip, port);
         let listener = TcpListener::bind(addr)
@@ -608,7 +712,7 @@ async fn bridge(
             }
         }));
     }
-    Ok((connect, tasks))
+    Ok(tasks)
 }
 
 async fn relay(mut a: TcpStream, mut b: TcpStream) {
