@@ -3,8 +3,8 @@
 //!
 //! The reaper deletes, so its roles are the widest of warmcache's on storage objects; each
 //! delete is guarded in code (UID precondition, warmcache's labels, the rule's proof) and the
-//! `why` says which rule makes it. It never reads Secret contents: Secrets and every other
-//! named object are read as metadata only.
+//! `why` says which rule makes it. It reads no Secret and touches no StorageClass: an
+//! encrypted cache's key and class live as long as its data, not its binding.
 
 use warmcache_kube::rbac::{Permission, Scope, events, leader_election};
 
@@ -18,7 +18,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "get", "delete", "patch"],
         scope: Scope::ControlNamespace,
         names: &[],
-        why: "bindings listed page by page; a Retiring one read afresh, deleted once what it names is gone (UID precondition) and its finalizer removed (JSON patch with a test op)",
+        why: "bindings listed page by page; a Retiring one read afresh, deleted once what it names is gone (UID precondition) and its finalizer removed (JSON patch testing its UID and finalizers); the binding of a complete primary's model read afresh before its storage goes",
     },
     Permission {
         group: "nvca.nvcf.nvidia.io",
@@ -50,7 +50,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "get", "delete"],
         scope: Scope::Cluster,
         names: &[],
-        why: "orphan-claim: view claims (warmcache's labels) listed page by page; retired-binding: the claims a binding names, read and deleted (UID precondition)",
+        why: "orphan-claim: view claims (warmcache's labels) listed page by page; retired-binding: the claims a binding names, read and deleted (UID precondition); the claim a Released PV names, read afresh to prove it gone",
     },
     Permission {
         group: "",
@@ -58,7 +58,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "get", "delete", "patch"],
         scope: Scope::Cluster,
         names: &[],
-        why: "volume rules: PVs listed page by page; view PV objects deleted (UID precondition); a primary's reclaim policy set to Delete and its last use stamped (merge patch with resourceVersion)",
+        why: "volume rules: PVs listed page by page; a retirement's claims checked for their PV's reclaim policy; view PV objects deleted (UID and resourceVersion preconditions); a primary's reclaim policy set to Delete and its last use stamped (merge patch with resourceVersion)",
     },
     Permission {
         group: "storage.k8s.io",
@@ -91,22 +91,6 @@ const OWN: &[Permission] = &[
         scope: Scope::ControlNamespace,
         names: &[],
         why: "retired-binding: the writer Lease a binding names",
-    },
-    Permission {
-        group: "storage.k8s.io",
-        resource: "storageclasses",
-        verbs: &["get", "delete"],
-        scope: Scope::Cluster,
-        names: &[],
-        why: "retired-binding: the StorageClasses an encrypted binding names",
-    },
-    Permission {
-        group: "",
-        resource: "secrets",
-        verbs: &["get", "delete"],
-        scope: Scope::ControlNamespace,
-        names: &[],
-        why: "retired-binding: the Secrets an encrypted binding names (metadata only)",
     },
     events(Scope::ControlNamespace),
 ];

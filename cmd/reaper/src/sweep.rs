@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
-use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -49,7 +49,7 @@ use warmcache_modelvolume::reaper::{
     self, BindingVerdict, ClaimVerdict, Cleanup, Config, Keep, Kind, NamespaceState, PvClass,
     PvFacts, PvVerdict, Rule, Seen, Target, ViewFacts,
 };
-use warmcache_modelvolume::volume_keys::{LAST_USED_ANNOTATION, VOLUME_ROLE_LABEL};
+use warmcache_modelvolume::volume_keys::{COMPLETE_LABEL, LAST_USED_ANNOTATION, VOLUME_ROLE_LABEL};
 
 use crate::metrics::Metrics;
 
@@ -98,6 +98,8 @@ pub struct Report {
     pub bindings: u64,
     /// PVs looked at.
     pub volumes: u64,
+    /// Until when this sweep may wait for retirement stages (one budget for the whole sweep).
+    wait_until: Option<Instant>,
 }
 
 impl Report {
@@ -153,15 +155,37 @@ impl Sweeper {
     pub async fn sweep(&self, now: Timestamp) -> Report {
         let started = Instant::now();
         let span = tracing::info_span!("reaper.sweep", dry_run = self.settings.dry_run);
-        let mut report = Report::default();
+        let mut report = Report {
+            wait_until: Some(started + self.settings.stage_wait),
+            ..Report::default()
+        };
+        // The clock of each pass: `now` moved on by the time the sweep has taken.
+        let at = |started: Instant| {
+            k8s_openapi::jiff::SignedDuration::try_from(started.elapsed())
+                .ok()
+                .and_then(|d| now.checked_add(d).ok())
+                .unwrap_or(now)
+        };
         let result = async {
-            // Without every binding nothing is known to be unnamed: the claim and volume passes
-            // run only on a complete list.
-            let Some(known) = self.bindings(now, &mut report).await? else {
-                return Ok(());
+            let readers = match self.reading_models().await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.error(&mut report, &e);
+                    return Ok(());
+                }
             };
-            self.claims(now, &known, &mut report).await?;
-            self.volumes(now, &known.primaries, &mut report).await
+            self.bindings(now, &readers, &mut report).await?;
+            // Without every binding nothing is known to be unnamed: the claim and volume passes
+            // run only on a complete list, read after the retirements.
+            let known = match self.known().await {
+                Ok(k) => k,
+                Err(e) => {
+                    self.error(&mut report, &e);
+                    return Ok(());
+                }
+            };
+            self.claims(at(started), &known, &mut report).await?;
+            self.volumes(at(started), &known, &mut report).await
         }
         .instrument(span)
         .await;
@@ -250,31 +274,25 @@ impl Sweeper {
 
     // ---- bindings ----
 
-    async fn bindings(&self, now: Timestamp, report: &mut Report) -> Result<Option<Known>, Stop> {
+    async fn bindings(
+        &self,
+        now: Timestamp,
+        readers: &BTreeSet<String>,
+        report: &mut Report,
+    ) -> Result<(), Stop> {
         let control = &self.settings.config.control_namespace;
         let api: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), control);
-        let mut known = Known::default();
         let mut params = ListParams::default().limit(self.settings.page_size);
         loop {
             let page = match api.list(&params).await {
                 Ok(page) => page,
                 Err(e) => {
                     self.error(report, &failed("list", "ModelCacheBindings")(e));
-                    return Ok(None);
+                    return Ok(());
                 }
             };
             let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
             for b in page.items {
-                if let Some(realized) = b.status.as_ref().and_then(|s| s.realized.as_ref()) {
-                    if let Some(pv) = &realized.bound_persistent_volume_name {
-                        known.primaries.insert(pv.clone());
-                    }
-                    for v in &realized.views {
-                        known
-                            .views
-                            .insert((v.namespace.clone(), v.persistent_volume_claim_name.clone()));
-                    }
-                }
                 report.bindings += 1;
                 let name = b.name_any();
                 let span = tracing::info_span!("reaper.binding", binding = %name);
@@ -284,11 +302,13 @@ impl Sweeper {
                 {
                     tracing::debug!(%err, "no trace context on the binding");
                 }
-                self.binding(b, now, report).instrument(span).await?;
+                let read =
+                    readers.contains(&warmcache_api_modelcache::identity_hash(&b.spec.identity));
+                self.binding(b, read, now, report).instrument(span).await?;
             }
             match next {
                 Some(token) => params = params.continue_token(&token),
-                None => return Ok(Some(known)),
+                None => return Ok(()),
             }
         }
     }
@@ -307,36 +327,83 @@ impl Sweeper {
         Ok(page.items.len())
     }
 
+    /// The model hashes live pods read (`nvsnap.io/model` of every pod not Succeeded or Failed):
+    /// one paginated metadata list per sweep. A binding about to be written is checked again
+    /// with [`Sweeper::live_readers`].
+    async fn reading_models(&self) -> Result<BTreeSet<String>, SweepError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let mut params = ListParams::default()
+            .labels(MODEL_LABEL)
+            .fields(LIVE_PODS)
+            .limit(self.settings.page_size);
+        let mut out = BTreeSet::new();
+        loop {
+            let page = pods
+                .list_metadata(&params)
+                .await
+                .map_err(failed("list", "pods reading a model"))?;
+            for p in &page.items {
+                if let Some(hash) = p.metadata.labels.as_ref().and_then(|l| l.get(MODEL_LABEL)) {
+                    out.insert(hash.clone());
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// What every binding records, listed afresh page by page.
+    async fn known(&self) -> Result<Known, SweepError> {
+        let api: Api<ModelCacheBinding> =
+            Api::namespaced(self.client.clone(), &self.settings.config.control_namespace);
+        let mut known = Known::default();
+        self.list_all(&api, ListParams::default(), |b| {
+            if let Some(realized) = b.status.as_ref().and_then(|s| s.realized.as_ref()) {
+                if let Some(pv) = &realized.bound_persistent_volume_name {
+                    known.primaries.insert(pv.clone());
+                }
+                for v in &realized.views {
+                    known
+                        .views
+                        .insert((v.namespace.clone(), v.persistent_volume_claim_name.clone()));
+                }
+            }
+        })
+        .await
+        .map_err(failed("list", "ModelCacheBindings"))?;
+        Ok(known)
+    }
+
     async fn binding(
         &self,
         b: ModelCacheBinding,
+        read: bool,
         now: Timestamp,
         report: &mut Report,
     ) -> Result<(), Stop> {
         let name = b.name_any();
         let config = &self.settings.config;
-        // The status says whether anything references it; pods are listed only when nothing does.
-        let readers = if b
-            .status
-            .as_ref()
-            .is_some_and(|s| !s.request_references.is_empty())
-        {
-            0
-        } else {
-            match self.live_readers(&b).await {
-                Ok(n) => n,
-                Err(e) => {
-                    self.error(report, &e);
-                    return Ok(());
-                }
-            }
-        };
-        match reaper::binding_verdict(&b, readers, now, config) {
+        let what = format!("ModelCacheBinding {name}");
+        match reaper::binding_verdict(&b, usize::from(read), now, config) {
             BindingVerdict::Keep(rule, reason) => {
-                self.keep(report, rule, reason, &format!("ModelCacheBinding {name}"));
+                self.keep(report, rule, reason, &what);
                 Ok(())
             }
             BindingVerdict::Retire => {
+                // Afresh, right before the write: a pod admitted since the sweep's pod list.
+                match self.live_readers(&b).await {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        self.keep(report, Rule::IdleRetirement, Keep::Referenced, &what);
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        self.error(report, &e);
+                        return Ok(());
+                    }
+                }
                 let since = b
                     .status
                     .as_ref()
@@ -348,7 +415,7 @@ impl Sweeper {
                     Rule::IdleRetirement,
                     "retire",
                     format!(
-                        "retire ModelCacheBinding {name}: unreferenced since {since}, idle period {}s",
+                        "retire {what}: unreferenced since {since}, idle period {}s",
                         config.idle_seconds
                     ),
                 );
@@ -357,7 +424,7 @@ impl Sweeper {
                     return Ok(());
                 }
                 self.may_write()?;
-                let retired = match self.retire(&b, now).await {
+                let retired = match self.retire(&b).await {
                     Ok(retired) => retired,
                     Err(e) => {
                         self.error(report, &e);
@@ -365,10 +432,10 @@ impl Sweeper {
                     }
                 };
                 // The second phase waits for the retiring grace (the next sweep, unless it is 0).
-                match reaper::binding_verdict(&retired, 0, now, config) {
-                    BindingVerdict::Cleanup => self.cleanup(retired, now, report).await,
+                match reaper::binding_verdict(&retired, 0, Timestamp::now(), config) {
+                    BindingVerdict::Cleanup => self.cleanup(retired, report).await,
                     BindingVerdict::Keep(rule, reason) => {
-                        self.keep(report, rule, reason, &format!("ModelCacheBinding {name}"));
+                        self.keep(report, rule, reason, &what);
                         Ok(())
                     }
                     BindingVerdict::Retire => Ok(()),
@@ -379,23 +446,19 @@ impl Sweeper {
                     self.print_cleanup(&b, report).await;
                     return Ok(());
                 }
-                self.cleanup(b, now, report).await
+                self.cleanup(b, report).await
             }
         }
     }
 
-    async fn retire(
-        &self,
-        b: &ModelCacheBinding,
-        now: Timestamp,
-    ) -> Result<ModelCacheBinding, SweepError> {
+    async fn retire(&self, b: &ModelCacheBinding) -> Result<ModelCacheBinding, SweepError> {
         let name = b.name_any();
         let api: Api<ModelCacheBinding> =
             Api::namespaced(self.client.clone(), &self.settings.config.control_namespace);
         let mut next = b.clone();
         let status = next.status.get_or_insert_with(Default::default);
         status.phase = Some(BindingPhase::Retiring);
-        status.last_phase_transition_time = Some(Time(now));
+        status.last_phase_transition_time = Some(Time(Timestamp::now()));
         // A PUT with the resourceVersion read: a reference recorded since then is a conflict,
         // and the binding is looked at again next sweep.
         let retired = api
@@ -422,6 +485,31 @@ impl Sweeper {
         })
     }
 
+    /// Why deleting `claim` now could cost data: its PV's reclaim policy is not Retain (the PV
+    /// controller would reclaim the storage) where the storage is shared (a view) or complete (a
+    /// primary).
+    async fn reclaim_risk(
+        &self,
+        kind: Kind,
+        claim: &PersistentVolumeClaim,
+    ) -> Result<Option<Keep>, kube::Error> {
+        let Some(pv) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) else {
+            return Ok(None);
+        };
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let Some(pv) = api.get_opt(pv).await? else {
+            return Ok(None);
+        };
+        let retained = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+            == Some(warmcache_modelvolume::view::RETAIN);
+        let complete = pv.labels().get(COMPLETE_LABEL).map(String::as_str) == Some("true");
+        let at_risk = !retained && (kind != Kind::PrimaryClaim || complete);
+        Ok(at_risk.then_some(Keep::NotRetain))
+    }
+
     async fn observe_target(
         &self,
         t: &Target,
@@ -433,15 +521,21 @@ impl Sweeper {
         let seen = match t.kind {
             Kind::ReaderClaim | Kind::WriterClaim | Kind::PrimaryClaim => {
                 let api: Api<PersistentVolumeClaim> = Api::namespaced(c, ns);
-                match api.get_metadata_opt(&t.name).await {
+                match api.get_opt(&t.name).await {
                     Ok(None) => Ok(Seen::Gone),
-                    Ok(Some(meta)) => {
+                    Ok(Some(claim)) => {
                         let users = self
                             .claim_users(ns, &t.name)
                             .await
                             .map_err(failed("list", format!("pods of namespace {ns}")))?;
-                        let busy = users.iter().any(|u| !u.holder).then_some(Keep::InUse);
-                        Ok(present(&meta.metadata, binding, busy))
+                        let mut busy = users.iter().any(|u| !u.holder).then_some(Keep::InUse);
+                        if busy.is_none() {
+                            busy = self
+                                .reclaim_risk(t.kind, &claim)
+                                .await
+                                .map_err(failed("get", format!("the PV of {t}")))?;
+                        }
+                        Ok(present(&claim.metadata, binding, busy))
                     }
                     Err(e) => Err(e),
                 }
@@ -463,14 +557,6 @@ impl Sweeper {
             }
             Kind::Lease => {
                 self.observe(Api::<Lease>::namespaced(c, ns), binding, &t.name)
-                    .await
-            }
-            Kind::StorageClass => {
-                self.observe(Api::<StorageClass>::all(c), binding, &t.name)
-                    .await
-            }
-            Kind::Secret => {
-                self.observe(Api::<Secret>::namespaced(c, ns), binding, &t.name)
                     .await
             }
         };
@@ -502,8 +588,6 @@ impl Sweeper {
             }
             Kind::Job => delete(Api::<Job>::namespaced(c, ns), &t.name, &params).await,
             Kind::Lease => delete(Api::<Lease>::namespaced(c, ns), &t.name, &params).await,
-            Kind::StorageClass => delete(Api::<StorageClass>::all(c), &t.name, &params).await,
-            Kind::Secret => delete(Api::<Secret>::namespaced(c, ns), &t.name, &params).await,
         };
         result.map_err(failed("delete", t.to_string()))
     }
@@ -563,11 +647,7 @@ impl Sweeper {
         );
     }
 
-    async fn stamp_last_use(
-        &self,
-        b: &ModelCacheBinding,
-        now: Timestamp,
-    ) -> Result<(), SweepError> {
+    async fn stamp_last_use(&self, b: &ModelCacheBinding) -> Result<(), SweepError> {
         let status = b.status.as_ref();
         let Some(pv) = status
             .and_then(|s| s.realized.as_ref())
@@ -577,7 +657,7 @@ impl Sweeper {
         };
         let used = status
             .and_then(|s| s.unreferenced_since.as_ref())
-            .map_or(now, |t| t.0);
+            .map_or_else(Timestamp::now, |t| t.0);
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let Some(meta) = api
             .get_metadata_opt(pv)
@@ -607,20 +687,15 @@ impl Sweeper {
         Ok(())
     }
 
-    async fn cleanup(
-        &self,
-        b: ModelCacheBinding,
-        now: Timestamp,
-        report: &mut Report,
-    ) -> Result<(), Stop> {
+    async fn cleanup(&self, b: ModelCacheBinding, report: &mut Report) -> Result<(), Stop> {
         let name = b.name_any();
-        if let Err(e) = self.stamp_last_use(&b, now).await {
+        self.may_write()?;
+        if let Err(e) = self.stamp_last_use(&b).await {
             // Without the stamp the retention would count from the PV's creation: stop here.
             self.error(report, &e);
             return Ok(());
         }
         let targets = reaper::named_resources(&b);
-        let deadline = Instant::now() + self.settings.stage_wait;
         let mut reported = BTreeSet::new();
         loop {
             let seen = match self.observe_all(&b, &targets).await {
@@ -672,7 +747,9 @@ impl Sweeper {
                     }
                 }
                 Cleanup::Wait(t, reason) => {
-                    if Instant::now() >= deadline {
+                    // One waiting budget for the whole sweep: a stuck binding leaves the others
+                    // (and the later passes) their turn, and is looked at again next sweep.
+                    if report.wait_until.is_none_or(|d| Instant::now() >= d) {
                         self.keep(report, Rule::RetiredBinding, reason, &t.to_string());
                         tracing::info!(
                             binding = %name,
@@ -703,6 +780,9 @@ impl Sweeper {
         }
     }
 
+    /// Deletes the binding (UID precondition), then removes warmcache's finalizer with a JSON
+    /// patch that tests the UID and the finalizers read: never a successor's finalizer, never a
+    /// finalizer another controller added meanwhile (a failed test is left for the next sweep).
     async fn finish(&self, b: &ModelCacheBinding) -> Result<(), SweepError> {
         let name = b.name_any();
         let what = format!("ModelCacheBinding {name}");
@@ -728,9 +808,27 @@ impl Sweeper {
         if current.metadata.uid != b.metadata.uid {
             return Ok(());
         }
-        match warmcache_kube::remove_finalizer(&api, &current, FINALIZER).await {
+        let finalizers = current.metadata.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let kept: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": "/metadata/uid", "value": current.metadata.uid},
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "replace", "path": "/metadata/finalizers", "value": kept},
+        ]))
+        .map_err(|e| SweepError {
+            verb: "build the finalizer patch of",
+            what: what.clone(),
+            source: Box::new(e),
+        })?;
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+        {
             Ok(_) => Ok(()),
-            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) if warmcache_kube::is_not_found(&e) => Ok(()),
             Err(e) => Err(SweepError {
                 verb: "remove the finalizer of",
                 what,
@@ -813,6 +911,17 @@ impl Sweeper {
                 }
                 ClaimVerdict::Ignore => continue,
             }
+            match self.reclaim_risk(Kind::ReaderClaim, &claim).await {
+                Ok(None) => {}
+                Ok(Some(reason)) => {
+                    self.keep(report, Rule::OrphanClaim, reason, &what);
+                    continue;
+                }
+                Err(e) => {
+                    self.error(report, &failed("get", format!("the PV of {what}"))(e));
+                    continue;
+                }
+            }
             let holders: Vec<&PodUse> = users.iter().filter(|u| u.holder).collect();
             self.act(
                 report,
@@ -883,10 +992,45 @@ impl Sweeper {
         state
     }
 
+    /// Whether the claim `pv` names is gone, read afresh: NotFound, or a claim of that name
+    /// with another UID. Anything else (the claim is there, the read failed) is not proof.
+    async fn claim_gone(&self, pv: &PersistentVolume) -> Result<bool, SweepError> {
+        let Some(claim) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
+            return Ok(false);
+        };
+        let (Some(ns), Some(name), Some(uid)) = (&claim.namespace, &claim.name, &claim.uid) else {
+            return Ok(false);
+        };
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+        let current = api
+            .get_metadata_opt(name)
+            .await
+            .map_err(failed("get", format!("PersistentVolumeClaim {ns}/{name}")))?;
+        Ok(current.is_none_or(|c| c.metadata.uid.as_ref() != Some(uid)))
+    }
+
+    /// Whether a binding of the model a complete primary holds exists, read afresh (a binding
+    /// adopting it may not have recorded it yet).
+    async fn binding_exists(&self, pv: &PersistentVolume) -> Result<bool, SweepError> {
+        let Some(hash) = pv.labels().get(MODEL_LABEL) else {
+            return Ok(false);
+        };
+        let name = format!(
+            "{}{hash}",
+            warmcache_api_modelcache::names::BINDING_NAME_PREFIX
+        );
+        let api: Api<ModelCacheBinding> =
+            Api::namespaced(self.client.clone(), &self.settings.config.control_namespace);
+        api.get_metadata_opt(&name)
+            .await
+            .map(|b| b.is_some())
+            .map_err(failed("get", format!("ModelCacheBinding {name}")))
+    }
+
     async fn volumes(
         &self,
         now: Timestamp,
-        bound: &BTreeSet<String>,
+        known: &Known,
         report: &mut Report,
     ) -> Result<(), Stop> {
         let attached = match self.attached_volumes().await {
@@ -898,40 +1042,37 @@ impl Sweeper {
         };
         let control = self.settings.config.control_namespace.clone();
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
-        // Only what the rules need is kept from each page: the candidates, and each view's facts
-        // by the primary it was derived from.
+        // Only what the rules need is kept from each page: the candidates (slimmed to the fields
+        // the rules read), and each view's facts by the primary it was derived from.
         let mut candidates: Vec<PersistentVolume> = Vec::new();
         let mut views_of: BTreeMap<String, Vec<ListedView>> = BTreeMap::new();
         let mut looked = 0_u64;
         let listed = self
-            .list_all(&api, ListParams::default(), |mut pv| {
+            .list_all(&api, ListParams::default(), |pv| {
                 looked += 1;
-                pv.metadata.managed_fields = None;
-                match reaper::classify(&pv, &control) {
-                    PvClass::Other => {}
-                    class => {
-                        if class == PvClass::View
-                            && reaper::is_read_only_view(&pv)
-                            && let Some(source) = reaper::source_of(&pv)
-                        {
-                            views_of
-                                .entry(source.to_owned())
-                                .or_default()
-                                .push(ListedView {
-                                    name: pv.name_any(),
-                                    bound: pv.status.as_ref().and_then(|s| s.phase.as_deref())
-                                        == Some("Bound"),
-                                    namespace: reaper::claim_namespace(&pv).map(str::to_owned),
-                                    meta: ObjectMeta {
-                                        uid: pv.metadata.uid.clone(),
-                                        resource_version: pv.metadata.resource_version.clone(),
-                                        ..ObjectMeta::default()
-                                    },
-                                });
-                        }
-                        candidates.push(pv);
-                    }
+                let class = reaper::classify(&pv, &control);
+                if class == PvClass::Other {
+                    return;
                 }
+                let pv = slim(pv);
+                if class == PvClass::View
+                    && let Some(source) = reaper::source_of(&pv)
+                {
+                    views_of
+                        .entry(source.to_owned())
+                        .or_default()
+                        .push(ListedView {
+                            name: pv.name_any(),
+                            released: reaper::looks_released(&pv),
+                            namespace: reaper::claim_namespace(&pv).map(str::to_owned),
+                            meta: ObjectMeta {
+                                uid: pv.metadata.uid.clone(),
+                                resource_version: pv.metadata.resource_version.clone(),
+                                ..ObjectMeta::default()
+                            },
+                        });
+                }
+                candidates.push(pv);
             })
             .await;
         report.volumes += looked;
@@ -962,40 +1103,50 @@ impl Sweeper {
                 views.push(ViewFacts {
                     name: view.name.clone(),
                     attached: attached.contains(&view.name),
-                    bound: view.bound,
+                    released: view.released,
                     namespace: state,
                 });
             }
             let mut facts = PvFacts {
                 attached: attached.contains(&name),
                 claim_in_use: false,
+                claim_gone: true,
                 namespace,
-                named_by_binding: bound.contains(&name),
+                named_by_binding: known.primaries.contains(&name),
                 views,
             };
-            let mut verdict = reaper::pv_verdict(&pv, &facts, now, &self.settings.config);
-            // A deletion is checked against the pods of the claim's namespace first.
+            let config = &self.settings.config;
+            let mut verdict = reaper::pv_verdict(&pv, &facts, now, config);
+            // Before any deletion, proof read afresh: the claim it was bound to is gone, no
+            // binding of its model exists (a complete primary), no pod uses its claim.
             if matches!(
                 verdict,
                 PvVerdict::DeleteObject(_) | PvVerdict::Reclaim { .. }
-            ) && facts.namespace != NamespaceState::Gone
-                && let Some(claim) = pv
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.claim_ref.as_ref())
-                    .and_then(|c| c.name.clone().zip(c.namespace.clone()))
-            {
-                match self.claim_users(&claim.1, &claim.0).await {
-                    Ok(users) => facts.claim_in_use = !users.is_empty(),
-                    Err(e) => {
-                        self.error(
-                            report,
-                            &failed("list", format!("pods of namespace {}", claim.1))(e),
-                        );
-                        continue;
+            ) {
+                let fresh = async {
+                    if reaper::looks_released(&pv) {
+                        facts.claim_gone = self.claim_gone(&pv).await?;
                     }
+                    if reaper::classify(&pv, &control) == (PvClass::Primary { complete: true }) {
+                        facts.named_by_binding |= self.binding_exists(&pv).await?;
+                    }
+                    if facts.namespace != NamespaceState::Gone
+                        && let Some(c) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref())
+                        && let (Some(cns), Some(cname)) = (&c.namespace, &c.name)
+                    {
+                        facts.claim_in_use = !self
+                            .claim_users(cns, cname)
+                            .await
+                            .map_err(failed("list", format!("pods of namespace {cns}")))?
+                            .is_empty();
+                    }
+                    Ok::<(), SweepError>(())
+                };
+                if let Err(e) = fresh.await {
+                    self.error(report, &e);
+                    continue;
                 }
-                verdict = reaper::pv_verdict(&pv, &facts, now, &self.settings.config);
+                verdict = reaper::pv_verdict(&pv, &facts, now, config);
             }
             match verdict {
                 PvVerdict::Ignore => {}
@@ -1079,16 +1230,77 @@ impl Sweeper {
             "metadata": {"resourceVersion": pv.metadata.resource_version},
             "spec": {"persistentVolumeReclaimPolicy": "Delete"},
         });
-        if let Err(e) = api
+        match api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            self.error(
+            Ok(_) => {}
+            Err(e) if warmcache_kube::is_conflict(&e) => {
+                self.keep(
+                    report,
+                    rule,
+                    Keep::Changed,
+                    &format!("PersistentVolume {name}"),
+                );
+            }
+            Err(e) => self.error(
                 report,
                 &failed("reclaim", format!("PersistentVolume {name}"))(e),
-            );
+            ),
         }
         Ok(())
+    }
+}
+
+/// `pv` with only what the volume rules read (names, labels and annotations, times, claim
+/// reference, reclaim policy, CSI driver, handle and read-only flag, phase): a sweep keeps one
+/// per candidate.
+fn slim(pv: PersistentVolume) -> PersistentVolume {
+    let spec = pv
+        .spec
+        .map(|s| k8s_openapi::api::core::v1::PersistentVolumeSpec {
+            claim_ref: s
+                .claim_ref
+                .map(|c| k8s_openapi::api::core::v1::ObjectReference {
+                    namespace: c.namespace,
+                    name: c.name,
+                    uid: c.uid,
+                    ..Default::default()
+                }),
+            persistent_volume_reclaim_policy: s.persistent_volume_reclaim_policy,
+            csi: s
+                .csi
+                .map(|c| k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                    driver: c.driver,
+                    volume_handle: c.volume_handle,
+                    read_only: c.read_only,
+                    ..Default::default()
+                }),
+            ..Default::default()
+        });
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: pv.metadata.name,
+            uid: pv.metadata.uid,
+            resource_version: pv.metadata.resource_version,
+            labels: pv.metadata.labels,
+            annotations: pv.metadata.annotations.map(|mut a| {
+                a.retain(|k, _| {
+                    k == LAST_USED_ANNOTATION || k == reaper::PROVISIONED_BY_ANNOTATION
+                });
+                a
+            }),
+            creation_timestamp: pv.metadata.creation_timestamp,
+            deletion_timestamp: pv.metadata.deletion_timestamp,
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: pv
+            .status
+            .map(|s| k8s_openapi::api::core::v1::PersistentVolumeStatus {
+                phase: s.phase,
+                ..Default::default()
+            }),
     }
 }
 
@@ -1109,11 +1321,11 @@ impl Known {
     }
 }
 
-/// A read-only view PV as listed: what the `expired-primary` rule needs of it.
+/// A view PV (read-only or writer) as listed: what the primary rules need of it.
 #[derive(Clone, Debug)]
 struct ListedView {
     name: String,
-    bound: bool,
+    released: bool,
     namespace: Option<String>,
     /// Its UID and resourceVersion as listed (the delete's preconditions).
     meta: ObjectMeta,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Event as CoreEvent, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    Event as CoreEvent, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -123,7 +123,6 @@ fn identity(domain: &str) -> BindingIdentity {
 
 fn binding(control: &str, writer: &str, domain: &str) -> ModelCacheBinding {
     let identity = identity(domain);
-    let hash = identity_hash(&identity);
     let spec = ModelCacheBindingSpec {
         identity: identity.clone(),
         decision: BindingDecision {
@@ -144,11 +143,14 @@ fn binding(control: &str, writer: &str, domain: &str) -> ModelCacheBinding {
         },
         resources: BindingResources {
             writer_namespace: writer.into(),
-            persistent_volume_claim_names: vec![writer_pvc_name(&identity)],
             job_names: vec![writer_job_name(&identity)],
             lease_name: init_lease_name(&identity),
-            // Named, but the object of that name below is not warmcache's: it must stay.
-            secret_names: vec![format!("{hash}-key")],
+            // Named (the reader claim name, in the writer namespaces), but the object of that
+            // name below is not warmcache's: it must stay.
+            persistent_volume_claim_names: vec![
+                writer_pvc_name(&identity),
+                warmcache_api_modelcache::reader_pvc_name(&identity),
+            ],
             ..BindingResources::default()
         },
     };
@@ -250,7 +252,7 @@ struct Cache {
     writer_claim: String,
     job: String,
     lease: String,
-    secret: String,
+    users_claim: String,
     lookalike_claim: String,
     lookalike_lease: String,
 }
@@ -302,17 +304,20 @@ async fn idle_cache(w: &World, domain: &str, phase: BindingPhase) -> Cache {
     create(&w.writer.api(), &job).await;
     let lease: Lease = serde_json::from_value(json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": { "name": b.spec.resources.lease_name, "labels": { MANAGED_BY_LABEL: MANAGED_BY_VALUE } },
+        "metadata": { "name": b.spec.resources.lease_name, "labels": ours },
     }))
     .unwrap();
     create(&w.control.api(), &lease).await;
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": b.spec.resources.secret_names[0] },
-        "stringData": { "key": "not warmcache's" },
+    let users_claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": warmcache_api_modelcache::reader_pvc_name(&b.spec.identity) },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "none",
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
     }))
     .unwrap();
-    create(&w.control.api(), &secret).await;
+    create(&w.writer.api(), &users_claim).await;
 
     // Look-alikes: warmcache's labels, names the binding does not name.
     let mut lookalike = vclaim.clone();
@@ -355,7 +360,7 @@ async fn idle_cache(w: &World, domain: &str, phase: BindingPhase) -> Cache {
         writer_claim: wclaim.name_any(),
         job: job.name_any(),
         lease: lease.name_any(),
-        secret: secret.name_any(),
+        users_claim: users_claim.name_any(),
         lookalike_claim: lookalike.name_any(),
         lookalike_lease: other_lease.name_any(),
         binding: b,
@@ -421,7 +426,7 @@ async fn an_idle_binding_retires_and_exactly_what_it_names_goes_then_the_binding
     assert_eq!(
         report.kept.get(&(Rule::RetiredBinding, Keep::NotOurs)),
         Some(&1),
-        "the named Secret that is not warmcache's: {report:?}"
+        "the named claim that is not warmcache's: {report:?}"
     );
     eventually("the binding gone", WAIT, || {
         let bindings = bindings.clone();
@@ -479,7 +484,7 @@ async fn an_idle_binding_retires_and_exactly_what_it_names_goes_then_the_binding
     assert_eq!(stamp.parse::<Timestamp>().unwrap(), unreferenced.0);
     assert!(exists(&reader_claims, &cache.lookalike_claim).await);
     assert!(exists(&w.control.api::<Lease>(), &cache.lookalike_lease).await);
-    assert!(exists(&w.control.api::<Secret>(), &cache.secret).await);
+    assert!(exists(&w.writer.api::<PersistentVolumeClaim>(), &cache.users_claim).await);
 
     // The next sweep keeps the complete primary inside its retention; with a retention of one
     // second it goes (its reclaim policy set to Delete for the provisioner).
@@ -551,7 +556,10 @@ async fn dry_run_prints_every_action_and_writes_nothing() {
         );
     }
     assert!(
-        !report.lines.iter().any(|l| l.contains(&cache.secret)),
+        !report
+            .lines
+            .iter()
+            .any(|l| l.contains(&format!("{}/{}", w.writer.name, cache.users_claim))),
         "not ours: not listed"
     );
     let after = bindings.get(&cache.binding.name_any()).await.unwrap();
@@ -863,22 +871,47 @@ async fn abandoned_primaries_lose_their_storage_only_when_released_incomplete_an
     let control = &w.control.name;
     let hash = identity_hash(&identity("domain-abandon"));
     let claim = format!("rw-pvc-{hash}");
-    let abandoned = format!("{control}-abandoned");
+    // As the external provisioner names a PV: pvc-<claim UID>; the claim is gone.
+    let claim_uid = format!("{control}-abandoned");
+    let abandoned = format!("pvc-{claim_uid}");
     let mut pv = primary_pv(&abandoned, control, &claim, false);
-    pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some("deleted-claim-uid".into());
+    pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some(claim_uid.clone());
     create(&pvs, &pv).await;
+    // A retained PV recycled by hand onto the claim name (its name is another claim's UID).
+    let recycled = format!("pvc-{control}-recycled");
+    let mut pv = primary_pv(&recycled, control, &claim, false);
+    pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some(claim_uid.clone());
+    create(&pvs, &pv).await;
+    // A third, whose writer view is pre-bound in a live namespace: a download may be writing.
+    let written_uid = format!("{control}-writing");
+    let writing = format!("pvc-{written_uid}");
+    let mut pv = primary_pv(&writing, control, &claim, false);
+    pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some(written_uid);
+    create(&pvs, &pv).await;
+    let writer_view = format!("{control}-writer-view");
+    let mut wv = view_of(
+        &writing,
+        view_pv(&writer_view, &w.writer.name, "rw-pvc-x", None),
+    );
+    wv.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(VOLUME_ROLE_LABEL.into(), "writer".into());
+    create(&pvs, &wv).await;
     // The same, claimed from another namespace: not a primary of this control namespace.
     let elsewhere = format!("{control}-elsewhere");
     let mut other = primary_pv(&elsewhere, &w.reader.name, &claim, false);
     other.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some("deleted-claim-uid".into());
     create(&pvs, &other).await;
-    pv_phase(&w.admin, &abandoned, "Released").await;
-    pv_phase(&w.admin, &elsewhere, "Released").await;
+    for pv in [&abandoned, &elsewhere, &recycled, &writing] {
+        pv_phase(&w.admin, pv, "Released").await;
+    }
 
     let report = w.sweep(w.config()).await;
     assert_eq!(
         report.kept.get(&(Rule::AbandonedPrimary, Keep::Young)),
-        Some(&1),
+        Some(&2),
         "{report:?}"
     );
     let reclaim = |pv: PersistentVolume| pv.spec.unwrap().persistent_volume_reclaim_policy.unwrap();
@@ -889,14 +922,25 @@ async fn abandoned_primaries_lose_their_storage_only_when_released_incomplete_an
         abandon_after_seconds: 1,
         ..w.config()
     };
-    w.sweep(old).await;
+    let report = w.sweep(old).await;
     assert_eq!(reclaim(pvs.get(&abandoned).await.unwrap()), "Delete");
+    assert_eq!(
+        reclaim(pvs.get(&recycled).await.unwrap()),
+        "Retain",
+        "not the provisioner's volume for that claim: untouched"
+    );
+    assert_eq!(reclaim(pvs.get(&writing).await.unwrap()), "Retain");
+    assert_eq!(
+        report.kept.get(&(Rule::AbandonedPrimary, Keep::ViewInUse)),
+        Some(&1),
+        "{report:?}"
+    );
     assert_eq!(
         reclaim(pvs.get(&elsewhere).await.unwrap()),
         "Retain",
         "not ours: untouched"
     );
-    for pv in [&abandoned, &elsewhere] {
+    for pv in [&abandoned, &elsewhere, &recycled, &writing, &writer_view] {
         pvs.delete(pv, &DeleteParams::default()).await.ok();
     }
 }

@@ -6,7 +6,7 @@
 //! | rule | acts on | deletes | when |
 //! |---|---|---|---|
 //! | `idle-retirement` | a ModelCacheBinding | nothing (sets `Retiring`) | no request reference and no live reading pod since `unreferencedSince` + the idle period |
-//! | `retired-binding` | a Retiring (or deleted) binding | exactly what it names: reader views (claims, then PV objects), writer Jobs, writer views (claims, then PVs), the primary claim, the Lease, the StorageClasses and Secrets; then its finalizer | no request reference and no live reading pod; a stage waits while one of its objects is attached, used by a pod or still terminating |
+//! | `retired-binding` | a Retiring (or deleted) binding | exactly what it names: reader views (claims, then PV objects), writer Jobs, writer views (claims, then PVs), the primary claim, the Lease; then its finalizer | no request reference and no live reading pod; a stage waits while one of its objects is attached, used by a pod or still terminating |
 //! | `orphan-view` | a view PV (read-only, or a writer view) | the PV object only (Retain: the storage is the primary's) | Released, or its claim's namespace is gone (a definite NotFound) |
 //! | `abandoned-primary` | an incomplete primary PV | its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | Released for longer than the abandon age (by creation time) |
 //! | `expired-primary` | a complete primary PV | its view PV objects first, then its storage (reclaim Delete) | Released, no binding records it, retention > 0 passed since its last use, no view bound in a live namespace |
@@ -24,7 +24,9 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
-use warmcache_api_modelcache::writer_pvc_name;
+use warmcache_api_modelcache::{
+    init_lease_name, reader_pvc_name, writer_job_name, writer_pvc_name,
+};
 
 use crate::agent::{COMPONENT_LABEL, MOUNT_HOLDER};
 use crate::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
@@ -263,15 +265,14 @@ fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-/// Whether `meta` is warmcache's and, when it carries the binding label, names `binding`.
+/// Whether `meta` is warmcache's (`app.kubernetes.io/managed-by: warmcache`) and, for
+/// `Some(binding)`, carries the binding label naming it (every object the binding controller
+/// creates for a binding does).
 pub fn is_ours(meta: &ObjectMeta, binding: Option<&str>) -> bool {
     if label(meta, MANAGED_BY_LABEL) != Some(MANAGED_BY_VALUE) {
         return false;
     }
-    match (label(meta, BINDING_LABEL), binding) {
-        (Some(theirs), Some(ours)) => theirs == ours,
-        _ => true,
-    }
+    binding.is_none_or(|ours| label(meta, BINDING_LABEL) == Some(ours))
 }
 
 /// Whether `pod` has not terminated (Succeeded and Failed pods hold no claim; an attachment
@@ -379,10 +380,6 @@ pub enum Kind {
     PrimaryClaim,
     /// The writer Lease.
     Lease,
-    /// A StorageClass of an encrypted cache.
-    StorageClass,
-    /// A Secret of an encrypted cache (in the control namespace).
-    Secret,
 }
 
 impl Kind {
@@ -393,8 +390,6 @@ impl Kind {
             Self::ReaderVolume | Self::WriterVolume => "PersistentVolume",
             Self::Job => "Job",
             Self::Lease => "Lease",
-            Self::StorageClass => "StorageClass",
-            Self::Secret => "Secret",
         }
     }
 
@@ -407,7 +402,7 @@ impl Kind {
             Self::WriterClaim => 3,
             Self::WriterVolume => 4,
             Self::PrimaryClaim => 5,
-            Self::Lease | Self::StorageClass | Self::Secret => 6,
+            Self::Lease => 6,
         }
     }
 }
@@ -417,7 +412,7 @@ impl Kind {
 pub struct Target {
     /// What it is.
     pub kind: Kind,
-    /// Its namespace (none for PVs and StorageClasses).
+    /// Its namespace (none for PVs).
     pub namespace: Option<String>,
     /// Its name.
     pub name: String,
@@ -444,17 +439,26 @@ pub fn writer_namespaces(binding: &ModelCacheBinding) -> Vec<String> {
     out
 }
 
-/// Every object `binding` names, sorted by deletion stage: what `spec.resources` records (claims
-/// and Jobs in each writer namespace, PVs, the Lease, StorageClasses, Secrets), the views
-/// `status.realized.views` records, the writer view PVs of its writer namespaces and the primary
-/// claim in its own namespace. Never its primary PV (`status.realized.boundPersistentVolumeName`):
-/// the data outlives the binding and is the retention rules'.
+/// Every object `binding` names, sorted by deletion stage: what `spec.resources` records (the
+/// writer claim and Job in each writer namespace, the reader claim of a regularModelCache, PVs,
+/// the Lease), the views `status.realized.views` records, the writer view PVs of its writer
+/// namespaces and the primary claim in its own namespace. A recorded name is taken only when it
+/// is the one warmcache derives from the binding's identity (a hand-written binding cannot name
+/// someone else's object), PVs of `spec.resources` aside (they must carry the binding's label).
+///
+/// Never its primary PV (`status.realized.boundPersistentVolumeName`): the data outlives the
+/// binding and is the retention rules'. Nor the StorageClasses and Secrets of an encrypted
+/// cache: they hold what reads and deletes its data, which a later binding may adopt, so they
+/// live as long as the primary, not the binding.
 pub fn named_resources(binding: &ModelCacheBinding) -> Vec<Target> {
+    let identity = &binding.spec.identity;
     let control = binding.metadata.namespace.clone().unwrap_or_default();
     let resources = &binding.spec.resources;
     let realized = binding.status.as_ref().and_then(|s| s.realized.as_ref());
     let primary_pv = realized.and_then(|r| r.bound_persistent_volume_name.as_deref());
-    let writer_claim = writer_pvc_name(&binding.spec.identity);
+    let writer_claim = writer_pvc_name(identity);
+    let reader_claim = reader_pvc_name(identity);
+    let writer_job = writer_job_name(identity);
     let writers = writer_namespaces(binding);
     let mut out = Vec::new();
     let mut push = |kind, namespace: Option<&str>, name: &str| {
@@ -463,31 +467,32 @@ pub fn named_resources(binding: &ModelCacheBinding) -> Vec<Target> {
             namespace: namespace.map(str::to_owned),
             name: name.to_owned(),
         };
-        if !name.is_empty() && !out.contains(&t) {
+        if !name.is_empty()
+            && Some(name) != primary_pv.filter(|_| namespace.is_none())
+            && !out.contains(&t)
+        {
             out.push(t);
         }
     };
     for v in realized.map(|r| r.views.as_slice()).unwrap_or_default() {
-        push(
-            Kind::ReaderClaim,
-            Some(&v.namespace),
-            &v.persistent_volume_claim_name,
-        );
-        if Some(v.persistent_volume_name.as_str()) != primary_pv {
-            push(Kind::ReaderVolume, None, &v.persistent_volume_name);
+        let expected = crate::view::reader_view(binding, &v.namespace);
+        if v.persistent_volume_claim_name == reader_claim {
+            push(Kind::ReaderClaim, Some(&v.namespace), &reader_claim);
+        }
+        if v.persistent_volume_name == expected.persistent_volume_name {
+            push(Kind::ReaderVolume, None, &expected.persistent_volume_name);
         }
     }
     for ns in &writers {
-        for job in &resources.job_names {
-            push(Kind::Job, Some(ns), job);
+        if resources.job_names.contains(&writer_job) {
+            push(Kind::Job, Some(ns), &writer_job);
         }
         for claim in &resources.persistent_volume_claim_names {
-            let kind = if *claim == writer_claim {
-                Kind::WriterClaim
-            } else {
-                Kind::ReaderClaim
-            };
-            push(kind, Some(ns), claim);
+            if *claim == writer_claim {
+                push(Kind::WriterClaim, Some(ns), claim);
+            } else if *claim == reader_claim {
+                push(Kind::ReaderClaim, Some(ns), claim);
+            }
         }
         push(
             Kind::WriterVolume,
@@ -496,17 +501,11 @@ pub fn named_resources(binding: &ModelCacheBinding) -> Vec<Target> {
         );
     }
     for pv in &resources.persistent_volume_names {
-        if Some(pv.as_str()) != primary_pv {
-            push(Kind::WriterVolume, None, pv);
-        }
+        push(Kind::WriterVolume, None, pv);
     }
     push(Kind::PrimaryClaim, Some(&control), &writer_claim);
-    push(Kind::Lease, Some(&control), &resources.lease_name);
-    for sc in &resources.storage_class_names {
-        push(Kind::StorageClass, None, sc);
-    }
-    for secret in &resources.secret_names {
-        push(Kind::Secret, Some(&control), secret);
+    if resources.lease_name == init_lease_name(identity) {
+        push(Kind::Lease, Some(&control), &resources.lease_name);
     }
     out.sort_by_key(|t| t.kind.stage());
     out
@@ -638,9 +637,47 @@ pub fn classify(pv: &PersistentVolume, control: &str) -> PvClass {
     if !primary_claim {
         return PvClass::Other;
     }
-    PvClass::Primary {
-        complete: label(&pv.metadata, COMPLETE_LABEL) == Some("true"),
+    if label(&pv.metadata, COMPLETE_LABEL) == Some("true") {
+        // The binding controller labels a primary complete (with warmcache's label) only after
+        // it verified the PV was provisioned for its claim.
+        return if is_ours(&pv.metadata, None) {
+            PvClass::Primary { complete: true }
+        } else {
+            PvClass::Other
+        };
     }
+    // An incomplete primary carries no label of ours: it must be the volume a provisioner made
+    // for that claim (named after the claim's UID, annotated by the PV's own driver), not a
+    // retained volume someone bound to the claim name by hand.
+    let uid = claim.and_then(|c| c.uid.as_deref()).unwrap_or_default();
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let driver = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.driver.as_str());
+    let provisioned_by = annotation(&pv.metadata, PROVISIONED_BY_ANNOTATION);
+    if uid.is_empty() || !name.ends_with(uid) || driver.is_none() || provisioned_by != driver {
+        return PvClass::Other;
+    }
+    PvClass::Primary { complete: false }
+}
+
+/// The annotation an external provisioner puts on the PVs it creates: its driver name.
+pub const PROVISIONED_BY_ANNOTATION: &str = "pv.kubernetes.io/provisioned-by";
+
+/// Whether `pv` looks Released and names the UID of the claim it was bound to (a PV whose
+/// `claimRef.uid` was just cleared for a rebind still shows Released until the PV controller
+/// catches up: it is not released). The caller still proves the claim gone
+/// ([`PvFacts::claim_gone`]).
+pub fn looks_released(pv: &PersistentVolume) -> bool {
+    phase(pv) == Some("Released")
+        && pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.claim_ref.as_ref())
+            .and_then(|c| c.uid.as_deref())
+            .is_some_and(|u| !u.is_empty())
 }
 
 fn phase(pv: &PersistentVolume) -> Option<&str> {
@@ -679,17 +716,24 @@ pub fn last_used(pv: &PersistentVolume) -> Option<Timestamp> {
     created.max(stamped)
 }
 
-/// A view of a complete primary, as the `expired-primary` rule sees it.
+/// A view of a primary (read-only or writer), as the primary rules see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewFacts {
     /// The view PV.
     pub name: String,
     /// A VolumeAttachment names it.
     pub attached: bool,
-    /// Its phase is Bound.
-    pub bound: bool,
+    /// [`looks_released`]: anything else (Bound, Available, a rebind in flight) may be read.
+    pub released: bool,
     /// The namespace of its claim.
     pub namespace: NamespaceState,
+}
+
+impl ViewFacts {
+    /// Whether the view may be read: not released, in a namespace not known to be gone.
+    pub fn may_be_read(&self) -> bool {
+        !self.released && self.namespace != NamespaceState::Gone
+    }
 }
 
 /// What is known about a PV besides the object.
@@ -699,11 +743,14 @@ pub struct PvFacts {
     pub attached: bool,
     /// A live pod uses the claim it is bound to.
     pub claim_in_use: bool,
+    /// The claim of its `claimRef` was read afresh: NotFound, or another UID. Only then is a
+    /// Released PV released.
+    pub claim_gone: bool,
     /// The namespace of its claim (Live when it has none).
     pub namespace: NamespaceState,
     /// A ModelCacheBinding records it as `status.realized.boundPersistentVolumeName`.
     pub named_by_binding: bool,
-    /// For a complete primary: its views ([`source_of`] names it).
+    /// For a primary: its views, read-only and writer ([`source_of`] names it).
     pub views: Vec<ViewFacts>,
 }
 
@@ -750,7 +797,7 @@ pub fn pv_verdict(
     if facts.claim_in_use {
         return PvVerdict::Keep(rule, Keep::InUse);
     }
-    let released = phase(pv) == Some("Released");
+    let released = looks_released(pv) && facts.claim_gone;
     match class {
         PvClass::Other => PvVerdict::Ignore,
         PvClass::View => {
@@ -780,10 +827,7 @@ pub fn pv_verdict(
             if age < config.abandon_after_seconds {
                 return PvVerdict::Keep(rule, Keep::Young);
             }
-            PvVerdict::Reclaim {
-                rule,
-                views: Vec::new(),
-            }
+            primary_reclaim(rule, facts)
         }
         PvClass::Primary { complete: true } => {
             if !released {
@@ -799,21 +843,23 @@ pub fn pv_verdict(
             if idle < config.retention_seconds {
                 return PvVerdict::Keep(rule, Keep::InsideRetention);
             }
-            if facts.views.iter().any(|v| v.attached) {
-                return PvVerdict::Keep(rule, Keep::Attached);
-            }
-            if facts
-                .views
-                .iter()
-                .any(|v| v.bound && v.namespace != NamespaceState::Gone)
-            {
-                return PvVerdict::Keep(rule, Keep::ViewInUse);
-            }
-            PvVerdict::Reclaim {
-                rule,
-                views: facts.views.iter().map(|v| v.name.clone()).collect(),
-            }
+            primary_reclaim(rule, facts)
         }
+    }
+}
+
+/// A primary's storage goes only when none of its views (they share its data) is attached or
+/// may be read; its views go first.
+fn primary_reclaim(rule: Rule, facts: &PvFacts) -> PvVerdict {
+    if facts.views.iter().any(|v| v.attached) {
+        return PvVerdict::Keep(rule, Keep::Attached);
+    }
+    if facts.views.iter().any(ViewFacts::may_be_read) {
+        return PvVerdict::Keep(rule, Keep::ViewInUse);
+    }
+    PvVerdict::Reclaim {
+        rule,
+        views: facts.views.iter().map(|v| v.name.clone()).collect(),
     }
 }
 
@@ -1005,9 +1051,10 @@ mod tests {
     #[test]
     fn named_resources_are_what_the_binding_records_in_deletion_order() {
         let mut b = with_views(binding());
-        b.spec.resources.lease_name = "init-lease-x".into();
+        b.spec.resources.lease_name = init_lease_name(&b.spec.identity);
         b.spec.resources.persistent_volume_names = vec!["pvc-primary".into(), "extra-pv".into()];
         let targets = named_resources(&b);
+        let lease = b.spec.resources.lease_name.clone();
         let stages: Vec<u8> = targets.iter().map(|t| t.kind.stage()).collect();
         let mut sorted = stages.clone();
         sorted.sort_unstable();
@@ -1045,8 +1092,25 @@ mod tests {
         );
         assert_eq!(
             find(Kind::Lease),
-            ["Lease nvca-modelcache-init/init-lease-x"]
+            [format!("Lease nvca-modelcache-init/{lease}")]
         );
+        // A recorded name that is not the one derived from the identity is never a target: a
+        // hand-written binding cannot name another component's Lease, Job or claim.
+        let mut forged = b.clone();
+        forged.spec.resources.lease_name = "binding-controller".into();
+        forged.spec.resources.job_names = vec!["backup".into()];
+        forged.spec.resources.persistent_volume_claim_names = vec!["data".into()];
+        if let Some(r) = forged.status.as_mut().and_then(|s| s.realized.as_mut()) {
+            r.views[0].persistent_volume_claim_name = "data".into();
+            r.views[0].persistent_volume_name = "someone-elses-pv".into();
+        }
+        let forged_targets = named_resources(&forged);
+        for name in ["binding-controller", "backup", "data", "someone-elses-pv"] {
+            assert!(
+                forged_targets.iter().all(|t| t.name != name),
+                "{name}: {forged_targets:?}"
+            );
+        }
         let volumes = find(Kind::WriterVolume);
         assert!(volumes.contains(&"PersistentVolume extra-pv".to_owned()));
         assert!(
@@ -1147,10 +1211,15 @@ mod tests {
             labels.insert(VOLUME_ROLE_LABEL.to_owned(), r.to_owned());
             labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
         }
+        // As a provisioner names and annotates a PV it made for a claim of UID CLAIM_UID.
         PersistentVolume {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 labels: Some(labels),
+                annotations: Some(BTreeMap::from([(
+                    PROVISIONED_BY_ANNOTATION.to_owned(),
+                    "csi.example.com".to_owned(),
+                )])),
                 creation_timestamp: Some(Time(at(0))),
                 ..ObjectMeta::default()
             },
@@ -1159,6 +1228,7 @@ mod tests {
                 claim_ref: Some(ObjectReference {
                     namespace: Some(claim_ns.into()),
                     name: Some(claim.into()),
+                    uid: Some(CLAIM_UID.into()),
                     ..ObjectReference::default()
                 }),
                 csi: Some(CSIPersistentVolumeSource {
@@ -1176,10 +1246,14 @@ mod tests {
         }
     }
 
+    const CLAIM_UID: &str = "0f0e0d0c";
+    const PRIMARY: &str = "pvc-0f0e0d0c";
+
     fn facts() -> PvFacts {
         PvFacts {
             attached: false,
             claim_in_use: false,
+            claim_gone: true,
             namespace: NamespaceState::Live,
             named_by_binding: false,
             views: Vec::new(),
@@ -1263,7 +1337,7 @@ mod tests {
     fn abandoned_primaries_are_released_incomplete_and_old_enough() {
         let c = config();
         let p = pv(
-            "pvc-1",
+            PRIMARY,
             None,
             "nvca-modelcache-init",
             PRIMARY_CLAIM,
@@ -1273,15 +1347,79 @@ mod tests {
             pv_verdict(&p, &facts(), at(DEFAULT_ABANDON_AFTER_SECONDS - 1), &c),
             PvVerdict::Keep(Rule::AbandonedPrimary, Keep::Young)
         );
+        let late = at(DEFAULT_ABANDON_AFTER_SECONDS);
         assert_eq!(
-            pv_verdict(&p, &facts(), at(DEFAULT_ABANDON_AFTER_SECONDS), &c),
+            pv_verdict(&p, &facts(), late, &c),
             PvVerdict::Reclaim {
                 rule: Rule::AbandonedPrimary,
                 views: vec![]
             }
         );
+        // Its claim read afresh still exists (or the PV's claimRef.uid was just cleared for a
+        // rebind, and its phase lags): not released.
+        let claim_back = PvFacts {
+            claim_gone: false,
+            ..facts()
+        };
+        assert_eq!(pv_verdict(&p, &claim_back, late, &c), PvVerdict::Ignore);
+        let mut rebinding = p.clone();
+        rebinding
+            .spec
+            .as_mut()
+            .unwrap()
+            .claim_ref
+            .as_mut()
+            .unwrap()
+            .uid = None;
+        assert_eq!(
+            pv_verdict(&rebinding, &facts(), late, &c),
+            PvVerdict::Ignore
+        );
+        // A writer view of it still bound (a download writing through it): kept; released, it
+        // goes first.
+        let writer_view = |released| ViewFacts {
+            name: "rw-view".into(),
+            attached: false,
+            released,
+            namespace: NamespaceState::Live,
+        };
+        let writing = PvFacts {
+            views: vec![writer_view(false)],
+            ..facts()
+        };
+        assert_eq!(
+            pv_verdict(&p, &writing, late, &c),
+            PvVerdict::Keep(Rule::AbandonedPrimary, Keep::ViewInUse)
+        );
+        let written = PvFacts {
+            views: vec![writer_view(true)],
+            ..facts()
+        };
+        assert_eq!(
+            pv_verdict(&p, &written, late, &c),
+            PvVerdict::Reclaim {
+                rule: Rule::AbandonedPrimary,
+                views: vec!["rw-view".into()]
+            }
+        );
+        // Not the provisioner's volume for that claim: a retained PV recycled by hand onto the
+        // claim name (another claim UID in its name), or annotated by another driver.
+        let mut recycled = p.clone();
+        recycled.metadata.name = Some("pvc-aaaaaaaa".into());
+        assert_eq!(pv_verdict(&recycled, &facts(), late, &c), PvVerdict::Ignore);
+        let mut other_driver = p.clone();
+        other_driver
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(PROVISIONED_BY_ANNOTATION.into(), "nfs.example.com".into());
+        assert_eq!(
+            pv_verdict(&other_driver, &facts(), late, &c),
+            PvVerdict::Ignore
+        );
         let bound = pv(
-            "pvc-1",
+            PRIMARY,
             None,
             "nvca-modelcache-init",
             PRIMARY_CLAIM,
@@ -1297,7 +1435,7 @@ mod tests {
             ("nvca-modelcache-init", "rw-pvc-short"),
             ("nvca-modelcache-init", "data"),
         ] {
-            let other = pv("pvc-1", None, ns, claim, "Released");
+            let other = pv(PRIMARY, None, ns, claim, "Released");
             assert_eq!(
                 pv_verdict(&other, &facts(), at(99_999), &c),
                 PvVerdict::Ignore,
@@ -1321,7 +1459,7 @@ mod tests {
 
     fn complete(stamp: Option<i64>) -> PersistentVolume {
         let mut p = pv(
-            "pvc-1",
+            PRIMARY,
             Some(ROLE_PRIMARY),
             "nvca-modelcache-init",
             PRIMARY_CLAIM,
@@ -1345,10 +1483,10 @@ mod tests {
     fn complete_primaries_are_kept_for_their_retention_and_while_read() {
         let c = config();
         let r = DEFAULT_RETENTION_SECONDS;
-        let view = |bound, namespace| ViewFacts {
+        let view = |bound: bool, namespace| ViewFacts {
             name: "ro-1".into(),
             attached: false,
-            bound,
+            released: !bound,
             namespace,
         };
         assert_eq!(
@@ -1498,7 +1636,7 @@ mod tests {
     }
 
     #[test]
-    fn ownership_needs_warmcache_and_the_binding_label_when_present() {
+    fn ownership_needs_warmcache_and_the_binding_label() {
         let mut m = ObjectMeta {
             labels: Some(BTreeMap::from([(
                 MANAGED_BY_LABEL.to_owned(),
@@ -1506,7 +1644,8 @@ mod tests {
             )])),
             ..ObjectMeta::default()
         };
-        assert!(is_ours(&m, Some("model-cache-a")));
+        assert!(is_ours(&m, None));
+        assert!(!is_ours(&m, Some("model-cache-a")), "no binding label");
         m.labels
             .as_mut()
             .unwrap()
