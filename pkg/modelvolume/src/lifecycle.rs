@@ -1027,14 +1027,15 @@ fn rox(
         _ => None,
     };
 
-    // 1. A complete primary: the bound one, or the retained one its released claim left.
+    // 1. A complete primary: the bound one, or the retained one its released claim left
+    // (also while the PV controller has not yet moved it from Bound to Released).
     let complete = bound
         .map(|(_, pv)| pv)
         .filter(|pv| is_complete(b, pv))
         .or_else(|| {
             obs.primary_claim
                 .is_none()
-                .then(|| adoptable(b, &obs.retained))
+                .then(|| released_primary(b, &obs.retained))
                 .flatten()
         });
     if let Some(primary) = complete {
@@ -1470,6 +1471,27 @@ pub fn adoptable<'p>(
     b: &ModelCacheBinding,
     retained: &[&'p PersistentVolume],
 ) -> Option<&'p PersistentVolume> {
+    retained_candidate(b, retained, false)
+}
+
+/// roxReadOnly: the complete primary whose claim was released ([`Action::ReleasePrimaryClaim`]),
+/// to view when the primary claim is gone: an [`adoptable`] PV, or one still `Bound` to the
+/// primary claim's name in the control namespace (the claim is deleted, and the PV controller
+/// has not yet recorded the PV as Released). Without the second, the reconcile that sees the
+/// claim gone before the PV's new phase would find no complete primary: Ready would go back
+/// to Staging, and with the staging Job gone (its TTL) a second download would start.
+pub fn released_primary<'p>(
+    b: &ModelCacheBinding,
+    retained: &[&'p PersistentVolume],
+) -> Option<&'p PersistentVolume> {
+    retained_candidate(b, retained, true)
+}
+
+fn retained_candidate<'p>(
+    b: &ModelCacheBinding,
+    retained: &[&'p PersistentVolume],
+    bound_to_released_claim: bool,
+) -> Option<&'p PersistentVolume> {
     let claim = writer_pvc_name(&b.spec.identity);
     let control = b.metadata.namespace.clone().unwrap_or_default();
     let mut candidates: Vec<&PersistentVolume> = retained
@@ -1484,12 +1506,16 @@ pub fn adoptable<'p>(
             });
             let class_ok =
                 spec.storage_class_name.as_deref() == Some(b.spec.storage_class.name.as_str());
-            let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
-            let free = matches!(phase, Some("Released" | "Available"));
-            let claim_ok = spec.claim_ref.as_ref().is_none_or(|r| {
+            let names_claim = |r: &k8s_openapi::api::core::v1::ObjectReference| {
                 r.name.as_deref() == Some(claim.as_str())
                     && r.namespace.as_deref() == Some(control.as_str())
-            });
+            };
+            let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+            let free = matches!(phase, Some("Released" | "Available"))
+                || (bound_to_released_claim
+                    && phase == Some("Bound")
+                    && spec.claim_ref.as_ref().is_some_and(names_claim));
+            let claim_ok = spec.claim_ref.as_ref().is_none_or(names_claim);
             let provisioned = pv
                 .metadata
                 .annotations
@@ -3354,6 +3380,81 @@ mod tests {
                 .all(|a| !matches!(a, Action::CreateView(..)))
         );
         assert!(!condition(&s, READY).status);
+    }
+
+    /// The reconcile that sees the released primary claim gone may still read its PV `Bound`
+    /// (the PV controller records Released a moment later): the copy stays complete (Ready, no
+    /// regression to Staging, no second staging Job although the Job is gone and a reading
+    /// pod's step is there), the detach gate holds, and views follow. A warm start (RWX) still
+    /// adopts only a free PV, and a PV bound to another claim is never a released primary.
+    #[test]
+    fn a_released_primary_not_yet_marked_released_stays_ready_and_starts_no_download() {
+        let config = LifecycleConfig::default();
+        let b = binding(Transition::RoxReadOnly);
+        let still_bound = retained_pv(&b, "Bound");
+        let mut o = observed(&b, &config);
+        o.retained = vec![&still_bound];
+        o.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        o.reader_namespaces = BTreeSet::from(["team-a".to_owned(), "team-b".to_owned()]);
+        o.attachments = BTreeMap::from([("pvc-old".to_owned(), vec!["csi-0123".to_owned()])]);
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert!(condition(&s, READY).status);
+        assert_eq!(condition(&s, READY).reason, Reason::Downloaded);
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::WaitingForDetach);
+        assert_eq!(population(&s), Some(PopulationState::Ready));
+        assert_eq!(s.status.realized.as_ref().unwrap().bytes, Some(1 << 30));
+
+        // The staging Job, complete, still there: the same (not "Staging").
+        let job = job_with(&b, Some("Complete"));
+        o.job = Some(&job);
+        assert_eq!(condition(&step(&o), READY).reason, Reason::Downloaded);
+        o.job = None;
+
+        // Detached: the views are recorded, then created from it.
+        o.attachments.clear();
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "recorded first: {:?}", s.actions);
+        let mut stored = b.clone();
+        stored.status = Some(s.status.clone());
+        let mut o2 = observed(&stored, &config);
+        o2.retained = vec![&still_bound];
+        o2.reader_namespaces = o.reader_namespaces.clone();
+        let s = step(&o2);
+        assert_eq!(
+            s.actions
+                .iter()
+                .filter(|a| matches!(a, Action::CreateView(..)))
+                .count(),
+            2,
+            "{:?}",
+            s.actions
+        );
+
+        // Not for a warm start of the RWX flow (adoption needs the PV free), and never a PV
+        // bound to a claim of another name.
+        assert!(adoptable(&b, &[&still_bound]).is_none());
+        let mut other = still_bound.clone();
+        other
+            .spec
+            .as_mut()
+            .unwrap()
+            .claim_ref
+            .as_mut()
+            .unwrap()
+            .name = Some("someone".into());
+        let mut o = observed(&b, &config);
+        o.retained = vec![&other];
+        o.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&o);
+        assert!(!condition(&s, READY).status);
+        assert!(matches!(s.actions.as_slice(), [Action::CreateJob(_)]));
     }
 
     #[test]

@@ -1,0 +1,879 @@
+//! The block (roxReadOnly) flow of the binding controller against a real API server (and the
+//! real PV, Job, attach-detach and garbage controllers of kube-controller-manager), across two
+//! reading namespaces of one sharing domain (helmModelCache on an NVMesh-like provider, whose
+//! volume handles encode the namespace). The test plays the node agent exactly as the real one
+//! does (`cmd/model-volume-controller/src/agent.rs`): it reads the staging pod with the agent's
+//! own [`staging_state`], creates the primary claim with [`staged_primary_claim`], provisions a
+//! PV pre-bound to it as a provisioner would (and a VolumeAttachment, as the holder's attach
+//! leaves), records the copy on the claim with the agent's keys (a merge patch carrying the
+//! claim's resourceVersion), and answers the staging pod (the hold exits 0, the Job completes).
+//! The controller must then label the primary complete and Retain, release its claim, wait for
+//! the detach, and create one read-only view per reading namespace, each with its own handle.
+//!
+//! Run twice: as the chart's ServiceAccount (the generated roles), and with every write of the
+//! flow failing once (a crash between any two writes), converging to the same end with exactly
+//! one of each object and nothing else deleted. Every stored version of the binding is read
+//! back (a chain of watches from its creation): Ready, once reached, never goes back.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use warmcache_api_modelcache::v2beta1::{
+    BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
+    ModelCacheBindingSpec, PopulationState, ReclaimPolicy, Transition, Workflow,
+};
+use warmcache_api_modelcache::{
+    FINALIZER, SHARING_DOMAIN_LABEL, binding_name, identity_hash, init_lease_name, reader_pvc_name,
+    sha256_digest, writer_job_name, writer_pvc_name,
+};
+use warmcache_binding_controller::controller::{Settings, start};
+use warmcache_modelvolume::agent::{StagingState, staged_primary_claim, staging_state};
+use warmcache_modelvolume::keys::{
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
+    MODEL_LABEL, URI_ANNOTATION,
+};
+use warmcache_modelvolume::volume_keys::{
+    BINDING_LABEL, BYTES_ANNOTATION, COMPLETE_LABEL, COPIED_BYTES_ANNOTATION,
+    MANIFEST_DIGEST_ANNOTATION, SOURCE_NAMESPACE_LABEL, WRITER_NAMESPACE_ANNOTATION,
+};
+use warmcache_modelvolume::{LifecycleConfig, WriterOptions};
+use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
+use warmcache_testkit::{
+    ComponentAccount, ControlPlane, Fault, FaultInjector, Kubelet, TestNamespace, eventually,
+};
+
+const WAIT: Duration = Duration::from_secs(90);
+const HANDLE: &str = "hf://Qwen/Qwen3-0.6B@v1";
+/// The NVMesh-like CSI driver (the decision's provisioner).
+const DRIVER: &str = "nvmesh-csi.warmcache.io";
+/// The node the staging pod ran on (a name only: nothing is scheduled).
+const NODE: &str = "block-node-0";
+/// What the agent measured and copied.
+const BYTES: u64 = 300_000;
+
+type Running = (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+    std::net::SocketAddr,
+);
+
+/// The controller: as the chart's ServiceAccount (roles generated from src/rbac.rs) unless a
+/// client of the test's own (fault injection) is given.
+async fn running_controller(
+    plane: &'static ControlPlane,
+    control: &str,
+    client: Option<Client>,
+) -> Running {
+    let account = match client {
+        Some(_) => None,
+        None => {
+            let admin = plane.client().await.unwrap();
+            Some(
+                ComponentAccount::create(plane, &admin, "binding-controller", control, control)
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    let kubeconfig = account
+        .as_ref()
+        .map_or(plane.kubeconfig_path(), |a| a.kubeconfig_path());
+    let args = RuntimeArgs {
+        kubeconfig: Some(kubeconfig.to_path_buf()),
+        kube_context: None,
+        log_level: None,
+        log_format: LogFormat::Plain,
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        shutdown_grace: Duration::from_secs(5),
+        shutdown_delay: Duration::ZERO,
+    };
+    let builder = Runtime::builder("binding-controller", args).without_global_telemetry();
+    let builder = match client {
+        Some(client) => builder.client(client),
+        None => builder.with_client(),
+    };
+    let mut runtime = builder.build().await.unwrap();
+    start(
+        &mut runtime,
+        &Settings {
+            control_namespace: control.to_owned(),
+            concurrency: 2,
+            catalog_namespace: None,
+            lifecycle: LifecycleConfig {
+                writer: WriterOptions {
+                    backoff_limit: 0,
+                    ..WriterOptions::default()
+                },
+                ..LifecycleConfig::default()
+            },
+        },
+    )
+    .unwrap();
+    let stop = runtime.shutdown_token();
+    let admin = runtime.admin_addr();
+    let run = async move {
+        let _account = account;
+        runtime.run().await
+    };
+    (stop, tokio::spawn(run), admin)
+}
+
+/// The controller's `/metrics` (HTTP/1.0, so the body is not chunked).
+async fn scrape(admin: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: admin\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains(" 200"), "{head}");
+    body.to_owned()
+}
+
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// A helmModelCache binding of `domain` on block storage, as the first admission (in `writer`)
+/// creates it: roxReadOnly on the NVMesh-like provider, with its writer Lease.
+fn block_binding(control: &str, writer: &str, domain: &str) -> ModelCacheBinding {
+    let identity = BindingIdentity::new(Workflow::HelmModelCache, domain, HANDLE);
+    let spec = ModelCacheBindingSpec {
+        identity: identity.clone(),
+        decision: BindingDecision {
+            provider: "nvmesh".into(),
+            provisioner: DRIVER.into(),
+            transition: Transition::RoxReadOnly,
+            required_access_modes: Transition::RoxReadOnly.required_access_modes().to_vec(),
+            required_mount_options: vec!["ro".into()],
+            catalog_digest: sha256_digest("profile"),
+            encryption_required: false,
+            writer_identity: None,
+        },
+        storage_class: BindingStorageClass {
+            name: "nvcf-sc".into(),
+            uid: "sc-uid".into(),
+            reclaim_policy: ReclaimPolicy::Retain,
+            configuration_digest: format!("v1:{}", sha256_digest("sc")),
+        },
+        resources: BindingResources {
+            writer_namespace: writer.into(),
+            persistent_volume_claim_names: vec![writer_pvc_name(&identity)],
+            job_names: vec![writer_job_name(&identity)],
+            lease_name: init_lease_name(&identity),
+            ..BindingResources::default()
+        },
+    };
+    let mut b = ModelCacheBinding::new(&binding_name(&identity), spec);
+    b.metadata.namespace = Some(control.into());
+    b.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    b
+}
+
+fn step_json() -> String {
+    json!({
+        "version": "v1alpha1",
+        "origin": "init",
+        "sourceContainer": "fetch",
+        "container": {
+            "name": "fetch",
+            "image": "tools:1",
+            "command": ["sh", "-c", "echo downloading > /models/qwen3/config.json"],
+            "volumeMounts": [{ "name": "models", "mountPath": "/models" }],
+        },
+        "dest": "/models/qwen3",
+        "landingVolume": "models",
+        "volumes": [{ "name": "models", "emptyDir": {} }],
+    })
+    .to_string()
+}
+
+/// A reading pod as the webhook leaves it (metadata only matters here).
+fn reader_pod(name: &str, b: &ModelCacheBinding) -> Pod {
+    let hash = identity_hash(&b.spec.identity);
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": { MODEL_LABEL: hash },
+            "annotations": {
+                BINDING_ANNOTATION: b.name_any(),
+                BINDING_UID_ANNOTATION: b.uid().unwrap(),
+                HANDLE_ANNOTATION: HANDLE,
+                URI_ANNOTATION: HANDLE,
+                DOWNLOAD_STEP_ANNOTATION: step_json(),
+            },
+        },
+        "spec": { "containers": [{ "name": "vllm", "image": "vllm:1" }] },
+    }))
+    .unwrap()
+}
+
+async fn label_domain(client: &Client, ns: &str, domain: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { SHARING_DOMAIN_LABEL: domain } } })),
+        )
+        .await
+        .unwrap();
+}
+
+/// What the provisioner makes for the agent's claim: a PV of the class, bound to the claim
+/// (its UID in `claimRef`, as the external provisioner writes it), its size, ReadWriteOnce,
+/// the class's Delete, an NVMesh-style handle `<volume>:<namespace of the claim>`.
+fn provisioned_pv(name: &str, claim: &PersistentVolumeClaim, volume_id: &str) -> PersistentVolume {
+    let size = claim
+        .spec
+        .as_ref()
+        .unwrap()
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()["storage"]
+        .clone();
+    let ns = claim.namespace().unwrap();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {
+            "name": name,
+            "annotations": { "pv.kubernetes.io/provisioned-by": DRIVER },
+        },
+        "spec": {
+            "capacity": { "storage": size },
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "nvcf-sc",
+            "claimRef": {
+                "kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                "namespace": ns, "name": claim.name_any(), "uid": claim.uid().unwrap(),
+            },
+            "csi": { "driver": DRIVER, "volumeHandle": format!("{volume_id}:{ns}") },
+        },
+    }))
+    .unwrap()
+}
+
+/// The attachment the mount holder's attach leaves until the volume detaches.
+fn attachment(name: &str, pv: &str) -> VolumeAttachment {
+    serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": { "name": name },
+        "spec": { "attacher": DRIVER, "nodeName": NODE, "source": { "persistentVolumeName": pv } },
+    }))
+    .unwrap()
+}
+
+fn population(b: &ModelCacheBinding) -> Option<PopulationState> {
+    b.status.as_ref()?.realized.as_ref()?.population_state
+}
+
+fn condition<'b>(b: &'b ModelCacheBinding, type_: &str) -> Option<(&'b str, &'b str, &'b str)> {
+    b.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
+}
+
+/// One stored version of the binding: (resourceVersion, population, Ready status and reason,
+/// Progressing reason).
+type Version = (String, Option<PopulationState>, String, String);
+
+/// Every version of binding `name` stored from `from` on, read by a chain of short watches
+/// (each from the last version seen, so none is missed), until `done` is cancelled.
+fn record_versions(
+    client: Client,
+    api: &Api<ModelCacheBinding>,
+    name: &str,
+    from: String,
+    done: tokio_util::sync::CancellationToken,
+) -> (Arc<Mutex<Vec<Version>>>, tokio::task::JoinHandle<()>) {
+    let seen: Arc<Mutex<Vec<Version>>> = Arc::new(Mutex::new(Vec::new()));
+    let url = api.resource_url().to_owned();
+    let selector = format!("metadata.name%3D{name}");
+    let out = Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        let mut rv = from;
+        loop {
+            let request = http::Request::get(format!(
+                "{url}?watch=true&fieldSelector={selector}&resourceVersion={rv}&timeoutSeconds=1"
+            ))
+            .body(Vec::new())
+            .unwrap();
+            let text = client.request_text(request).await.unwrap();
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let event: serde_json::Value = serde_json::from_str(line).unwrap();
+                assert_ne!(event["type"], "ERROR", "the watch of the binding: {event}");
+                let b: ModelCacheBinding = serde_json::from_value(event["object"].clone()).unwrap();
+                rv = b.resource_version().unwrap();
+                let ready = condition(&b, "Ready")
+                    .map(|(s, r, _)| format!("{s}/{r}"))
+                    .unwrap_or_default();
+                let progressing = condition(&b, "Progressing")
+                    .map(|(_, r, _)| r.to_owned())
+                    .unwrap_or_default();
+                out.lock()
+                    .unwrap()
+                    .push((rv.clone(), population(&b), ready, progressing));
+            }
+            if done.is_cancelled() {
+                return;
+            }
+        }
+    });
+    (seen, task)
+}
+
+async fn assert_settled(api: &Api<ModelCacheBinding>, name: &str) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = api.get(name).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = api.get(name).await.unwrap();
+    assert_eq!(
+        before.metadata.resource_version, after.metadata.resource_version,
+        "the binding keeps changing: {:?}\n{:?}",
+        before.status, after.status
+    );
+}
+
+async fn job_pod(client: &Client, ns: &str, job: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    eventually("the staging Job's pod", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn binding_where(
+    api: &Api<ModelCacheBinding>,
+    name: &str,
+    what: &str,
+    wanted: impl Fn(&ModelCacheBinding) -> bool,
+) -> ModelCacheBinding {
+    let wanted = &wanted;
+    eventually(what, WAIT, || {
+        let api = api.clone();
+        let name = name.to_owned();
+        async move { api.get(&name).await.ok().filter(|b| wanted(b)) }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!("{e}");
+    })
+}
+
+/// The whole block flow in two namespaces of one domain; with `faults`, every write of the
+/// controller fails once on the way.
+async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new(&format!("{prefix}-ctl")).await.unwrap();
+    let a = TestNamespace::new(&format!("{prefix}-a")).await.unwrap();
+    let b_ns = TestNamespace::new(&format!("{prefix}-b")).await.unwrap();
+    let domain = format!("domain-{}", control.name);
+    label_domain(&client, &a.name, &domain).await;
+    label_domain(&client, &b_ns.name, &domain).await;
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(
+            &PostParams::default(),
+            &block_binding(&control.name, &a.name, &domain),
+        )
+        .await
+        .unwrap();
+    let name = created.name_any();
+    let identity = created.spec.identity.clone();
+    let hash = identity_hash(&identity);
+    let claim_name = writer_pvc_name(&identity);
+    let job_name = writer_job_name(&identity);
+    let lease_name = init_lease_name(&identity);
+    let pv_name = format!("{}-primary", control.name);
+    let volume_id = format!("nvmesh-{}", &hash[..12]);
+    let va_name = format!("csi-{}", &sha256_digest(&pv_name)["sha256:".len()..][..40]);
+
+    let done = tokio_util::sync::CancellationToken::new();
+    let (versions, recorder) = record_versions(
+        client.clone(),
+        &bindings,
+        &name,
+        created.resource_version().unwrap(),
+        done.clone(),
+    );
+
+    // Every write of the block flow fails once: the first status, the writer Lease's create
+    // and update, the staging Job, the completion update of the primary PV, the release of the
+    // primary claim, both view PVs and both view claims (more status writes fail at each stage
+    // below).
+    let ctl_claims = format!("/namespaces/{}/persistentvolumeclaims", control.name);
+    let status_path = format!("/modelcachebindings/{name}/status");
+    if let Some(f) = &faults {
+        let error = Fault::ServerError;
+        let leases = format!("/namespaces/{}/leases", control.name);
+        f.inject(http::Method::PUT, &status_path, error, 1);
+        f.inject(http::Method::POST, &leases, error, 1);
+        f.inject(
+            http::Method::PUT,
+            &format!("{leases}/{lease_name}"),
+            error,
+            1,
+        );
+        f.inject(
+            http::Method::POST,
+            &format!("/namespaces/{}/jobs", a.name),
+            error,
+            1,
+        );
+        f.inject(
+            http::Method::PUT,
+            &format!("/persistentvolumes/{pv_name}"),
+            error,
+            1,
+        );
+        f.inject(
+            http::Method::DELETE,
+            &format!("{ctl_claims}/{claim_name}"),
+            error,
+            1,
+        );
+        f.inject(http::Method::POST, "/api/v1/persistentvolumes", error, 2);
+        for ns in [&a, &b_ns] {
+            f.inject(
+                http::Method::POST,
+                &format!("/namespaces/{}/persistentvolumeclaims", ns.name),
+                error,
+                1,
+            );
+        }
+    }
+    let faulty = match &faults {
+        Some(f) => Some(plane.client_with_faults(f.clone()).await.unwrap()),
+        None => None,
+    };
+    let (stop, task, admin) = running_controller(plane, &control.name, faulty).await;
+    let fail_next_status = || {
+        if let Some(f) = &faults {
+            f.inject(http::Method::PUT, &status_path, Fault::ServerError, 1);
+        }
+    };
+
+    for ns in [&a, &b_ns] {
+        ns.api::<Pod>()
+            .create(&PostParams::default(), &reader_pod("reader-0", &created))
+            .await
+            .unwrap();
+    }
+
+    // 1. The staging Job in the writer namespace, no claim yet (the agent sizes it).
+    let jobs: Api<Job> = a.api();
+    let job = eventually("the staging Job", WAIT, || {
+        let jobs = jobs.clone();
+        let job_name = job_name.clone();
+        async move { jobs.get_opt(&job_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    let job_uid = job.uid().unwrap();
+    assert!(
+        job.spec.as_ref().unwrap().pod_failure_policy.is_some(),
+        "the agent's give-up fails the staging Job at once"
+    );
+    let ctl_pvcs: Api<PersistentVolumeClaim> = control.api();
+    assert!(ctl_pvcs.get_opt(&claim_name).await.unwrap().is_none());
+    let staging = binding_where(&bindings, &name, "Staging", |b| {
+        condition(b, "Ready").is_some_and(|(_, r, _)| r == "Staging")
+    })
+    .await;
+    assert_eq!(population(&staging), Some(PopulationState::Populating));
+    let lease: Lease = control.api::<Lease>().get(&lease_name).await.unwrap();
+    assert_eq!(
+        lease.annotations().get(WRITER_NAMESPACE_ANNOTATION),
+        Some(&a.name),
+        "the Lease records the writer namespace"
+    );
+
+    // 2. The download ran: the pod is staged as the agent reads it (its own function).
+    let kubelet = Kubelet::new(client.clone());
+    let jp = job_pod(&client, &a.name, &job_name).await;
+    kubelet.set_running(&a.name, &jp.name_any()).await.unwrap();
+    let jp = a.api::<Pod>().get(&jp.name_any()).await.unwrap();
+    let StagingState::Staged(staged) = staging_state(&jp) else {
+        panic!("the staging pod is not staged: {:?}", staging_state(&jp));
+    };
+    assert_eq!(staged.binding, name);
+    assert_eq!(staged.job, Some((job_name.clone(), job_uid.clone())));
+
+    // 3. The agent: the primary claim sized from the bytes, provisioned and bound.
+    let current = bindings.get(&name).await.unwrap();
+    let wanted = staged_primary_claim(&current, &staged, NODE, BYTES, 0);
+    fail_next_status();
+    let claim = ctl_pvcs
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.spec.as_ref().unwrap().access_modes,
+        Some(vec!["ReadWriteOnce".to_owned()])
+    );
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &provisioned_pv(&pv_name, &claim, &volume_id),
+    )
+    .await
+    .unwrap();
+    let claim = eventually("the primary claim bound", WAIT, || {
+        let api = ctl_pvcs.clone();
+        let claim_name = claim_name.clone();
+        async move {
+            api.get_opt(&claim_name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        }
+    })
+    .await
+    .unwrap();
+    // The holder's attach (kept by the driver until the volume detaches).
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    vas.create(&PostParams::default(), &attachment(&va_name, &pv_name))
+        .await
+        .unwrap();
+    binding_where(&bindings, &name, "Copying", |b| {
+        condition(b, "Ready").is_some_and(|(_, r, _)| r == "Copying")
+    })
+    .await;
+    assert!(
+        !pvs.get(&pv_name)
+            .await
+            .unwrap()
+            .labels()
+            .contains_key(COMPLETE_LABEL),
+        "nothing is complete before the agent records its copy"
+    );
+
+    // 4. The agent records its copy (merge patch with the claim's resourceVersion) and answers
+    // the staging pod: the hold exits 0, the Job completes.
+    let digest = "ab".repeat(32);
+    fail_next_status();
+    ctl_pvcs
+        .patch(
+            &claim_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": {
+                "resourceVersion": claim.resource_version(),
+                "annotations": {
+                    COPIED_BYTES_ANNOTATION: BYTES.to_string(),
+                    MANIFEST_DIGEST_ANNOTATION: digest,
+                },
+            } })),
+        )
+        .await
+        .unwrap();
+    kubelet
+        .terminate_container(&a.name, &jp.name_any(), "hold", 0, "")
+        .await
+        .unwrap();
+    kubelet
+        .set_phase(&a.name, &jp.name_any(), "Succeeded")
+        .await
+        .unwrap();
+
+    // 5. Complete and Retain, the claim released, the PV Released; the attachment holds the
+    // views back.
+    let waiting = binding_where(&bindings, &name, "WaitingForDetach", |b| {
+        condition(b, "Progressing").is_some_and(|(_, r, _)| r == "WaitingForDetach")
+    })
+    .await;
+    let (ready, reason, _) = condition(&waiting, "Ready").unwrap();
+    assert_eq!((ready, reason), ("True", "Downloaded"));
+    assert!(
+        condition(&waiting, "Progressing")
+            .unwrap()
+            .2
+            .contains(&va_name)
+    );
+    let released = eventually("the primary claim gone", WAIT, || {
+        let api = ctl_pvcs.clone();
+        let claim_name = claim_name.clone();
+        async move { matches!(api.get_opt(&claim_name).await, Ok(None)).then_some(()) }
+    })
+    .await;
+    released.unwrap();
+    fail_next_status();
+    let held = Duration::from_secs(3);
+    tokio::time::sleep(held).await;
+    let ours = ListParams::default().labels(&format!("{BINDING_LABEL}={name}"));
+    assert!(
+        pvs.list(&ours).await.unwrap().items.is_empty(),
+        "no view while the primary is attached"
+    );
+    for ns in [&a, &b_ns] {
+        assert!(
+            ns.api::<PersistentVolumeClaim>()
+                .get_opt(&reader_pvc_name(&identity))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    // 6. Detached: one read-only view per namespace, bound.
+    vas.delete(&va_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let view_claim = reader_pvc_name(&identity);
+    let done_binding = eventually("Ready with both views bound", WAIT, || {
+        let bindings = bindings.clone();
+        let name = name.clone();
+        let apis = [
+            a.api::<PersistentVolumeClaim>(),
+            b_ns.api::<PersistentVolumeClaim>(),
+        ];
+        let view_claim = view_claim.clone();
+        async move {
+            let b = bindings.get(&name).await.ok()?;
+            if population(&b) != Some(PopulationState::Ready)
+                || condition(&b, "Progressing")?.1 != "Reconciled"
+            {
+                return None;
+            }
+            for api in apis {
+                let c = api.get_opt(&view_claim).await.ok()??;
+                (c.status?.phase.as_deref() == Some("Bound")).then_some(())?;
+            }
+            Some(b)
+        }
+    })
+    .await
+    .unwrap();
+    assert_settled(&bindings, &name).await;
+
+    // The primary: complete with the agent's bytes and digest, Retain, Released, kept.
+    let primary = pvs.get(&pv_name).await.unwrap();
+    let labels = primary.labels();
+    assert_eq!(labels.get(COMPLETE_LABEL).map(String::as_str), Some("true"));
+    assert_eq!(labels.get(SOURCE_NAMESPACE_LABEL), Some(&a.name));
+    let annotations = primary.annotations();
+    assert_eq!(annotations.get(BYTES_ANNOTATION), Some(&BYTES.to_string()));
+    assert_eq!(
+        annotations.get(MANIFEST_DIGEST_ANNOTATION),
+        Some(&"ab".repeat(32))
+    );
+    let spec = primary.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    assert_eq!(
+        primary.status.as_ref().unwrap().phase.as_deref(),
+        Some("Released")
+    );
+    // No primary claim left (and no other claim in the control namespace).
+    assert!(
+        ctl_pvcs
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    // One view per reading namespace: read-only, ReadOnlyMany, Retain, class "", sized from the
+    // bytes, each with its namespace's handle.
+    let st = done_binding.status.as_ref().unwrap();
+    let realized = st.realized.as_ref().unwrap();
+    assert_eq!(realized.bytes, Some(i64::try_from(BYTES).unwrap()));
+    assert_eq!(
+        realized.bound_persistent_volume_name.as_deref(),
+        Some(pv_name.as_str())
+    );
+    let mut namespaces: Vec<&str> = realized
+        .views
+        .iter()
+        .map(|v| v.namespace.as_str())
+        .collect();
+    namespaces.sort_unstable();
+    let mut expected = vec![a.name.as_str(), b_ns.name.as_str()];
+    expected.sort_unstable();
+    assert_eq!(namespaces, expected);
+    let mut handles = Vec::new();
+    for v in &realized.views {
+        let pv = pvs.get(&v.persistent_volume_name).await.unwrap();
+        assert_eq!(pv.labels().get(BINDING_LABEL), Some(&name));
+        let spec = pv.spec.unwrap();
+        let csi = spec.csi.unwrap();
+        assert_eq!(csi.read_only, Some(true));
+        assert_eq!(csi.driver, DRIVER);
+        assert_eq!(
+            csi.volume_handle,
+            format!("{volume_id}:{}", v.namespace),
+            "the view's handle names its namespace"
+        );
+        handles.push(csi.volume_handle);
+        assert_eq!(spec.access_modes, Some(vec!["ReadOnlyMany".to_owned()]));
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Retain")
+        );
+        assert_eq!(spec.storage_class_name.unwrap_or_default(), "");
+        assert_eq!(spec.mount_options, Some(vec!["ro".to_owned()]));
+        assert_eq!(spec.capacity.unwrap()["storage"].0, "1Gi");
+        let claim_ref = spec.claim_ref.unwrap();
+        assert_eq!(claim_ref.namespace.as_deref(), Some(v.namespace.as_str()));
+        assert_eq!(claim_ref.name.as_deref(), Some(view_claim.as_str()));
+    }
+    handles.sort_unstable();
+    handles.dedup();
+    assert_eq!(handles.len(), 2, "each namespace its own handle");
+
+    // Exactly one of each, nothing else deleted: one Job (the first), none in the other
+    // namespace; the primary and two views of this cache; the Lease; the readers.
+    let all_jobs = jobs.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(all_jobs.len(), 1);
+    assert_eq!(all_jobs[0].uid(), Some(job_uid));
+    assert!(
+        b_ns.api::<Job>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let cache = ListParams::default().labels(&format!("{MODEL_LABEL}={hash}"));
+    let mut cache_pvs: Vec<String> = pvs
+        .list(&cache)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    cache_pvs.sort_unstable();
+    let mut wanted_pvs: Vec<String> = realized
+        .views
+        .iter()
+        .map(|v| v.persistent_volume_name.clone())
+        .chain([pv_name.clone()])
+        .collect();
+    wanted_pvs.sort_unstable();
+    assert_eq!(
+        cache_pvs, wanted_pvs,
+        "the primary and one view per namespace"
+    );
+    assert_eq!(pvs.list(&ours).await.unwrap().items.len(), 2);
+    assert!(
+        control
+            .api::<Lease>()
+            .get_opt(&lease_name)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    for ns in [&a, &b_ns] {
+        let pod = ns.api::<Pod>().get("reader-0").await.unwrap();
+        assert!(pod.metadata.deletion_timestamp.is_none());
+    }
+
+    // Every stored version: Ready, once reached, never goes back; the views came only after
+    // the detach (WaitingForDetach before Reconciled).
+    done.cancel();
+    recorder.await.unwrap();
+    let versions = versions.lock().unwrap().clone();
+    let first_ready = versions
+        .iter()
+        .position(|(_, p, _, _)| *p == Some(PopulationState::Ready))
+        .unwrap();
+    for (rv, p, ready, progressing) in &versions[first_ready..] {
+        assert_eq!(
+            (*p, ready.as_str()),
+            (Some(PopulationState::Ready), "True/Downloaded"),
+            "version {rv} went back from Ready ({progressing}): {versions:?}"
+        );
+    }
+    let waited = versions
+        .iter()
+        .position(|(_, _, _, pr)| pr == "WaitingForDetach")
+        .unwrap();
+    let reconciled = versions
+        .iter()
+        .position(|(_, _, _, pr)| pr == "Reconciled")
+        .unwrap();
+    assert!(waited < reconciled, "{versions:?}");
+
+    match &faults {
+        Some(f) => {
+            assert_eq!(f.pending(), 0, "every injected failure was met");
+            assert!(f.injected() >= 13, "{}", f.injected());
+        }
+        None => {
+            let metrics = scrape(admin).await;
+            let m =
+                |series: &str| sample(&metrics, &format!("warmcache_binding_controller_{series}"));
+            assert_eq!(m("downloads_started_total"), Some(1.0), "{metrics}");
+            assert_eq!(m("downloads_succeeded_total"), Some(1.0));
+            assert_eq!(m("views_created_total"), Some(2.0));
+            assert_eq!(m("bindings{population=\"Ready\"}"), Some(1.0));
+        }
+    }
+
+    stop.cancel();
+    let _ = task.await;
+    for ns in [&a, &b_ns] {
+        let _ = ns
+            .api::<Pod>()
+            .delete("reader-0", &DeleteParams::default())
+            .await;
+    }
+    for pv in wanted_pvs {
+        let _ = pvs.delete(&pv, &DeleteParams::default()).await;
+    }
+}
+
+/// The block flow as the chart's ServiceAccount: staged, copied by the (played) agent,
+/// completed, the primary claim released, views only after the detach, one per namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_block_flow_gives_each_namespace_a_view_after_the_detach() {
+    block_flow("blk-ok", None).await;
+}
+
+/// Crash matrix of the block flow: every write fails once (the status at each stage, the
+/// Lease, the staging Job, the completion update, the claim release, each view PV and claim):
+/// the controller converges to the same end, one of each object, nothing else deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_after_any_write_of_the_block_flow_converges_without_duplicates() {
+    block_flow("blk-crash", Some(FaultInjector::new())).await;
+}
