@@ -160,8 +160,13 @@ async fn backends(
     let mut last: Vec<DynamicObject> = Vec::new();
     let mut first = true;
     let ended = loop {
-        match api.list(&ListParams::default()).await {
-            Ok(list) => last = list.items,
+        // Only a list that succeeded can show the backends gone: a failed one is retried until
+        // the timeout, and reported if it never succeeds.
+        let listed = match api.list(&ListParams::default()).await {
+            Ok(list) => {
+                last = list.items;
+                true
+            }
             Err(err) if category(&err) == ErrorCategory::NotFound => {
                 out.line("KVCacheBackends: none (the CRD is not installed)");
                 return;
@@ -169,6 +174,7 @@ async fn backends(
             Err(err) if category(&err).is_retryable() => {
                 warn!(error = %err, "listing the KVCacheBackends failed; retrying");
                 errors.insert(String::new(), format!("list: {}", chain(&err)));
+                false
             }
             Err(err) => {
                 report.leave(
@@ -176,6 +182,25 @@ async fn backends(
                     format!("cannot list them: {}", chain(&err)),
                 );
                 return;
+            }
+        };
+        if !listed {
+            match pause(
+                stop,
+                started,
+                settings.backend_timeout,
+                settings.poll_interval,
+            )
+            .await
+            {
+                Pause::Again => continue,
+                Pause::TimedOut => {
+                    break Some(format!(
+                        "not listed within --backend-timeout {}s",
+                        settings.backend_timeout.as_secs()
+                    ));
+                }
+                Pause::Interrupted => break Some("interrupted while waiting".to_owned()),
             }
         }
         if first {

@@ -574,3 +574,77 @@ async fn bad_flags_exit_2_before_any_call() {
     assert_eq!(run.code, 2, "{run}");
     assert!(run.stderr.contains("no-kubeconfig"), "{run}");
 }
+
+/// A failing first list of the backends is never read as "none left": the hook retries it,
+/// and when it never succeeds it names the failure, does nothing after that step and exits 1;
+/// when it succeeds after two failures the uninstall goes on as usual.
+#[tokio::test]
+async fn a_failing_backend_list_is_retried_never_taken_for_none() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let s = setup("uh-list").await;
+    create_bindings(&s.client, &s.control, &["hf://b/list@v1"]).await;
+    let plane = ControlPlane::shared().await.unwrap();
+    let settings = |timeout: u64| warmcache_uninstall_hook::Settings {
+        control_namespace: s.control.clone(),
+        kvcache_backends: true,
+        delete_namespace: true,
+        force: false,
+        backend_timeout: Duration::from_secs(timeout),
+        namespace_timeout: Duration::from_secs(60),
+        poll_interval: Duration::from_millis(200),
+    };
+
+    let faults = warmcache_testkit::FaultInjector::new();
+    faults.inject(
+        http::Method::GET,
+        "/kvcachebackends",
+        warmcache_testkit::Fault::ServerError,
+        usize::MAX,
+    );
+    let faulty = plane.client_with_faults(faults.clone()).await.unwrap();
+    let mut out = Vec::new();
+    let report = warmcache_uninstall_hook::uninstall(
+        faulty,
+        &settings(2),
+        tokio_util::sync::CancellationToken::new(),
+        &mut out,
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(report.code(), 1, "{text}");
+    assert!(faults.injected() >= 2, "retried: {}", faults.injected());
+    assert!(!text.contains("all gone"), "{text}");
+    assert!(!text.contains("0 found"), "{text}");
+    assert!(text.contains("LEFT: KVCacheBackends"), "{text}");
+    let bindings: Api<ModelCacheBinding> = Api::namespaced(s.client.clone(), &s.control);
+    let kept = bindings.list(&Default::default()).await.unwrap();
+    assert!(
+        kept.items[0].finalizers().iter().any(|f| f == FINALIZER),
+        "nothing after the step: {text}"
+    );
+
+    let flaky = warmcache_testkit::FaultInjector::new();
+    flaky.inject(
+        http::Method::GET,
+        "/kvcachebackends",
+        warmcache_testkit::Fault::ServerError,
+        2,
+    );
+    let client = plane.client_with_faults(flaky.clone()).await.unwrap();
+    let mut out = Vec::new();
+    let report = warmcache_uninstall_hook::uninstall(
+        client,
+        &settings(30),
+        tokio_util::sync::CancellationToken::new(),
+        &mut out,
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(flaky.injected(), 2);
+    assert_eq!(report.code(), 0, "{text}");
+    assert!(text.contains("KVCacheBackends: 0 found"), "{text}");
+    assert!(namespace_gone(&s.client, &s.control).await, "{text}");
+    s.own.cleanup().await;
+}
