@@ -538,6 +538,15 @@ async fn dry_run_prints_every_action_and_writes_nothing() {
     let cache = idle_cache(&w, "domain-dry", BindingPhase::Active).await;
     let bindings: Api<ModelCacheBinding> = w.control.api();
     let before = bindings.get(&cache.binding.name_any()).await.unwrap();
+    // An orphan view too, for the volume rules.
+    let pvs: Api<PersistentVolume> = Api::all(w.admin.clone());
+    let orphan = format!("{}-orphan", w.control.name);
+    create(
+        &pvs,
+        &view_pv(&orphan, &w.reader.name, "ro-pvc-gone", Some("deleted-uid")),
+    )
+    .await;
+    pv_phase(&w.admin, &orphan, "Released").await;
     let report = w
         .sweeper(w.config(), true)
         .await
@@ -545,6 +554,15 @@ async fn dry_run_prints_every_action_and_writes_nothing() {
         .await;
     println!("{}", report.lines.join("\n"));
     assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        report
+            .lines
+            .iter()
+            .any(|l| l.starts_with(&format!("would delete PersistentVolume {orphan}"))),
+        "{report:?}"
+    );
+    assert!(exists(&pvs, &orphan).await, "a dry run deletes no volume");
+    pvs.delete(&orphan, &DeleteParams::default()).await.ok();
     assert!(report.lines.iter().any(|l| l.starts_with("would retire")));
     for named in [&cache.view_claim, &cache.view_pv, &cache.job, &cache.lease] {
         assert!(
@@ -1264,4 +1282,81 @@ async fn an_expired_primary_goes_after_its_views_and_never_while_one_is_read() {
         "the primary last: {order:?}"
     );
     pvs.delete(&primary, &DeleteParams::default()).await.ok();
+}
+
+/// A failed read is never proof: when the bindings, the VolumeAttachments or the pods of a
+/// claim's namespace cannot be listed, the sweep reports the error and deletes nothing that
+/// read would have had to clear; the next sweep with the API answering does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_is_never_proof() {
+    let _turn = serial().await;
+    let w = World::new("reap-fail").await;
+    let pvs: Api<PersistentVolume> = Api::all(w.admin.clone());
+    let orphan = format!("{}-orphan", w.control.name);
+    create(
+        &pvs,
+        &view_pv(&orphan, &w.reader.name, "ro-pvc-gone", Some("deleted-uid")),
+    )
+    .await;
+    pv_phase(&w.admin, &orphan, "Released").await;
+    let plane = ControlPlane::shared().await.unwrap();
+    let bindings_path = format!("/namespaces/{}/modelcachebindings", w.control.name);
+    let pods_path = format!("/api/v1/namespaces/{}/pods", w.reader.name);
+    for (what, path) in [
+        ("ModelCacheBindings", bindings_path.as_str()),
+        ("VolumeAttachments", "/volumeattachments"),
+        ("pods of namespace", pods_path.as_str()),
+    ] {
+        let faults = FaultInjector::new();
+        faults.inject(http::Method::GET, path, Fault::ServerError, usize::MAX);
+        let faulty = plane.client_with_faults(faults.clone()).await.unwrap();
+        let settings = Settings {
+            config: w.config(),
+            dry_run: false,
+            page_size: 500,
+            stage_wait: Duration::from_secs(1),
+        };
+        let report = Sweeper::new(faulty, settings, None, None, None)
+            .sweep(Timestamp::now())
+            .await;
+        assert!(faults.injected() >= 1, "{what}");
+        assert!(
+            report.errors.iter().any(|e| e.contains(what)),
+            "{what}: {:?}",
+            report.errors
+        );
+        assert!(exists(&pvs, &orphan).await, "{what} unreadable: kept");
+    }
+    w.sweep(w.config()).await;
+    gone(&pvs, &orphan).await;
+}
+
+/// A crash between deleting a binding and removing its finalizer leaves a binding being deleted
+/// whose objects are gone: the next sweep removes the finalizer (testing the UID it read) and
+/// the binding goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_left_deleting_with_its_finalizer_is_finished() {
+    let _turn = serial().await;
+    let w = World::new("reap-fin").await;
+    let bindings: Api<ModelCacheBinding> = w.control.api();
+    let b = create(
+        &bindings,
+        &binding(&w.control.name, &w.writer.name, "domain-fin"),
+    )
+    .await;
+    bindings
+        .delete(&b.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleting = bindings.get(&b.name_any()).await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    let report = w.sweep(w.config()).await;
+    assert!(
+        report
+            .lines
+            .iter()
+            .any(|l| l.starts_with("deleted ModelCacheBinding")),
+        "{report:?}"
+    );
+    gone(&bindings, &b.name_any()).await;
 }
