@@ -25,7 +25,7 @@
 //! | `persistentvolumeclaims` | delete | writer namespaces; control namespace | releasing the writer view claim (UID precondition), and an earlier writer namespace's left behind (a crash during a takeover); roxReadOnly: the complete primary claim, so its volume detaches |
 //! | `volumeattachments` | list, watch | cluster | roxReadOnly: the detach gate (views wait until nothing attaches the complete primary) |
 //! | `persistentvolumes` | list, watch | label `app.kubernetes.io/managed-by=warmcache` | views |
-//! | `persistentvolumes` | get, update | cluster | the primary PV: completion labels and Retain; rebinding the writer view |
+//! | `persistentvolumes` | get, update | cluster | the primary PV: completion labels and Retain; rebinding the writer view; roxReadOnly: the released primary the status records, when the cache does not hold it |
 //! | `persistentvolumes` | create | cluster | writer view and read-only views |
 //! | `jobs` | list, watch | all, label `nvsnap.io/role=writer` | the writer Job |
 //! | `jobs` | create | writer namespace | the writer Job (roxReadOnly: the staging Job) |
@@ -1169,6 +1169,45 @@ impl Bindings {
     }
 }
 
+/// Whether `pv` is labelled complete for the cache of identity hash `hash` (a candidate retained
+/// primary: [`lifecycle::adoptable`] and [`lifecycle::released_primary`] check the rest).
+fn complete_of_cache(pv: &PersistentVolume, hash: &str) -> bool {
+    let l = pv.labels();
+    l.get(MODEL_LABEL).map(String::as_str) == Some(hash)
+        && l.get(warmcache_modelvolume::volume_keys::COMPLETE_LABEL)
+            .map(String::as_str)
+            == Some("true")
+}
+
+/// The PV to read afresh for a roxReadOnly binding whose primary claim is gone: the primary its
+/// status records (`status.realized.boundPersistentVolumeName`, population Ready) when the PV
+/// cache's candidates do not include it. The PV enters the cache with its completion labels,
+/// and the claim's deletion comes through another watch: a lagging PV watch would otherwise
+/// show no complete primary and Ready would go back. `None` in every other case (no read).
+fn uncached_released_primary(
+    binding: &ModelCacheBinding,
+    cached: &[Arc<PersistentVolume>],
+) -> Option<String> {
+    if binding.spec.decision.transition
+        != warmcache_api_modelcache::v2beta1::Transition::RoxReadOnly
+    {
+        return None;
+    }
+    let realized = binding.status.as_ref()?.realized.as_ref()?;
+    if realized.population_state != Some(warmcache_api_modelcache::v2beta1::PopulationState::Ready)
+    {
+        return None;
+    }
+    let name = realized
+        .bound_persistent_volume_name
+        .as_ref()
+        .filter(|n| !n.is_empty())?;
+    (!cached
+        .iter()
+        .any(|pv| pv.metadata.name.as_ref() == Some(name)))
+    .then(|| name.clone())
+}
+
 /// `object` with the current span's trace context in its annotations (when there is one).
 fn traced<K: Resource + Clone>(object: &K) -> K {
     let mut object = object.clone();
@@ -1255,22 +1294,31 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             };
             let writer_view_pv = self.volume(&view::writer_view_pv_name_in(b, &writer_ns));
             let hash = warmcache_api_modelcache::identity_hash(identity);
-            let retained: Vec<Arc<PersistentVolume>> = if primary_claim.is_none() {
+            let mut retained: Vec<Arc<PersistentVolume>> = if primary_claim.is_none() {
                 self.volumes
                     .store()
                     .state()
                     .into_iter()
-                    .filter(|pv| {
-                        let l = pv.labels();
-                        l.get(MODEL_LABEL) == Some(&hash)
-                            && l.get(warmcache_modelvolume::volume_keys::COMPLETE_LABEL)
-                                .map(String::as_str)
-                                == Some("true")
-                    })
+                    .filter(|pv| complete_of_cache(pv, &hash))
                     .collect()
             } else {
                 Vec::new()
             };
+            // roxReadOnly, Ready, its primary claim released: the complete primary the status
+            // records, read afresh when the PV cache does not hold it (yet).
+            if primary_claim.is_none()
+                && let Some(name) = uncached_released_primary(b, &retained)
+            {
+                let api: Api<PersistentVolume> = Api::all(self.client.clone());
+                if let Some(pv) = api
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| api_error("get", "persistentvolumes", &name, e))?
+                    .filter(|pv| complete_of_cache(pv, &hash))
+                {
+                    retained.push(Arc::new(pv));
+                }
+            }
             // The detach gate (roxReadOnly): attachments of every candidate primary PV.
             let candidates: BTreeSet<String> = primary_pv
                 .iter()
@@ -1805,6 +1853,76 @@ mod tests {
         p.metadata.annotations =
             binding.map(|b| BTreeMap::from([(BINDING_ANNOTATION.to_owned(), b.to_owned())]));
         p
+    }
+
+    /// A released block primary missing from the PV cache is read afresh, once it is the one
+    /// the status records as Ready; never for RWX, before Ready, or when the cache holds it.
+    #[test]
+    fn a_released_block_primary_missing_from_the_cache_is_read_afresh() {
+        use warmcache_api_modelcache::v2beta1::{
+            ModelCacheBindingStatus, PopulationState, RealizedStorage, Transition,
+        };
+        let identity = warmcache_api_modelcache::v2beta1::BindingIdentity::new(
+            Workflow::HelmModelCache,
+            "domain",
+            "hf://m@v1",
+        );
+        let spec = warmcache_api_modelcache::v2beta1::ModelCacheBindingSpec {
+            identity,
+            decision: warmcache_api_modelcache::v2beta1::BindingDecision {
+                provider: "nvmesh".into(),
+                provisioner: "nvmesh-csi.example".into(),
+                transition: Transition::RoxReadOnly,
+                required_access_modes: Vec::new(),
+                required_mount_options: Vec::new(),
+                catalog_digest: String::new(),
+                encryption_required: false,
+                writer_identity: None,
+            },
+            storage_class: warmcache_api_modelcache::v2beta1::BindingStorageClass {
+                name: "nvcf-sc".into(),
+                uid: String::new(),
+                reclaim_policy: warmcache_api_modelcache::v2beta1::ReclaimPolicy::Retain,
+                configuration_digest: String::new(),
+            },
+            resources: warmcache_api_modelcache::v2beta1::BindingResources::default(),
+        };
+        let mut b = ModelCacheBinding::new("model-cache-x", spec);
+        assert_eq!(uncached_released_primary(&b, &[]), None, "no status");
+        let status = |population| ModelCacheBindingStatus {
+            realized: Some(RealizedStorage {
+                population_state: Some(population),
+                bound_persistent_volume_name: Some("pv-primary".into()),
+                ..RealizedStorage::default()
+            }),
+            ..ModelCacheBindingStatus::default()
+        };
+        b.status = Some(status(PopulationState::Populating));
+        assert_eq!(uncached_released_primary(&b, &[]), None, "not Ready yet");
+        b.status = Some(status(PopulationState::Ready));
+        assert_eq!(
+            uncached_released_primary(&b, &[]),
+            Some("pv-primary".to_owned())
+        );
+        let mut cached = PersistentVolume::default();
+        cached.metadata.name = Some("pv-primary".into());
+        let cached = [Arc::new(cached)];
+        assert_eq!(uncached_released_primary(&b, &cached), None, "in the cache");
+        b.spec.decision.transition = Transition::RwxReadOnly;
+        assert_eq!(uncached_released_primary(&b, &[]), None, "RWX");
+
+        let hash = "abc";
+        let mut pv = PersistentVolume::default();
+        assert!(!complete_of_cache(&pv, hash));
+        pv.metadata.labels = Some(BTreeMap::from([
+            (MODEL_LABEL.to_owned(), hash.to_owned()),
+            (
+                warmcache_modelvolume::volume_keys::COMPLETE_LABEL.to_owned(),
+                "true".to_owned(),
+            ),
+        ]));
+        assert!(complete_of_cache(&pv, hash));
+        assert!(!complete_of_cache(&pv, "other"));
     }
 
     #[test]
