@@ -22,5 +22,6 @@ args=(--bin-dir "$target_dir/$profile_dir" --out "$out")
 if [ $# -gt 0 ]; then args+=(--reference "$1"); fi
 
 cargo build --locked --profile "$profile" -p warmcache-webhook -p warmcache-binding-controller \
-  -p warmcache-kvcache-operator -p warmcache-uninstall-hook --bins >&2
+  -p warmcache-kvcache-operator -p warmcache-uninstall-hook -p warmcache-reaper \
+  -p warmcache-model-volume-controller --bins >&2
 cargo run --locked -q -p warmcache-testkit --bin build-image -- "${args[@]}"

@@ -146,3 +146,15 @@ subjects:
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The reaper's rule flags, shared by its Deployment (`reaper run`) and the `reaper sweep` NOTES
+shows, so an on-demand sweep applies the rules the Deployment does. */}}
+{{- define "warmcache.reaperRuleArgs" -}}
+{{- $v := .Values.reaper -}}
+- --control-namespace={{ .Values.controlNamespace.name }}
+- --idle-period={{ $v.idlePeriod }}
+- --retention={{ $v.retention }}
+- --abandon-after={{ $v.abandonAfter }}
+- --orphan-claim-after={{ $v.orphanClaimAfter }}
+- --retiring-grace={{ $v.retiringGrace }}
+{{- end }}

@@ -12,11 +12,13 @@ use std::process::Command;
 use crate::{ImageBuilder, TestkitError};
 
 /// The binaries of the image, as the chart's Deployments name them (`/usr/local/bin/<name>`).
-pub const COMPONENT_BINARIES: [&str; 4] = [
+pub const COMPONENT_BINARIES: [&str; 6] = [
     "webhook",
     "binding-controller",
     "kvcache-operator",
     "uninstall-hook",
+    "reaper",
+    "model-volume-controller",
 ];
 
 /// The user the image runs as, `nonroot` (uid and gid 65532).

@@ -20,14 +20,36 @@ fn helm() -> &'static Helm {
     HELM.get_or_init(|| Helm::new().expect("the helm binary (hack/build-helm.sh)"))
 }
 
-const DEPLOYMENTS: [(&str, &str); 4] = [
+const DEPLOYMENTS: [(&str, &str); 5] = [
     ("webhook", "warmcache-webhook"),
     ("bindingController", "warmcache-binding-controller"),
     ("kvcacheOperator", "warmcache-kvcache-operator"),
     ("kvcacheOperator", "warmcache-kvcache-operator-webhook"),
+    ("reaper", "warmcache-reaper"),
 ];
 
-const COMPONENTS: [&str; 3] = ["webhook", "bindingController", "kvcacheOperator"];
+/// The node agent's DaemonSet (off by default: only block storage needs it).
+const AGENT: &str = "warmcache-model-volume-controller";
+
+/// Every component toggle and the `app.kubernetes.io/component` of its accounts and roles.
+const COMPONENTS: [(&str, &str); 5] = [
+    ("webhook", "webhook"),
+    ("bindingController", "binding-controller"),
+    ("kvcacheOperator", "kvcache-operator"),
+    ("reaper", "reaper"),
+    ("modelVolumeController", "model-volume-controller"),
+];
+
+/// The one container that may break Pod Security "restricted" (`DaemonSet/<ns>/<name>`,
+/// container), and why: the node agent runs as root (the staged trees it copies keep their
+/// owners), privileged (the `Bidirectional` propagation of its bind root requires it; the API
+/// server refuses `Bidirectional` in an unprivileged container) and mounts two hostPaths (the
+/// kubelet root and the bind root). docs/install.md documents that its namespace needs the
+/// "privileged" level; `assert_agent_exception` checks it deviates in exactly these ways.
+const RESTRICTED_EXCEPTION: (&str, &str) = (
+    "DaemonSet/warmcache-system/warmcache-model-volume-controller",
+    "model-volume-controller",
+);
 
 fn names(objects: &[Value], kind: &str) -> BTreeSet<String> {
     of_kind(objects, kind)
@@ -42,8 +64,13 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{pointer} in {v}"))
 }
 
-/// Pod Security "restricted" (v1.30 rules), checked on a pod template.
+/// Pod Security "restricted" (v1.30 rules), checked on a pod template. The node agent's pod is
+/// the documented exception ([`RESTRICTED_EXCEPTION`]), checked by [`assert_agent_exception`].
 fn assert_restricted(what: &str, template: &Value) {
+    if what == RESTRICTED_EXCEPTION.0 {
+        assert_agent_exception(template);
+        return;
+    }
     let spec = &template["spec"];
     for forbidden in ["hostNetwork", "hostPID", "hostIPC"] {
         assert_ne!(
@@ -103,6 +130,77 @@ fn assert_restricted(what: &str, template: &Value) {
     }
 }
 
+/// The node agent's pod breaks "restricted" in exactly the documented ways and no other: one
+/// container, root and privileged, the two hostPaths mounted at their own paths with the
+/// propagation each needs; no host namespaces, no host ports, no added capabilities, a
+/// read-only root file system, requests and a memory limit.
+fn assert_agent_exception(template: &Value) {
+    let what = RESTRICTED_EXCEPTION.0;
+    let spec = &template["spec"];
+    for forbidden in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert_ne!(
+            spec.get(forbidden),
+            Some(&Value::Bool(true)),
+            "{what}: {forbidden}"
+        );
+    }
+    assert!(
+        spec.get("initContainers").is_none(),
+        "{what}: init containers"
+    );
+    let containers = spec["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "{what}: one container");
+    let c = &containers[0];
+    assert_eq!(c["name"], RESTRICTED_EXCEPTION.1, "{what}");
+    let sc = &c["securityContext"];
+    assert_eq!(
+        sc["privileged"], true,
+        "{what}: Bidirectional needs privileged"
+    );
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{what}");
+    assert!(sc.get("capabilities").is_none(), "{what}: {sc}");
+    assert_eq!(spec["securityContext"]["runAsUser"], 0, "{what}: root");
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+        "{what}"
+    );
+    assert!(c.pointer("/resources/limits/memory").is_some(), "{what}");
+    assert!(c.pointer("/resources/requests/cpu").is_some(), "{what}");
+    for port in c["ports"].as_array().into_iter().flatten() {
+        assert!(port.get("hostPort").is_none(), "{what}: hostPort");
+    }
+    // Exactly two volumes, both hostPaths, each mounted at its own host path.
+    let volumes = spec["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 2, "{what}: {volumes:?}");
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    assert_eq!(mounts.len(), 2, "{what}: {mounts:?}");
+    let mut propagations = BTreeSet::new();
+    for mount in mounts {
+        let volume = volumes
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("{what}: {mount}"));
+        assert_eq!(
+            volume["hostPath"]["path"], mount["mountPath"],
+            "{what}: a hostPath is mounted at its own path"
+        );
+        assert!(mount.get("readOnly").is_none(), "{what}: {mount}");
+        propagations.insert(format!(
+            "{}={}",
+            mount["name"].as_str().unwrap(),
+            mount["mountPropagation"].as_str().unwrap()
+        ));
+    }
+    assert_eq!(
+        propagations,
+        BTreeSet::from([
+            "bind-root=Bidirectional".to_owned(),
+            "kubelet-root=HostToContainer".to_owned(),
+        ]),
+        "{what}"
+    );
+}
+
 /// No role grants a wildcard or an escalating verb, and every binding names a rendered role
 /// and a rendered ServiceAccount.
 fn assert_least_privilege(objects: &[Value]) {
@@ -140,7 +238,25 @@ fn assert_least_privilege(objects: &[Value]) {
                 "{}: names {role_kind} {role_name}",
                 key(binding)
             );
-            for subject in binding["subjects"].as_array().unwrap() {
+            // A component's role is bound to its own account only.
+            let component = binding["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap();
+            assert_eq!(
+                role.unwrap()["metadata"]["labels"]["app.kubernetes.io/component"],
+                component,
+                "{}",
+                key(binding)
+            );
+            let subjects = binding["subjects"].as_array().unwrap();
+            assert_eq!(subjects.len(), 1, "{}", key(binding));
+            assert_eq!(
+                subjects[0]["name"],
+                format!("warmcache-{component}"),
+                "{}",
+                key(binding)
+            );
+            for subject in subjects {
                 assert_eq!(subject["kind"], "ServiceAccount", "{}", key(binding));
                 assert_eq!(subject["namespace"], NAMESPACE, "{}", key(binding));
                 assert!(
@@ -190,6 +306,61 @@ fn defaults_render_every_component_restricted_and_least_privileged() {
     for (_, name) in DEPLOYMENTS {
         assert!(deployments.contains(name), "{deployments:?}");
     }
+    // The node agent is off by default (only block storage needs it): no DaemonSet, nothing
+    // privileged, no hostPath anywhere.
+    assert!(
+        of_kind(&objects, "DaemonSet").is_empty(),
+        "{:?}",
+        names(&objects, "DaemonSet")
+    );
+    for (what, template) in pod_templates(&objects) {
+        for volume in template["spec"]["volumes"].as_array().into_iter().flatten() {
+            assert!(
+                volume.get("hostPath").is_none(),
+                "{what}: hostPath {volume}"
+            );
+        }
+    }
+    // The reaper: one leader-elected replica, POD_NAME and POD_NAMESPACE for its Lease, the
+    // admin port's probes, the documented defaults of its rules.
+    let reaper = find(&objects, "Deployment", "warmcache-reaper").unwrap();
+    assert_eq!(reaper["spec"]["replicas"], 1);
+    let container = &reaper["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        reaper["spec"]["template"]["spec"]["serviceAccountName"],
+        "warmcache-reaper"
+    );
+    assert_eq!(
+        container["command"],
+        serde_json::json!(["/usr/local/bin/reaper"])
+    );
+    assert_eq!(
+        container["args"],
+        serde_json::json!([
+            "run",
+            "--interval=10m",
+            "--control-namespace=nvca-modelcache-init",
+            "--idle-period=1h",
+            "--retention=168h",
+            "--abandon-after=15m",
+            "--orphan-claim-after=10m",
+            "--retiring-grace=1m",
+        ])
+    );
+    let env = container["env"].as_array().unwrap();
+    for (name, path) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == name && e["valueFrom"]["fieldRef"]["fieldPath"] == path),
+            "{name}: {env:?}"
+        );
+    }
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     // One ServiceAccount per component with API calls; the KVCacheBackend webhook has none
     // and mounts no token.
     assert_eq!(
@@ -197,6 +368,7 @@ fn defaults_render_every_component_restricted_and_least_privileged() {
         BTreeSet::from([
             "warmcache-binding-controller".to_owned(),
             "warmcache-kvcache-operator".to_owned(),
+            "warmcache-reaper".to_owned(),
             "warmcache-uninstall-hook".to_owned(),
             "warmcache-webhook".to_owned(),
         ])
@@ -269,18 +441,35 @@ fn the_generated_files_arrive_unchanged() {
     )
     .unwrap();
     assert_eq!(catalog["data"], generated["data"]);
-    // Roles: the generated rules, namespaces set.
-    for (file, kind, namespace) in [
-        ("webhook.clusterrole.yaml", "ClusterRole", None),
-        ("webhook.role.yaml", "Role", Some(NAMESPACE)),
-        (
-            "webhook.control-role.yaml",
-            "Role",
-            Some("nvca-modelcache-init"),
-        ),
-        ("binding-controller.clusterrole.yaml", "ClusterRole", None),
-        ("kvcache-operator.role.yaml", "Role", Some(NAMESPACE)),
-    ] {
+    // Roles: every generated role (config/rbac/<component>.<role>.yaml, the node agent's
+    // included, so it is on here), with its rules, in its namespace.
+    let objects = helm()
+        .template(&["modelVolumeController.enabled=true"])
+        .unwrap();
+    let mut files: Vec<String> = std::fs::read_dir(root.join("config/rbac"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    for component in ["reaper", "model-volume-controller"] {
+        assert!(
+            files
+                .iter()
+                .any(|f| f.starts_with(&format!("{component}."))),
+            "{component}: no generated roles in {files:?}"
+        );
+    }
+    for file in &files {
+        let (kind, namespace) = if file.ends_with(".clusterrole.yaml") {
+            ("ClusterRole", None)
+        } else if file.ends_with(".control-role.yaml") {
+            ("Role", Some("nvca-modelcache-init"))
+        } else if file.ends_with(".role.yaml") {
+            ("Role", Some(NAMESPACE))
+        } else {
+            panic!("{file}: not a role file name")
+        };
         let generated = warmcache_cli::yaml::one_object(
             &std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap(),
         )
@@ -420,6 +609,8 @@ fn all_off() -> Vec<&'static str> {
         "webhook.enabled=false",
         "bindingController.enabled=false",
         "kvcacheOperator.enabled=false",
+        "reaper.enabled=false",
+        "modelVolumeController.enabled=false",
         "crds.enabled=false",
         "catalog.enabled=false",
         "controlNamespace.create=false",
@@ -439,9 +630,11 @@ fn everything_off_renders_nothing() {
 
 #[test]
 fn each_component_alone_renders_only_its_objects() {
-    for component in COMPONENTS {
+    for (component, label) in COMPONENTS {
         let mut sets: Vec<String> = all_off().into_iter().map(str::to_owned).collect();
         sets.retain(|s| !s.starts_with(&format!("{component}.")));
+        // The node agent is off by default: on it must be switched.
+        sets.push(format!("{component}.enabled=true"));
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
         let objects = helm().template(&sets).unwrap();
         assert_common(&objects);
@@ -451,7 +644,13 @@ fn each_component_alone_renders_only_its_objects() {
             .map(|(_, name)| (*name).to_owned())
             .collect();
         assert_eq!(names(&objects, "Deployment"), expected, "{component}");
-        let has_webhook = component != "bindingController";
+        let daemon_sets: BTreeSet<String> = if component == "modelVolumeController" {
+            BTreeSet::from([AGENT.to_owned()])
+        } else {
+            BTreeSet::new()
+        };
+        assert_eq!(names(&objects, "DaemonSet"), daemon_sets, "{component}");
+        let has_webhook = matches!(component, "webhook" | "kvcacheOperator");
         assert_eq!(
             find(&objects, "Secret", "warmcache-webhook-tls").is_some(),
             has_webhook,
@@ -476,11 +675,6 @@ fn each_component_alone_renders_only_its_objects() {
             component == "kvcacheOperator"
         );
         // Every role belongs to the component that is on.
-        let label = match component {
-            "webhook" => "webhook",
-            "bindingController" => "binding-controller",
-            _ => "kvcache-operator",
-        };
         for kind in [
             "ServiceAccount",
             "ClusterRole",
@@ -498,6 +692,116 @@ fn each_component_alone_renders_only_its_objects() {
             }
         }
     }
+}
+
+#[test]
+fn the_reaper_and_the_node_agent_alone_render_exactly_their_objects() {
+    let alone = |component: &str| -> BTreeSet<String> {
+        let mut sets: Vec<String> = all_off().into_iter().map(str::to_owned).collect();
+        sets.retain(|s| !s.starts_with(&format!("{component}.")));
+        sets.push(format!("{component}.enabled=true"));
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        helm().template(&sets).unwrap().iter().map(key).collect()
+    };
+    let control = "nvca-modelcache-init";
+    let set = |keys: &[String]| keys.iter().cloned().collect::<BTreeSet<String>>();
+    // The reaper: its account, the three generated roles (cluster, its Lease in its own
+    // namespace, the control namespace) bound to it, the Deployment and its admin Service.
+    assert_eq!(
+        alone("reaper"),
+        set(&[
+            format!("ServiceAccount/{NAMESPACE}/warmcache-reaper"),
+            "ClusterRole//warmcache-reaper".to_owned(),
+            "ClusterRoleBinding//warmcache-reaper".to_owned(),
+            format!("Role/{NAMESPACE}/warmcache-reaper"),
+            format!("RoleBinding/{NAMESPACE}/warmcache-reaper"),
+            format!("Role/{control}/warmcache-reaper-control"),
+            format!("RoleBinding/{control}/warmcache-reaper-control"),
+            format!("Deployment/{NAMESPACE}/warmcache-reaper"),
+            format!("Service/{NAMESPACE}/warmcache-reaper"),
+        ])
+    );
+    // The node agent: no Lease (one agent per node), so no Role in its own namespace.
+    assert_eq!(
+        alone("modelVolumeController"),
+        set(&[
+            format!("ServiceAccount/{NAMESPACE}/{AGENT}"),
+            format!("ClusterRole//{AGENT}"),
+            format!("ClusterRoleBinding//{AGENT}"),
+            format!("Role/{control}/{AGENT}-control"),
+            format!("RoleBinding/{control}/{AGENT}-control"),
+            format!("DaemonSet/{NAMESPACE}/{AGENT}"),
+            format!("Service/{NAMESPACE}/{AGENT}"),
+        ])
+    );
+}
+
+#[test]
+fn the_node_agent_daemon_set_runs_on_every_gpu_node_with_the_hosts_paths() {
+    let objects = helm()
+        .template(&["modelVolumeController.enabled=true"])
+        .unwrap();
+    assert_common(&objects);
+    let agent = find(&objects, "DaemonSet", AGENT).unwrap();
+    let spec = &agent["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], AGENT);
+    let container = &spec["containers"][0];
+    assert_eq!(
+        container["command"],
+        serde_json::json!(["/usr/local/bin/model-volume-controller"])
+    );
+    assert_eq!(
+        container["args"],
+        serde_json::json!([
+            "run",
+            "--node-name=$(NODE_NAME)",
+            "--control-namespace=nvca-modelcache-init",
+            "--kubelet-root=/var/lib/kubelet",
+            "--holder-image=registry.k8s.io/pause:3.10",
+            "--holder-image-pull-policy=IfNotPresent",
+            "--min-size-gib=1",
+            "--concurrency=2",
+        ])
+    );
+    // NODE_NAME from the downward API, defined before the argument that expands it.
+    let env = container["env"].as_array().unwrap();
+    assert_eq!(env[0]["name"], "NODE_NAME");
+    assert_eq!(
+        env[0]["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    let volumes: Vec<(String, String)> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["hostPath"]["path"].as_str().unwrap().to_owned(),
+                v["hostPath"]["type"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        volumes,
+        vec![
+            ("/var/lib/kubelet".to_owned(), "Directory".to_owned()),
+            (
+                "/var/lib/containerd/nvsnap-models".to_owned(),
+                "DirectoryOrCreate".to_owned()
+            ),
+        ]
+    );
+    // The GPU taint is tolerated by default, so the agent reaches the GPU nodes.
+    assert_eq!(
+        spec["tolerations"],
+        serde_json::json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    );
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    // The metrics Service is headless (every agent pod is scraped).
+    let service = find(&objects, "Service", AGENT).unwrap();
+    assert_eq!(service["spec"]["clusterIP"], "None");
 }
 
 #[test]
@@ -549,10 +853,29 @@ fn values_reach_the_components() {
             "otel.endpoint=http://collector:4317",
             "image.repository=registry.example/warmcache",
             "image.tag=1.2.3",
+            "reaper.interval=30m",
+            "reaper.idlePeriod=7d",
+            "reaper.retention=0",
+            "reaper.abandonAfter=2h",
+            "reaper.orphanClaimAfter=20m",
+            "reaper.retiringGrace=90s",
+            "reaper.dryRun=true",
+            "modelVolumeController.enabled=true",
+            "modelVolumeController.kubeletRoot=/data/kubelet",
+            "modelVolumeController.bindRoot=/data/binds",
+            "modelVolumeController.holderImage=registry.example/pause:3.10",
+            "modelVolumeController.holderImagePullPolicy=Never",
+            "modelVolumeController.minSizeGiB=20",
+            "modelVolumeController.concurrency=3",
+            "modelVolumeController.nodeSelector.nvidia\\.com/gpu\\.product=H100",
+            "modelVolumeController.extraTolerations[0].key=storage",
+            "modelVolumeController.extraTolerations[0].operator=Exists",
         ])
         .unwrap();
     let args = |name: &str| -> Vec<String> {
-        let d = find(&objects, "Deployment", name).unwrap();
+        let d = find(&objects, "Deployment", name)
+            .or_else(|| find(&objects, "DaemonSet", name))
+            .unwrap();
         d["spec"]["template"]["spec"]["containers"][0]["args"]
             .as_array()
             .unwrap()
@@ -580,6 +903,56 @@ fn values_reach_the_components() {
     }
     assert!(
         args("warmcache-kvcache-operator").contains(&"--store-image-user=lmcache/=1000".to_owned())
+    );
+    // The reaper's rules: `retention=0` (an integer on the command line) keeps caches forever.
+    assert_eq!(
+        args("warmcache-reaper"),
+        [
+            "run",
+            "--interval=30m",
+            "--control-namespace=models-control",
+            "--idle-period=7d",
+            "--retention=0",
+            "--abandon-after=2h",
+            "--orphan-claim-after=20m",
+            "--retiring-grace=90s",
+            "--dry-run",
+        ]
+    );
+    assert_eq!(
+        args(AGENT),
+        [
+            "run",
+            "--node-name=$(NODE_NAME)",
+            "--control-namespace=models-control",
+            "--kubelet-root=/data/kubelet",
+            "--holder-image=registry.example/pause:3.10",
+            "--holder-image-pull-policy=Never",
+            "--min-size-gib=20",
+            "--concurrency=3",
+        ]
+    );
+    let agent = &find(&objects, "DaemonSet", AGENT).unwrap()["spec"]["template"]["spec"];
+    assert_eq!(
+        agent["nodeSelector"],
+        serde_json::json!({"nvidia.com/gpu.product": "H100"})
+    );
+    // extraTolerations add to the GPU default.
+    assert_eq!(
+        agent["tolerations"],
+        serde_json::json!([
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "storage", "operator": "Exists"},
+        ])
+    );
+    let mounts = &agent["containers"][0]["volumeMounts"];
+    assert_eq!(mounts[0]["mountPath"], "/data/kubelet");
+    assert_eq!(agent["volumes"][0]["hostPath"]["path"], "/data/kubelet");
+    assert_eq!(mounts[1]["mountPath"], "/data/binds");
+    assert_eq!(agent["volumes"][1]["hostPath"]["path"], "/data/binds");
+    assert_eq!(
+        agent["containers"][0]["image"],
+        "registry.example/warmcache:1.2.3"
     );
     // The control-namespace Roles follow the name.
     assert!(
@@ -609,6 +982,11 @@ fn lint_strict_passes_for_the_matrix() {
         vec!["certManager.enabled=true"],
         vec!["crds.enabled=false"],
         vec!["serviceMonitor.enabled=true"],
+        vec![
+            "modelVolumeController.enabled=true",
+            "reaper.retention=0",
+            "serviceMonitor.enabled=true",
+        ],
     ] {
         let output = helm()
             .lint(&sets)
@@ -655,6 +1033,41 @@ fn the_schema_refuses_bad_values_naming_the_field() {
             "certManager.issuerRef.kind=Vault",
             "/certManager/issuerRef/kind",
         ),
+        // Durations the reaper's flags would refuse (its pod would crash-loop): no unit, a
+        // unit it does not know, zero where zero is not "off", a negative, a fraction.
+        ("reaper.interval=10", "/reaper/interval"),
+        ("reaper.interval=0m", "/reaper/interval"),
+        ("reaper.idlePeriod=1w", "/reaper/idlePeriod"),
+        ("reaper.idlePeriod=1h30m", "/reaper/idlePeriod"),
+        ("reaper.abandonAfter=-15m", "/reaper/abandonAfter"),
+        ("reaper.orphanClaimAfter=1.5h", "/reaper/orphanClaimAfter"),
+        ("reaper.retention=forever", "/reaper/retention"),
+        ("reaper.retention=168", "/reaper/retention"),
+        ("reaper.retention=7 days", "/reaper/retention"),
+        ("reaper.retiringGrace=1", "/reaper/retiringGrace"),
+        ("reaper.dryRun=maybe", "/reaper/dryRun"),
+        ("reaper.replicas=0", "/reaper/replicas"),
+        ("reaper.bogus=1", "/reaper"),
+        (
+            "modelVolumeController.kubeletRoot=var/lib/kubelet",
+            "/modelVolumeController/kubeletRoot",
+        ),
+        (
+            "modelVolumeController.bindRoot=/",
+            "/modelVolumeController/bindRoot",
+        ),
+        (
+            "modelVolumeController.holderImagePullPolicy=Sometimes",
+            "/modelVolumeController/holderImagePullPolicy",
+        ),
+        (
+            "modelVolumeController.minSizeGiB=0",
+            "/modelVolumeController/minSizeGiB",
+        ),
+        (
+            "modelVolumeController.holderImage=",
+            "/modelVolumeController/holderImage",
+        ),
     ] {
         let err = helm().template(&[set]).expect_err(set);
         let output = err.output();
@@ -672,8 +1085,28 @@ fn the_schema_refuses_bad_values_naming_the_field() {
 #[test]
 fn service_monitors_select_each_components_admin_port() {
     let objects = helm().template(&["serviceMonitor.enabled=true"]).unwrap();
+    assert_eq!(
+        names(&objects, "ServiceMonitor"),
+        BTreeSet::from(
+            [
+                "webhook",
+                "binding-controller",
+                "kvcache-operator",
+                "kvcache-operator-webhook",
+                "reaper",
+            ]
+            .map(|c| format!("warmcache-{c}"))
+        )
+    );
+    let objects = helm()
+        .template(&[
+            "serviceMonitor.enabled=true",
+            "modelVolumeController.enabled=true",
+        ])
+        .unwrap();
     let monitors = of_kind(&objects, "ServiceMonitor");
-    assert_eq!(monitors.len(), 4);
+    assert_eq!(monitors.len(), 6);
+    assert!(find(&objects, "ServiceMonitor", AGENT).is_some());
     for monitor in monitors {
         let component = str_at(
             monitor,
@@ -731,6 +1164,8 @@ fn the_dashboard_is_valid_json_and_queries_only_documented_metrics() {
         "docs/model-volume.md",
         "docs/kvcache-local-disk.md",
         "docs/operations.md",
+        "docs/reaper.md",
+        "docs/node-agent.md",
     ]
     .iter()
     .map(|d| std::fs::read_to_string(root.join(d)).unwrap())
@@ -747,10 +1182,16 @@ fn the_dashboard_is_valid_json_and_queries_only_documented_metrics() {
                 // The family as the docs name it: without the component prefix and the
                 // histogram's _bucket series.
                 let family = rest.strip_suffix("_bucket").unwrap_or(rest);
-                let suffix = ["binding_controller_", "kvcache_operator_", "webhook_"]
-                    .iter()
-                    .find_map(|p| family.strip_prefix(p))
-                    .unwrap_or(family);
+                let suffix = [
+                    "binding_controller_",
+                    "kvcache_operator_",
+                    "webhook_",
+                    "reaper_",
+                    "model_volume_controller_",
+                ]
+                .iter()
+                .find_map(|p| family.strip_prefix(p))
+                .unwrap_or(family);
                 assert!(
                     docs.contains(&format!("`{suffix}"))
                         || docs.contains(&format!("warmcache_{family}")),
@@ -761,6 +1202,39 @@ fn the_dashboard_is_valid_json_and_queries_only_documented_metrics() {
         }
     }
     assert!(queried >= 10, "{queried}");
+    // The reaper's panel: what each rule did and kept, by rule.
+    let exprs: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .map(|t| str_at(t, "/expr"))
+        .collect();
+    for metric in [
+        "warmcache_reaper_actions_total",
+        "warmcache_reaper_kept_total",
+    ] {
+        assert!(
+            exprs
+                .iter()
+                .any(|e| e.contains(metric) && e.contains("by (rule")),
+            "no panel on {metric} by rule: {exprs:?}"
+        );
+    }
+    // Panel ids are unique and panels do not overlap.
+    let panels = dashboard["panels"].as_array().unwrap();
+    let ids: BTreeSet<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), panels.len());
+    for (i, a) in panels.iter().enumerate() {
+        for b in &panels[i + 1..] {
+            let r = |p: &Value, k: &str| p["gridPos"][k].as_u64().unwrap();
+            let apart = r(a, "x") + r(a, "w") <= r(b, "x")
+                || r(b, "x") + r(b, "w") <= r(a, "x")
+                || r(a, "y") + r(a, "h") <= r(b, "y")
+                || r(b, "y") + r(b, "h") <= r(a, "y");
+            assert!(apart, "{} overlaps {}", a["title"], b["title"]);
+        }
+    }
     // Off by default.
     let objects = helm().template(&[]).unwrap();
     assert!(find(&objects, "ConfigMap", "warmcache-grafana-dashboards").is_none());
