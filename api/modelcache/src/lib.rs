@@ -9,6 +9,8 @@
 //! Code names the versioned type, `v2beta1::ModelCacheBinding`, so that a later API version is a
 //! new module plus a conversion. This crate carries types, constants and pure naming helpers only.
 
+#[cfg(feature = "fixtures")]
+pub mod fixtures;
 pub mod names;
 pub mod v2beta1;
 

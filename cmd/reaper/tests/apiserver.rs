@@ -24,14 +24,10 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_api_modelcache::v2beta1::{
-    BindingDecision, BindingIdentity, BindingPhase, BindingResources, BindingStorageClass,
-    ModelCacheBinding, ModelCacheBindingSpec, ModelCacheBindingStatus, PopulationState,
-    RealizedStorage, ReclaimPolicy, Transition, Workflow, WriterIdentity,
+    BindingIdentity, BindingPhase, ModelCacheBinding, ModelCacheBindingStatus, PopulationState,
+    RealizedStorage, Workflow,
 };
-use warmcache_api_modelcache::{
-    FINALIZER, binding_name, identity_hash, init_lease_name, sha256_digest, writer_job_name,
-    writer_pvc_name,
-};
+use warmcache_api_modelcache::{identity_hash, writer_job_name, writer_pvc_name};
 use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL};
 use warmcache_modelvolume::reaper::{Config, Keep, Rule};
 use warmcache_modelvolume::view;
@@ -122,41 +118,13 @@ fn identity(domain: &str) -> BindingIdentity {
 }
 
 fn binding(control: &str, writer: &str, domain: &str) -> ModelCacheBinding {
-    let identity = identity(domain);
-    let spec = ModelCacheBindingSpec {
-        identity: identity.clone(),
-        decision: BindingDecision {
-            provider: "weka".into(),
-            provisioner: DRIVER.into(),
-            transition: Transition::RwxReadOnly,
-            required_access_modes: Transition::RwxReadOnly.required_access_modes().to_vec(),
-            required_mount_options: Vec::new(),
-            catalog_digest: sha256_digest("profile"),
-            encryption_required: false,
-            writer_identity: Some(WriterIdentity::FsGroup),
-        },
-        storage_class: BindingStorageClass {
-            name: "nvcf-sc".into(),
-            uid: "sc-uid".into(),
-            reclaim_policy: ReclaimPolicy::Retain,
-            configuration_digest: format!("v1:{}", sha256_digest("sc")),
-        },
-        resources: BindingResources {
-            writer_namespace: writer.into(),
-            job_names: vec![writer_job_name(&identity)],
-            lease_name: init_lease_name(&identity),
-            // Named (the reader claim name, in the writer namespaces), but the object of that
-            // name below is not warmcache's: it must stay.
-            persistent_volume_claim_names: vec![
-                writer_pvc_name(&identity),
-                warmcache_api_modelcache::reader_pvc_name(&identity),
-            ],
-            ..BindingResources::default()
-        },
-    };
-    let mut b = ModelCacheBinding::new(&binding_name(&identity), spec);
-    b.metadata.namespace = Some(control.into());
-    b.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let mut b = warmcache_api_modelcache::fixtures::binding(control, writer, identity(domain));
+    // Named (the reader claim name, in the writer namespaces), but the object of that name the
+    // test creates is not warmcache's: it must stay.
+    b.spec
+        .resources
+        .persistent_volume_claim_names
+        .push(warmcache_api_modelcache::reader_pvc_name(&b.spec.identity));
     b
 }
 

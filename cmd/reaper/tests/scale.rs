@@ -15,11 +15,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use warmcache_api_modelcache::v2beta1::{
-    BindingDecision, BindingIdentity, BindingPhase, BindingResources, BindingStorageClass,
-    ModelCacheBinding, ModelCacheBindingSpec, ModelCacheBindingStatus, ReclaimPolicy,
-    RequestReference, Transition, Workflow, WriterIdentity,
+    BindingIdentity, BindingPhase, ModelCacheBinding, ModelCacheBindingStatus, RequestReference,
+    Workflow,
 };
-use warmcache_api_modelcache::{binding_name, sha256_digest, writer_job_name, writer_pvc_name};
 use warmcache_testkit::{ControlPlane, TestNamespace};
 
 /// The peak resident set a sweep of any size may reach: what a page of bindings and the
@@ -32,33 +30,9 @@ fn binding(control: &str, i: usize) -> ModelCacheBinding {
         &format!("domain-{i}"),
         "hf://Qwen/Qwen3-0.6B@v1",
     );
-    let spec = ModelCacheBindingSpec {
-        identity: identity.clone(),
-        decision: BindingDecision {
-            provider: "weka".into(),
-            provisioner: "fake.csi.warmcache.io".into(),
-            transition: Transition::RwxReadOnly,
-            required_access_modes: Transition::RwxReadOnly.required_access_modes().to_vec(),
-            required_mount_options: Vec::new(),
-            catalog_digest: sha256_digest("profile"),
-            encryption_required: false,
-            writer_identity: Some(WriterIdentity::FsGroup),
-        },
-        storage_class: BindingStorageClass {
-            name: "nvcf-sc".into(),
-            uid: "sc-uid".into(),
-            reclaim_policy: ReclaimPolicy::Retain,
-            configuration_digest: format!("v1:{}", sha256_digest("sc")),
-        },
-        resources: BindingResources {
-            writer_namespace: "team-a".into(),
-            persistent_volume_claim_names: vec![writer_pvc_name(&identity)],
-            job_names: vec![writer_job_name(&identity)],
-            ..BindingResources::default()
-        },
-    };
-    let mut b = ModelCacheBinding::new(&binding_name(&identity), spec);
-    b.metadata.namespace = Some(control.into());
+    let mut b = warmcache_api_modelcache::fixtures::binding(control, "team-a", identity);
+    // No finalizer: the namespace's deletion removes them at the end.
+    b.metadata.finalizers = None;
     b
 }
 

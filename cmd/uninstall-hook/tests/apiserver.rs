@@ -18,13 +18,8 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_api_kvcache::v1alpha1::KVCacheBackend;
-use warmcache_api_modelcache::v2beta1::{
-    BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
-    ModelCacheBindingSpec, ReclaimPolicy, Transition, Workflow, WriterIdentity,
-};
-use warmcache_api_modelcache::{
-    FINALIZER, binding_name, init_lease_name, sha256_digest, writer_job_name, writer_pvc_name,
-};
+use warmcache_api_modelcache::FINALIZER;
+use warmcache_api_modelcache::v2beta1::{BindingIdentity, ModelCacheBinding, Workflow};
 use warmcache_kvcache::vectors;
 use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
 use warmcache_testkit::{ComponentAccount, ControlPlane, TestNamespace, eventually};
@@ -105,36 +100,7 @@ async fn setup(prefix: &str) -> Setup {
 
 fn binding(control: &str, model: &str) -> ModelCacheBinding {
     let identity = BindingIdentity::new(Workflow::HelmModelCache, "nca-123", model);
-    let spec = ModelCacheBindingSpec {
-        identity: identity.clone(),
-        decision: BindingDecision {
-            provider: "weka".into(),
-            provisioner: "fake.csi.warmcache.io".into(),
-            transition: Transition::RwxReadOnly,
-            required_access_modes: Transition::RwxReadOnly.required_access_modes().to_vec(),
-            required_mount_options: Vec::new(),
-            catalog_digest: sha256_digest("profile"),
-            encryption_required: false,
-            writer_identity: Some(WriterIdentity::FsGroup),
-        },
-        storage_class: BindingStorageClass {
-            name: "nvcf-sc".into(),
-            uid: "sc-uid".into(),
-            reclaim_policy: ReclaimPolicy::Retain,
-            configuration_digest: format!("v1:{}", sha256_digest("sc")),
-        },
-        resources: BindingResources {
-            writer_namespace: "team-a".into(),
-            persistent_volume_claim_names: vec![writer_pvc_name(&identity)],
-            job_names: vec![writer_job_name(&identity)],
-            lease_name: init_lease_name(&identity),
-            ..BindingResources::default()
-        },
-    };
-    let mut b = ModelCacheBinding::new(&binding_name(&identity), spec);
-    b.metadata.namespace = Some(control.into());
-    b.metadata.finalizers = Some(vec![FINALIZER.into()]);
-    b
+    warmcache_api_modelcache::fixtures::binding(control, "team-a", identity)
 }
 
 async fn create_bindings(client: &Client, control: &str, models: &[&str]) -> Vec<String> {
