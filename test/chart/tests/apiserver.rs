@@ -1,7 +1,9 @@
 //! Every object the chart renders, validated by the real kube-apiserver of the test kit:
 //! server-side apply with `dryRun=All` and `fieldValidation=Strict` (unknown or duplicate
 //! fields are errors, not warnings), and every pod template admitted by Pod Security
-//! "restricted" (a dry-run Pod in a namespace that enforces it). Kinds of other projects'
+//! "restricted" (a dry-run Pod in a namespace that enforces it), but the node agent's: the
+//! documented exception, refused by "restricted" and "baseline" and admitted where the
+//! namespace allows "privileged" (what docs/install.md asks of its namespace). Kinds of other projects'
 //! CRDs (cert-manager, Prometheus Operator) are not installed on the test plane; they are
 //! counted, and only they may be skipped.
 
@@ -26,12 +28,19 @@ fn gvk(object: &Value) -> GroupVersionKind {
     GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap())
 }
 
+/// The node agent's DaemonSet, the one pod template that needs Pod Security "privileged".
+const AGENT: &str = "DaemonSet/warmcache-system/warmcache-model-volume-controller";
+
 async fn ensure_namespace(client: &kube::Client, name: &str) {
+    ensure_namespace_at(client, name, "restricted").await;
+}
+
+async fn ensure_namespace_at(client: &kube::Client, name: &str, level: &str) {
     let api: Api<Namespace> = Api::all(client.clone());
     let namespace: Namespace = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": level}},
     }))
     .unwrap();
     api.patch(
@@ -79,11 +88,17 @@ async fn validate(client: &kube::Client, objects: &[Value]) -> usize {
     skipped
 }
 
-/// Each pod template as a dry-run Pod in the release namespace, which enforces "restricted".
-async fn admit_pods(client: &kube::Client, objects: &[Value]) {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
+/// A pod template as a Pod (dry run) in `namespace`, with the chart's ServiceAccounts there.
+async fn admit_pod(
+    client: &kube::Client,
+    objects: &[Value],
+    namespace: &str,
+    template: &Value,
+) -> Result<(), kube::Error> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     for account in of_kind(objects, "ServiceAccount") {
-        let account: ServiceAccount = serde_json::from_value(account.clone()).unwrap();
+        let mut account: ServiceAccount = serde_json::from_value(account.clone()).unwrap();
+        account.metadata.namespace = Some(namespace.to_owned());
         let name = account.metadata.name.clone().unwrap();
         accounts
             .patch(
@@ -94,24 +109,57 @@ async fn admit_pods(client: &kube::Client, objects: &[Value]) {
             .await
             .unwrap();
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": template.get("metadata").cloned().unwrap_or(json!({})),
+        "spec": template["spec"],
+    });
+    pod["metadata"]["generateName"] = json!("chart-test-");
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    pods.create(&params, &pod).await.map(|_| ())
+}
+
+/// Each pod template as a dry-run Pod in the release namespace, which enforces "restricted";
+/// the node agent's is refused there and under "baseline", and admitted under "privileged".
+/// Returns how many agent pods were checked.
+async fn admit_pods(client: &kube::Client, objects: &[Value]) -> usize {
+    let mut agents = 0;
     for (what, template) in pod_templates(objects) {
-        let mut pod = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": template.get("metadata").cloned().unwrap_or(json!({})),
-            "spec": template["spec"],
-        });
-        pod["metadata"]["generateName"] = json!("chart-test-");
-        let pod: Pod = serde_json::from_value(pod).unwrap();
-        let params = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        if let Err(e) = pods.create(&params, &pod).await {
+        if what == AGENT {
+            agents += 1;
+            for level in ["restricted", "baseline"] {
+                let namespace = format!("chart-test-{level}");
+                ensure_namespace_at(client, &namespace, level).await;
+                match admit_pod(client, objects, &namespace, template).await {
+                    Err(kube::Error::Api(status)) => {
+                        let message = status.message;
+                        assert!(
+                            message.contains("violates PodSecurity")
+                                && message.contains("privileged")
+                                && message.contains("hostPath"),
+                            "{what} under {level}: {message}"
+                        );
+                    }
+                    other => panic!("{what}: admitted under {level}: {other:?}"),
+                }
+            }
+            ensure_namespace_at(client, "chart-test-privileged", "privileged").await;
+            if let Err(e) = admit_pod(client, objects, "chart-test-privileged", template).await {
+                panic!("{what}: refused in a namespace enforcing privileged: {e}");
+            }
+            continue;
+        }
+        if let Err(e) = admit_pod(client, objects, NAMESPACE, template).await {
             panic!("{what}: its pod is refused in a namespace enforcing restricted: {e}");
         }
     }
+    agents
 }
 
 #[tokio::test]
@@ -125,10 +173,28 @@ async fn every_rendered_object_passes_strict_server_validation_and_restricted() 
     let objects = helm.template(&["serviceMonitor.enabled=true"]).unwrap();
     assert_eq!(
         validate(&client, &objects).await,
-        4,
-        "the four ServiceMonitors"
+        5,
+        "the five ServiceMonitors"
     );
-    admit_pods(&client, &objects).await;
+    assert_eq!(
+        admit_pods(&client, &objects).await,
+        0,
+        "no node agent by default"
+    );
+
+    // Everything on, the node agent too.
+    let objects = helm
+        .template(&[
+            "serviceMonitor.enabled=true",
+            "modelVolumeController.enabled=true",
+        ])
+        .unwrap();
+    assert_eq!(
+        validate(&client, &objects).await,
+        6,
+        "the six ServiceMonitors"
+    );
+    assert_eq!(admit_pods(&client, &objects).await, 1, "the node agent");
 
     let objects = helm
         .template(&[
@@ -183,4 +249,38 @@ async fn a_value_that_breaks_an_object_is_caught_by_the_server() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("imagePullPolicyy"), "{err}");
+}
+
+#[tokio::test]
+async fn the_node_agent_is_privileged_because_bidirectional_propagation_requires_it() {
+    // The reason docs/install.md gives for the one privileged pod: without `privileged` the
+    // API server refuses the bind root's Bidirectional propagation.
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let helm = Helm::new().unwrap();
+    ensure_namespace_at(&client, NAMESPACE, "restricted").await;
+    let objects = helm
+        .template(&["modelVolumeController.enabled=true"])
+        .unwrap();
+    let mut agent = objects.iter().find(|o| key(o) == AGENT).unwrap().clone();
+    let (resource, _) = pinned_kind(&client, &gvk(&agent)).await.unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
+    let params = PatchParams::apply("chart-test")
+        .force()
+        .dry_run()
+        .validation_strict();
+    let name = agent["metadata"]["name"].as_str().unwrap().to_owned();
+    api.patch(&name, &params, &Patch::Apply(&agent))
+        .await
+        .unwrap_or_else(|e| panic!("{AGENT} as rendered: {e}"));
+    agent["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] =
+        json!(false);
+    let err = api
+        .patch(&name, &params, &Patch::Apply(&agent))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("Bidirectional") && err.to_string().contains("privileged"),
+        "{err}"
+    );
 }
