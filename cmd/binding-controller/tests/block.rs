@@ -17,6 +17,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{
+    HANDLE, Running, assert_settled, condition, job_pod, label_domain, population, reader_pod,
+    sample, scrape,
+};
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,43 +34,28 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_api_modelcache::v2beta1::{
-    BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
-    ModelCacheBindingSpec, PopulationState, ReclaimPolicy, Transition, Workflow,
+    BindingIdentity, ModelCacheBinding, PopulationState, Transition, Workflow,
 };
 use warmcache_api_modelcache::{
-    FINALIZER, SHARING_DOMAIN_LABEL, binding_name, identity_hash, init_lease_name, reader_pvc_name,
-    sha256_digest, writer_job_name, writer_pvc_name,
+    identity_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
+    writer_pvc_name,
 };
-use warmcache_binding_controller::controller::{Settings, start};
 use warmcache_modelvolume::agent::{StagingState, staged_primary_claim, staging_state};
-use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
-    MODEL_LABEL, URI_ANNOTATION,
-};
+use warmcache_modelvolume::keys::MODEL_LABEL;
 use warmcache_modelvolume::volume_keys::{
     BINDING_LABEL, BYTES_ANNOTATION, COMPLETE_LABEL, COPIED_BYTES_ANNOTATION,
     MANIFEST_DIGEST_ANNOTATION, SOURCE_NAMESPACE_LABEL, WRITER_NAMESPACE_ANNOTATION,
 };
 use warmcache_modelvolume::{LifecycleConfig, WriterOptions};
-use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
-use warmcache_testkit::{
-    ComponentAccount, ControlPlane, Fault, FaultInjector, Kubelet, TestNamespace, eventually,
-};
+use warmcache_testkit::{ControlPlane, Fault, FaultInjector, Kubelet, TestNamespace, eventually};
 
 const WAIT: Duration = Duration::from_secs(90);
-const HANDLE: &str = "hf://Qwen/Qwen3-0.6B@v1";
 /// The NVMesh-like CSI driver (the decision's provisioner).
 const DRIVER: &str = "nvmesh-csi.warmcache.io";
 /// The node the staging pod ran on (a name only: nothing is scheduled).
 const NODE: &str = "block-node-0";
 /// What the agent measured and copied.
 const BYTES: u64 = 300_000;
-
-type Running = (
-    tokio_util::sync::CancellationToken,
-    tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
-    std::net::SocketAddr,
-);
 
 /// The controller: as the chart's ServiceAccount (roles generated from src/rbac.rs) unless a
 /// client of the test's own (fault injection) is given.
@@ -73,170 +64,30 @@ async fn running_controller(
     control: &str,
     client: Option<Client>,
 ) -> Running {
-    let account = match client {
-        Some(_) => None,
-        None => {
-            let admin = plane.client().await.unwrap();
-            Some(
-                ComponentAccount::create(plane, &admin, "binding-controller", control, control)
-                    .await
-                    .unwrap(),
-            )
-        }
-    };
-    let kubeconfig = account
-        .as_ref()
-        .map_or(plane.kubeconfig_path(), |a| a.kubeconfig_path());
-    let args = RuntimeArgs {
-        kubeconfig: Some(kubeconfig.to_path_buf()),
-        kube_context: None,
-        log_level: None,
-        log_format: LogFormat::Plain,
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        shutdown_grace: Duration::from_secs(5),
-        shutdown_delay: Duration::ZERO,
-    };
-    let builder = Runtime::builder("binding-controller", args).without_global_telemetry();
-    let builder = match client {
-        Some(client) => builder.client(client),
-        None => builder.with_client(),
-    };
-    let mut runtime = builder.build().await.unwrap();
-    start(
-        &mut runtime,
-        &Settings {
-            control_namespace: control.to_owned(),
-            concurrency: 2,
-            catalog_namespace: None,
-            lifecycle: LifecycleConfig {
-                writer: WriterOptions {
-                    backoff_limit: 0,
-                    ..WriterOptions::default()
-                },
-                ..LifecycleConfig::default()
-            },
+    let lifecycle = LifecycleConfig {
+        writer: WriterOptions {
+            backoff_limit: 0,
+            ..WriterOptions::default()
         },
-    )
-    .unwrap();
-    let stop = runtime.shutdown_token();
-    let admin = runtime.admin_addr();
-    let run = async move {
-        let _account = account;
-        runtime.run().await
+        ..LifecycleConfig::default()
     };
-    (stop, tokio::spawn(run), admin)
-}
-
-/// The controller's `/metrics` (HTTP/1.0, so the body is not chunked).
-async fn scrape(admin: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: admin\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    assert!(head.contains(" 200"), "{head}");
-    body.to_owned()
-}
-
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        line.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
+    common::controller(plane, control, client, None, lifecycle).await
 }
 
 /// A helmModelCache binding of `domain` on block storage, as the first admission (in `writer`)
 /// creates it: roxReadOnly on the NVMesh-like provider, with its writer Lease.
 fn block_binding(control: &str, writer: &str, domain: &str) -> ModelCacheBinding {
     let identity = BindingIdentity::new(Workflow::HelmModelCache, domain, HANDLE);
-    let spec = ModelCacheBindingSpec {
-        identity: identity.clone(),
-        decision: BindingDecision {
-            provider: "nvmesh".into(),
-            provisioner: DRIVER.into(),
-            transition: Transition::RoxReadOnly,
-            required_access_modes: Transition::RoxReadOnly.required_access_modes().to_vec(),
-            required_mount_options: vec!["ro".into()],
-            catalog_digest: sha256_digest("profile"),
-            encryption_required: false,
-            writer_identity: None,
-        },
-        storage_class: BindingStorageClass {
-            name: "nvcf-sc".into(),
-            uid: "sc-uid".into(),
-            reclaim_policy: ReclaimPolicy::Retain,
-            configuration_digest: format!("v1:{}", sha256_digest("sc")),
-        },
-        resources: BindingResources {
-            writer_namespace: writer.into(),
-            persistent_volume_claim_names: vec![writer_pvc_name(&identity)],
-            job_names: vec![writer_job_name(&identity)],
-            lease_name: init_lease_name(&identity),
-            ..BindingResources::default()
-        },
-    };
-    let mut b = ModelCacheBinding::new(&binding_name(&identity), spec);
-    b.metadata.namespace = Some(control.into());
-    b.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let mut b = warmcache_api_modelcache::fixtures::binding_with(
+        control,
+        writer,
+        identity,
+        Transition::RoxReadOnly,
+    );
+    b.spec.decision.provider = "nvmesh".into();
+    b.spec.decision.provisioner = DRIVER.into();
+    b.spec.decision.required_mount_options = vec!["ro".into()];
     b
-}
-
-fn step_json() -> String {
-    json!({
-        "version": "v1alpha1",
-        "origin": "init",
-        "sourceContainer": "fetch",
-        "container": {
-            "name": "fetch",
-            "image": "tools:1",
-            "command": ["sh", "-c", "echo downloading > /models/qwen3/config.json"],
-            "volumeMounts": [{ "name": "models", "mountPath": "/models" }],
-        },
-        "dest": "/models/qwen3",
-        "landingVolume": "models",
-        "volumes": [{ "name": "models", "emptyDir": {} }],
-    })
-    .to_string()
-}
-
-/// A reading pod as the webhook leaves it (metadata only matters here).
-fn reader_pod(name: &str, b: &ModelCacheBinding) -> Pod {
-    let hash = identity_hash(&b.spec.identity);
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "labels": { MODEL_LABEL: hash },
-            "annotations": {
-                BINDING_ANNOTATION: b.name_any(),
-                BINDING_UID_ANNOTATION: b.uid().unwrap(),
-                HANDLE_ANNOTATION: HANDLE,
-                URI_ANNOTATION: HANDLE,
-                DOWNLOAD_STEP_ANNOTATION: step_json(),
-            },
-        },
-        "spec": { "containers": [{ "name": "vllm", "image": "vllm:1" }] },
-    }))
-    .unwrap()
-}
-
-async fn label_domain(client: &Client, ns: &str, domain: &str) {
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .patch(
-            ns,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "labels": { SHARING_DOMAIN_LABEL: domain } } })),
-        )
-        .await
-        .unwrap();
 }
 
 /// What the provisioner makes for the agent's claim: a PV of the class, bound to the claim
@@ -286,19 +137,6 @@ fn attachment(name: &str, pv: &str) -> VolumeAttachment {
     .unwrap()
 }
 
-fn population(b: &ModelCacheBinding) -> Option<PopulationState> {
-    b.status.as_ref()?.realized.as_ref()?.population_state
-}
-
-fn condition<'b>(b: &'b ModelCacheBinding, type_: &str) -> Option<(&'b str, &'b str, &'b str)> {
-    b.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
-}
-
 /// One stored version of the binding: (resourceVersion, population, Ready status and reason,
 /// Progressing reason).
 type Version = (String, Option<PopulationState>, String, String);
@@ -346,35 +184,6 @@ fn record_versions(
         }
     });
     (seen, task)
-}
-
-async fn assert_settled(api: &Api<ModelCacheBinding>, name: &str) {
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = api.get(name).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = api.get(name).await.unwrap();
-    assert_eq!(
-        before.metadata.resource_version, after.metadata.resource_version,
-        "the binding keeps changing: {:?}\n{:?}",
-        before.status, after.status
-    );
-}
-
-async fn job_pod(client: &Client, ns: &str, job: &str) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    eventually("the staging Job's pod", WAIT, || {
-        let pods = pods.clone();
-        async move {
-            pods.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .next()
-        }
-    })
-    .await
-    .unwrap()
 }
 
 async fn binding_where(

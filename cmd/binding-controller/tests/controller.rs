@@ -8,6 +8,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{
+    HANDLE, Running, assert_settled, binding_of_identity, condition, job_pod, label_domain,
+    population, reader_pod, sample, scrape,
+};
+
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -17,29 +23,18 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_api_modelcache::v2beta1::{
-    BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
-    ModelCacheBindingSpec, PopulationState, ReclaimPolicy, Transition, Workflow, WriterIdentity,
-    WriterState,
+    BindingIdentity, ModelCacheBinding, PopulationState, Workflow, WriterState,
 };
-use warmcache_api_modelcache::{
-    FINALIZER, binding_name, identity_hash, reader_pvc_name, sha256_digest, writer_job_name,
-    writer_pvc_name,
-};
-use warmcache_binding_controller::controller::{Settings, start};
-use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
-    MODEL_LABEL, URI_ANNOTATION,
-};
+use warmcache_api_modelcache::{identity_hash, reader_pvc_name, writer_job_name, writer_pvc_name};
+use warmcache_modelvolume::keys::{BINDING_ANNOTATION, BINDING_UID_ANNOTATION, MODEL_LABEL};
 use warmcache_modelvolume::volume_keys::{
     BYTES_ANNOTATION, COMPLETE_LABEL, WRITER_JOB_UID_ANNOTATION, WRITER_NAMESPACE_ANNOTATION,
     WRITER_STATE_ANNOTATION,
 };
 use warmcache_modelvolume::{LifecycleConfig, WriterOptions};
-use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
 use warmcache_testkit::{ControlPlane, Kubelet, TestNamespace, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
-const HANDLE: &str = "hf://Qwen/Qwen3-0.6B@v1";
 
 async fn running_controller(
     plane: &ControlPlane,
@@ -86,92 +81,8 @@ async fn running_controller_cfg(
     client: Option<Client>,
     catalog_namespace: Option<&str>,
     lifecycle: LifecycleConfig,
-) -> (
-    tokio_util::sync::CancellationToken,
-    tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
-    std::net::SocketAddr,
-) {
-    // Without a client of the test's own (fault injection), the controller runs as the
-    // ServiceAccount the chart gives it, with the roles generated from src/rbac.rs: a call the
-    // list forgot fails these tests.
-    let account = match client {
-        Some(_) => None,
-        None => {
-            let admin = plane.client().await.unwrap();
-            let own = catalog_namespace.unwrap_or(control);
-            Some(
-                warmcache_testkit::ComponentAccount::create(
-                    plane,
-                    &admin,
-                    "binding-controller",
-                    own,
-                    control,
-                )
-                .await
-                .unwrap(),
-            )
-        }
-    };
-    let kubeconfig = account
-        .as_ref()
-        .map_or(plane.kubeconfig_path(), |a| a.kubeconfig_path());
-    let args = RuntimeArgs {
-        kubeconfig: Some(kubeconfig.to_path_buf()),
-        kube_context: None,
-        log_level: None,
-        log_format: LogFormat::Plain,
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        shutdown_grace: Duration::from_secs(5),
-        shutdown_delay: Duration::ZERO,
-    };
-    let builder = Runtime::builder("binding-controller", args).without_global_telemetry();
-    let builder = match client {
-        Some(client) => builder.client(client),
-        None => builder.with_client(),
-    };
-    let mut runtime = builder.build().await.unwrap();
-    start(
-        &mut runtime,
-        &Settings {
-            control_namespace: control.to_owned(),
-            concurrency: 2,
-            catalog_namespace: catalog_namespace.map(str::to_owned),
-            lifecycle,
-        },
-    )
-    .unwrap();
-    let stop = runtime.shutdown_token();
-    let admin = runtime.admin_addr();
-    let run = async move {
-        let _account = account;
-        runtime.run().await
-    };
-    (stop, tokio::spawn(run), admin)
-}
-
-/// The controller's `/metrics` (HTTP/1.0, so the body is not chunked).
-async fn scrape(admin: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: admin\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    assert!(head.contains(" 200"), "{head}");
-    body.to_owned()
-}
-
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        line.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
+) -> Running {
+    common::controller(plane, control, client, catalog_namespace, lifecycle).await
 }
 
 fn binding(control: &str, app: &str) -> ModelCacheBinding {
@@ -180,83 +91,6 @@ fn binding(control: &str, app: &str) -> ModelCacheBinding {
 
 fn binding_for(control: &str, app: &str, workflow: Workflow, domain: &str) -> ModelCacheBinding {
     binding_of_identity(control, app, BindingIdentity::new(workflow, domain, HANDLE))
-}
-
-fn binding_of_identity(control: &str, app: &str, identity: BindingIdentity) -> ModelCacheBinding {
-    let workflow = identity.workflow;
-    let name = binding_name(&identity);
-    let spec = ModelCacheBindingSpec {
-        identity: identity.clone(),
-        decision: BindingDecision {
-            provider: "weka".into(),
-            provisioner: "fake.csi.warmcache.io".into(),
-            transition: Transition::RwxReadOnly,
-            required_access_modes: Transition::RwxReadOnly.required_access_modes().to_vec(),
-            required_mount_options: Vec::new(),
-            catalog_digest: sha256_digest("profile"),
-            encryption_required: false,
-            writer_identity: Some(WriterIdentity::FsGroup),
-        },
-        storage_class: BindingStorageClass {
-            name: "nvcf-sc".into(),
-            uid: "sc-uid".into(),
-            reclaim_policy: ReclaimPolicy::Retain,
-            configuration_digest: format!("v1:{}", sha256_digest("sc")),
-        },
-        resources: BindingResources {
-            writer_namespace: app.into(),
-            persistent_volume_claim_names: if workflow == Workflow::RegularModelCache {
-                vec![writer_pvc_name(&identity), reader_pvc_name(&identity)]
-            } else {
-                vec![writer_pvc_name(&identity)]
-            },
-            job_names: vec![writer_job_name(&identity)],
-            ..BindingResources::default()
-        },
-    };
-    let mut b = ModelCacheBinding::new(&name, spec);
-    b.metadata.namespace = Some(control.into());
-    b.metadata.finalizers = Some(vec![FINALIZER.into()]);
-    b
-}
-
-fn step_json() -> String {
-    json!({
-        "version": "v1alpha1",
-        "origin": "init",
-        "sourceContainer": "fetch",
-        "container": {
-            "name": "fetch",
-            "image": "tools:1",
-            "command": ["sh", "-c", "echo downloading > /models/qwen3/config.json"],
-            "volumeMounts": [{ "name": "models", "mountPath": "/models" }],
-        },
-        "dest": "/models/qwen3",
-        "landingVolume": "models",
-        "volumes": [{ "name": "models", "emptyDir": {} }],
-    })
-    .to_string()
-}
-
-/// A reading pod as the webhook leaves it (metadata only matters here).
-fn reader_pod(name: &str, b: &ModelCacheBinding) -> Pod {
-    let hash = identity_hash(&b.spec.identity);
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "labels": { MODEL_LABEL: hash },
-            "annotations": {
-                BINDING_ANNOTATION: b.name_any(),
-                BINDING_UID_ANNOTATION: b.uid().unwrap(),
-                HANDLE_ANNOTATION: HANDLE,
-                URI_ANNOTATION: HANDLE,
-                DOWNLOAD_STEP_ANNOTATION: step_json(),
-            },
-        },
-        "spec": { "containers": [{ "name": "vllm", "image": "vllm:1" }] },
-    }))
-    .unwrap()
 }
 
 /// The PV a provisioner would create for the primary claim (there is none on the test control
@@ -283,36 +117,6 @@ fn primary_pv(name: &str, control: &str, claim: &str) -> PersistentVolume {
 
 async fn stored(api: &Api<ModelCacheBinding>, name: &str) -> ModelCacheBinding {
     api.get(name).await.unwrap()
-}
-
-fn condition<'b>(b: &'b ModelCacheBinding, type_: &str) -> Option<(&'b str, &'b str, &'b str)> {
-    b.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
-}
-
-fn population(b: &ModelCacheBinding) -> Option<PopulationState> {
-    b.status.as_ref()?.realized.as_ref()?.population_state
-}
-
-async fn job_pod(client: &Client, ns: &str, job: &str) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    eventually("the writer Job's pod", WAIT, || {
-        let pods = pods.clone();
-        async move {
-            pods.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .next()
-        }
-    })
-    .await
-    .unwrap()
 }
 
 struct Setup {
@@ -727,20 +531,6 @@ async fn a_failed_download_reports_its_last_words_and_keeps_the_primary() {
     stop.cancel();
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
-}
-
-async fn label_domain(client: &Client, ns: &str, domain: &str) {
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .patch(
-            ns,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({ "metadata": { "labels": {
-                warmcache_api_modelcache::SHARING_DOMAIN_LABEL: domain,
-            } } })),
-        )
-        .await
-        .unwrap();
 }
 
 async fn wait_gone(api: &Api<PersistentVolumeClaim>, name: &str) {
@@ -1218,20 +1008,6 @@ async fn a_primary_bound_to_a_foreign_available_pv_is_never_written() {
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = claims.delete(&claim_name, &DeleteParams::default()).await;
     let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
-}
-
-/// The binding stops changing: no status churn (a reconcile that rewrites what it just wrote
-/// would loop on its own watch events).
-async fn assert_settled(api: &Api<ModelCacheBinding>, name: &str) {
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = api.get(name).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = api.get(name).await.unwrap();
-    assert_eq!(
-        before.metadata.resource_version, after.metadata.resource_version,
-        "the binding keeps changing: {:?}\n{:?}",
-        before.status, after.status
-    );
 }
 
 /// A binding of `<prefix>-ctl` read by `<prefix>-app`, and its primary PV (provisioned by
