@@ -2,14 +2,24 @@
 //! `hack/build-image.sh` packs (built here from the component binaries, as `image.rs` does):
 //!
 //! 1. every Deployment the chart renders (pod webhook, binding controller, KVCacheBackend
-//!    controller and webhook) becomes Ready: probes answered, caches synced over in-cluster
-//!    API access, as the chart ships them (no hostNetwork, no test-only value but the image);
+//!    controller and webhook, reaper) becomes Ready: probes answered, caches synced over
+//!    in-cluster API access, as the chart ships them (no hostNetwork, no test-only value but the
+//!    image); the reaper holds its Lease and its first sweep made every call it needed (its
+//!    metrics say `ok`, not `failed`: its generated roles suffice); the node agent's DaemonSet,
+//!    switched on with `modelVolumeController.enabled=true` and `kubeletRoot` pointed at this
+//!    node's kubelet root (`<node dir>/kubelet`; the bind root is the chart's default), has its
+//!    pod Ready in a release namespace labelled to enforce Pod Security "privileged", as
+//!    docs/install.md asks; a mount made on the node under the kubelet root after the agent
+//!    started appears in the agent's mount namespace (HostToContainer), and a mount the agent's
+//!    namespace makes under the bind root appears on the node (Bidirectional);
 //! 2. the API server calls both webhooks through their Service registrations: a GPU pod in an
 //!    ordinary namespace comes back with the pod webhook's skip annotations (no `nvcf-sc` on this
 //!    cluster), an invalid KVCacheBackend is refused with the operator webhook's message, and the
 //!    bridge counted connections to the webhook pods;
-//! 3. `helm upgrade` to a chart whose CRD changed, with a changed value: the stored CRDs are the
-//!    new chart's, and the webhook rewrites pods requesting the newly listed GPU resource;
+//! 3. `helm upgrade` to a chart whose CRD changed, with changed values: the stored CRDs are the
+//!    new chart's, the webhook rewrites pods requesting the newly listed GPU resource, and the
+//!    reaper restarts Ready with `reaper.retention=0` (keep complete caches forever, given as
+//!    the number Helm's `--set` makes of it) and `reaper.idlePeriod=7d`;
 //! 4. `helm uninstall` runs the pre-delete hook: a ModelCacheBinding holding warmcache's
 //!    finalizer is released, the control namespace is gone (nothing Terminating), a retained PV
 //!    of model data is still there, the CRDs are kept.
@@ -29,7 +39,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Helm, RELEASE};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
@@ -48,19 +59,26 @@ use warmcache_api_modelcache::{
 };
 use warmcache_chart_tests::NAMESPACE;
 use warmcache_kvcache::vectors;
-use warmcache_testkit::{COMPONENT_BINARIES, ControlPlane, RealNode, TOOLS_IMAGE, component_image};
+use warmcache_testkit::{
+    COMPONENT_BINARIES, ControlPlane, PAUSE_IMAGE, RealNode, TOOLS_IMAGE, component_image,
+};
 
 const CONTROL: &str = "nvca-modelcache-init";
 const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
 const IMAGE_TAG: &str = "install";
-/// Every Deployment of the chart with everything on (the node agent and the reaper are not in
-/// the chart yet).
-const DEPLOYMENTS: [&str; 4] = [
+/// Every Deployment of the chart with everything on.
+const DEPLOYMENTS: [&str; 5] = [
     "warmcache-webhook",
     "warmcache-binding-controller",
     "warmcache-kvcache-operator",
     "warmcache-kvcache-operator-webhook",
+    "warmcache-reaper",
 ];
+/// The node agent's DaemonSet (`modelVolumeController.enabled=true`).
+const AGENT: &str = "warmcache-model-volume-controller";
+/// The chart's default bind root of the node agent (in the node's mount namespace it is on
+/// the node's own tmpfs over `/var/lib`).
+const BIND_ROOT: &str = "/var/lib/containerd/nvsnap-models";
 const MODELCACHE_CRD: &str = "modelcachebindings.nvca.nvcf.nvidia.io";
 const KVCACHE_CRD: &str = "kvcachebackends.worker.gpustack.ai";
 const SKIP_REASON: &str = "nvca.nvcf.nvidia.io/model-cache-skip-reason";
@@ -249,6 +267,322 @@ async fn wait_deployments(cluster: &Cluster, names: &[&str], timeout: Duration, 
         }
     }
     eprintln!("{what}: ready after {:.1?}", start.elapsed());
+}
+
+/// The DaemonSet has one pod per node it wants, every one updated, ready and available.
+async fn daemon_set_ready(client: &Client, name: &str) -> Result<(), String> {
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let Ok(Some(d)) = daemon_sets.get_opt(name).await else {
+        return Err(format!("{name}: missing"));
+    };
+    let s = d.status.clone().unwrap_or_default();
+    let want = s.desired_number_scheduled;
+    if want >= 1
+        && s.observed_generation >= d.metadata.generation
+        && s.number_ready == want
+        && s.updated_number_scheduled == Some(want)
+        && s.number_available == Some(want)
+        && s.number_misscheduled == 0
+    {
+        Ok(())
+    } else {
+        Err(format!("{name}: {s:?}"))
+    }
+}
+
+async fn wait_daemon_set(cluster: &Cluster, name: &str, timeout: Duration, what: &str) {
+    let start = Instant::now();
+    loop {
+        match daemon_set_ready(&cluster.client, name).await {
+            Ok(()) => break,
+            Err(why) if start.elapsed() > timeout => panic!(
+                "{what}: DaemonSet not ready after {:?}: {why}\n{}",
+                start.elapsed(),
+                cluster.report(NAMESPACE).await
+            ),
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+    eprintln!(
+        "{what}: DaemonSet {name} ready after {:.1?}",
+        start.elapsed()
+    );
+}
+
+/// The one Ready pod of a component (`app.kubernetes.io/component`) in the release namespace.
+async fn component_pod(client: &Client, component: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/component={component}")))
+        .await
+        .unwrap()
+        .items;
+    let live: Vec<Pod> = list
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    assert_eq!(
+        live.len(),
+        1,
+        "{component}: pods {:?}",
+        live.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    live.into_iter().next().unwrap()
+}
+
+/// `GET path` on a pod's admin port (8080), through the bridge's listener at the pod's IP.
+async fn admin_get(pod: &Pod, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .ok_or("no pod IP")?;
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect((ip.as_str(), 8080)),
+    )
+    .await
+    .map_err(|_| format!("{ip}:8080: connect timed out"))?
+    .map_err(|e| format!("{ip}:8080: {e}"))?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut body))
+        .await
+        .map_err(|_| format!("{ip}:8080{path}: read timed out"))?
+        .map_err(|e| e.to_string())?;
+    if !body.starts_with("HTTP/1.") || body.split_whitespace().nth(1) != Some("200") {
+        return Err(format!("{path}: {}", body.lines().next().unwrap_or("")));
+    }
+    Ok(body)
+}
+
+/// The value of the sample `series` (name and labels as exposed) in a Prometheus exposition.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?;
+        rest.strip_prefix(' ')?.trim().parse().ok()
+    })
+}
+
+/// The reaper leads (its Lease names its pod) and its first sweep made every read and write
+/// it needed: `sweeps_total{result="ok"}` counts it, `failed` stays 0. With a role missing, a
+/// list would be Forbidden and the sweep `failed`.
+async fn assert_reaper_swept(cluster: &Cluster, what: &str) {
+    let pod = component_pod(&cluster.client, "reaper").await;
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let start = Instant::now();
+    let last = loop {
+        let holder = leases
+            .get_opt("reaper")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec.and_then(|s| s.holder_identity));
+        let metrics = admin_get(&pod, "/metrics").await;
+        let ok = metrics
+            .as_ref()
+            .ok()
+            .and_then(|m| sample(m, r#"warmcache_reaper_sweeps_total{result="ok"}"#));
+        let failed = metrics
+            .as_ref()
+            .ok()
+            .and_then(|m| sample(m, r#"warmcache_reaper_sweeps_total{result="failed"}"#));
+        if holder.as_deref() == Some(pod.name_any().as_str()) && ok.is_some_and(|n| n >= 1.0) {
+            assert_eq!(
+                failed,
+                Some(0.0),
+                "{what}: a reaper sweep failed (a call its roles do not allow?)\n{}",
+                cluster.report(NAMESPACE).await
+            );
+            break (ok, holder);
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            panic!(
+                "{what}: the reaper did not lead and sweep: Lease holder {holder:?}, sweeps ok {ok:?} failed {failed:?} ({:?})\n{}",
+                metrics.err(),
+                cluster.report(NAMESPACE).await
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    eprintln!(
+        "{what}: reaper {} leads and swept: {last:?}",
+        pod.name_any()
+    );
+}
+
+/// The pid of the agent's container process on the node (from its container's cgroup, under
+/// the kubelet's `pod<uid>` cgroup).
+fn container_pid(node: &RealNode, pod: &Pod) -> u32 {
+    let uid = pod.metadata.uid.clone().unwrap();
+    let id = pod
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
+        .container_id
+        .clone()
+        .unwrap();
+    let id = id.rsplit("://").next().unwrap().to_owned();
+    let mut dirs = BTreeMap::new();
+    podnet::pod_dirs(&node.cgroups()[0], 4, &mut dirs);
+    let dir = dirs
+        .get(&uid)
+        .unwrap_or_else(|| panic!("no cgroup of pod {uid} under {:?}", node.cgroups()[0]));
+    let procs = std::fs::read_to_string(dir.join(&id).join("cgroup.procs"))
+        .unwrap_or_else(|e| panic!("{}/{id}/cgroup.procs: {e}", dir.display()));
+    procs
+        .lines()
+        .find_map(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("container {id} has no process"))
+}
+
+/// The mount points (field 5) of `/proc/<pid>/mountinfo`, with their optional fields
+/// (`shared:N`, `master:N`).
+fn mounts(pid: u32) -> Vec<(String, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let end = fields.iter().position(|f| *f == "-")?;
+            Some((fields.get(4)?.to_string(), fields[6..end].join(" ")))
+        })
+        .collect()
+}
+
+/// Runs `args` (this machine's programs) in the mount namespace of `pid`, with this machine's
+/// root as its root directory (opened before entering, so the agent's image, which has no
+/// `mount`, need not have them). A path in `pid`'s namespace is reached as
+/// `/proc/<pid>/root/...`, which resolves to `pid`'s mounts, so a mount made there is made in
+/// `pid`'s namespace.
+fn nsenter_mount(pid: u32, args: &[&str]) {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--mount=/proc/{pid}/ns/mnt"))
+        .arg("--root=/")
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nsenter {pid} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The propagation the agent needs, on the real runtime: a mount the node makes under the
+/// kubelet root after the agent started (a holder's CSI mount) reaches the agent, and a mount
+/// the agent's namespace makes under the bind root (a reader's bind) reaches the node.
+async fn assert_agent_propagation(cluster: &Cluster, node: &RealNode, kubelet_root: &Path) {
+    let pod = component_pod(&cluster.client, "model-volume-controller").await;
+    let agent = container_pid(node, &pod);
+    let holder: u32 = std::fs::read_to_string(node.dir().join("holder.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (kubelet_mount, kubelet_flags) = mounts(agent)
+        .into_iter()
+        .find(|(point, _)| Path::new(point) == kubelet_root)
+        .unwrap_or_else(|| {
+            panic!(
+                "the kubelet root is not mounted in the agent: {:?}",
+                mounts(agent)
+            )
+        });
+    assert!(
+        kubelet_flags.contains("master:"),
+        "{kubelet_mount}: not a slave mount (HostToContainer): {kubelet_flags:?}"
+    );
+    let bind = mounts(agent)
+        .into_iter()
+        .find(|(point, _)| point == BIND_ROOT)
+        .unwrap_or_else(|| {
+            panic!(
+                "the bind root is not mounted in the agent: {:?}",
+                mounts(agent)
+            )
+        });
+    assert!(
+        bind.1.contains("shared:"),
+        "{BIND_ROOT}: not shared (Bidirectional): {bind:?}"
+    );
+
+    // Node -> agent: a tmpfs mounted in the node's namespace under the kubelet root, after the
+    // agent started (as a holder's CSI mount is).
+    let probe = kubelet_root.join("warmcache-install-propagation");
+    let probe_s = probe.display().to_string();
+    let in_node = format!("/proc/{holder}/root{probe_s}");
+    std::fs::create_dir_all(&in_node).unwrap();
+    nsenter_mount(
+        holder,
+        &[
+            "mount",
+            "-n",
+            "--no-canonicalize",
+            "-t",
+            "tmpfs",
+            "install-probe",
+            &in_node,
+        ],
+    );
+    let seen = wait_for(Duration::from_secs(10), || async {
+        mounts(agent)
+            .iter()
+            .any(|(p, _)| *p == probe_s)
+            .then_some(())
+    })
+    .await;
+    nsenter_mount(holder, &["umount", "-n", "--no-canonicalize", &in_node]);
+    let _ = std::fs::remove_dir(&in_node);
+    assert!(
+        seen.is_some(),
+        "a node mount under the kubelet root did not reach the agent: {:?}",
+        mounts(agent)
+    );
+
+    // Agent -> node: a tmpfs mounted in the agent's namespace under the bind root (where its
+    // read-only binds for hostPath readers will go).
+    let bound = format!("{BIND_ROOT}/install-probe");
+    let in_agent = format!("/proc/{agent}/root{bound}");
+    std::fs::create_dir_all(&in_agent).unwrap();
+    nsenter_mount(
+        agent,
+        &[
+            "mount",
+            "-n",
+            "--no-canonicalize",
+            "-t",
+            "tmpfs",
+            "install-bind",
+            &in_agent,
+        ],
+    );
+    let seen = wait_for(Duration::from_secs(10), || async {
+        mounts(holder)
+            .iter()
+            .any(|(p, _)| *p == bound)
+            .then_some(())
+    })
+    .await;
+    nsenter_mount(agent, &["umount", "-n", "--no-canonicalize", &in_agent]);
+    let _ = std::fs::remove_dir(&in_agent);
+    assert!(
+        seen.is_some(),
+        "a mount under the agent's bind root did not reach the node: {:?}",
+        mounts(holder)
+    );
+    eprintln!(
+        "node agent {}: HostToContainer and Bidirectional propagation work",
+        pod.name_any()
+    );
 }
 
 /// A vLLM pod downloading `Qwen/Qwen3-8B` into an emptyDir, requesting one `gpu`.
@@ -606,9 +940,35 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
     .unwrap();
 
     // --- 1. install: every component Ready.
+    // The node agent is privileged: its namespace must allow Pod Security "privileged", as
+    // docs/install.md says; the namespace is created and labelled so before the install.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            NAMESPACE,
+            &PatchParams::apply("chart-install-test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": NAMESPACE,
+                    "labels": {"pod-security.kubernetes.io/enforce": "privileged"},
+                },
+            })),
+        )
+        .await
+        .unwrap();
     let chart = warmcache_testkit::chart_dir().display().to_string();
     let repository = format!("image.repository={IMAGE_REPOSITORY}");
     let tag = format!("image.tag={IMAGE_TAG}");
+    // The agent on this node: its kubelet's root, and the holder image the node has (every
+    // pod of this node must say imagePullPolicy Never). The bind root is the chart's default.
+    let kubelet_root = node.dir().join("kubelet");
+    let agent_kubelet_root = format!(
+        "modelVolumeController.kubeletRoot={}",
+        kubelet_root.display()
+    );
+    let holder_image = format!("modelVolumeController.holderImage={PAUSE_IMAGE}");
     let out = cluster
         .helm(&[
             "install",
@@ -623,10 +983,35 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
             &tag,
             "--set",
             "image.pullPolicy=Never",
+            "--set",
+            "modelVolumeController.enabled=true",
+            "--set",
+            &agent_kubelet_root,
+            "--set",
+            &holder_image,
+            "--set",
+            "modelVolumeController.holderImagePullPolicy=Never",
         ])
         .unwrap_or_else(|e| panic!("helm install: {e}"));
     eprintln!("helm install after {:.1?}:\n{out}", started.elapsed());
     wait_deployments(&cluster, &DEPLOYMENTS, READY_TIMEOUT, "install").await;
+    wait_daemon_set(&cluster, AGENT, READY_TIMEOUT, "install").await;
+    assert_reaper_swept(&cluster, "install").await;
+    assert_agent_propagation(&cluster, node, &kubelet_root).await;
+    let agent = component_pod(&client, "model-volume-controller").await;
+    let metrics = admin_get(&agent, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("warmcache_model_volume_controller_"),
+        "the agent's metrics: {metrics}"
+    );
+    assert!(
+        cluster
+            .net
+            .inbound(NAMESPACE, "warmcache-model-volume-controller-", 8080)
+            > 0,
+        "the kubelet's probes never reached the agent\n{}",
+        cluster.net.report()
+    );
 
     // --- 2. both webhooks called by the API server.
     let workloads: Api<Namespace> = Api::all(client.clone());
@@ -722,6 +1107,11 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
             "--reuse-values",
             "--set",
             &gpus,
+            // Keep complete caches forever: `--set` makes the number 0 of it.
+            "--set",
+            "reaper.retention=0",
+            "--set",
+            "reaper.idlePeriod=7d",
         ])
         .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
     eprintln!("helm upgrade after {:.1?}:\n{out}", started.elapsed());
@@ -752,6 +1142,17 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
     }
     let (reason, message) = wait_skip(&cluster, &pods, NEW_GPU, "upgrade").await;
     assert_eq!(reason, "no-durable-storage", "{message}");
+    // The reaper runs with the new rules (its flags accept what the schema let through).
+    let reaper = component_pod(&client, "reaper").await;
+    let args = reaper.spec.clone().unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap_or_default();
+    for expected in ["--retention=0", "--idle-period=7d"] {
+        assert!(args.contains(&expected.to_owned()), "{args:?}");
+    }
+    assert_reaper_swept(&cluster, "upgrade").await;
+    wait_daemon_set(&cluster, AGENT, ROLLOUT_TIMEOUT, "upgrade").await;
     eprintln!("upgrade took effect after {:.1?}", started.elapsed());
 
     // --- 4. uninstall: the hook releases bindings, the control namespace goes, data stays.
@@ -912,6 +1313,16 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
         .map(|d| d.name_any())
         .collect();
     assert!(remaining.is_empty(), "Deployments left: {remaining:?}");
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    assert!(
+        daemon_sets
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "the node agent's DaemonSet is left"
+    );
     volumes
         .delete(pv_name, &DeleteParams::default())
         .await

@@ -304,8 +304,8 @@ async fn attach_loop(
     }
 }
 
-/// The kubelet's pod cgroups (`pod<uid>`) under `dir`, by UID.
-fn pod_dirs(dir: &Path, depth: usize, out: &mut BTreeMap<String, PathBuf>) {
+/// The kubelet's pod cgroups (`pod<uid>`) under `dir` (at most `depth` levels down), by UID.
+pub fn pod_dirs(dir: &Path, depth: usize, out: &mut BTreeMap<String, PathBuf>) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
