@@ -396,20 +396,7 @@ async fn an_idle_binding_retires_and_exactly_what_it_names_goes_then_the_binding
         Some(&1),
         "the named claim that is not warmcache's: {report:?}"
     );
-    eventually("the binding gone", WAIT, || {
-        let bindings = bindings.clone();
-        let name = name.clone();
-        async move {
-            bindings
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    gone(&bindings, &name).await;
     let reader_claims: Api<PersistentVolumeClaim> = w.reader.api();
     let writer_claims: Api<PersistentVolumeClaim> = w.writer.api();
     let control_claims: Api<PersistentVolumeClaim> = w.control.api();
@@ -607,18 +594,7 @@ async fn a_reader_between_the_phases_stops_the_deletion_until_it_is_gone() {
     pods.delete("reader-0", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
-    eventually("the reader gone", WAIT, || {
-        let pods = pods.clone();
-        async move {
-            pods.get_opt("reader-0")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    gone(&pods, "reader-0").await;
     w.sweep(w.config()).await;
     assert!(
         bindings
@@ -1021,26 +997,9 @@ async fn orphan_view_claims_go_with_their_mount_holders_but_not_while_a_pod_read
         "{report:?}"
     );
     let reader_claims: Api<PersistentVolumeClaim> = w.reader.api();
-    eventually("the orphan claim gone", WAIT, || {
-        let api = reader_claims.clone();
-        let name = orphan.name_any();
-        async move { api.get_opt(&name).await.unwrap().is_none().then_some(()) }
-    })
-    .await
-    .unwrap();
+    gone(&reader_claims, &orphan.name_any()).await;
     let holders: Api<Pod> = w.reader.api();
-    eventually("its mount holder gone", WAIT, || {
-        let api = holders.clone();
-        async move {
-            api.get_opt("holder-0")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    gone(&holders, "holder-0").await;
     assert!(
         exists(&w.writer.api::<PersistentVolumeClaim>(), &read.name_any()).await,
         "read: kept"
@@ -1092,20 +1051,7 @@ async fn the_deployment_records_an_event_and_metrics_for_a_retirement() {
     let task = tokio::spawn(runtime.run());
 
     let bindings: Api<ModelCacheBinding> = w.control.api();
-    eventually("the binding retired and gone", WAIT, || {
-        let bindings = bindings.clone();
-        let name = cache.binding.name_any();
-        async move {
-            bindings
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    gone(&bindings, &cache.binding.name_any()).await;
     let events: Api<CoreEvent> = w.control.api();
     let retiring = eventually("the Retiring Event", WAIT, || {
         let events = events.clone();
