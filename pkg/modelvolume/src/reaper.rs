@@ -8,7 +8,7 @@
 //! | `idle-retirement` | a ModelCacheBinding | nothing (sets `Retiring`) | no request reference and no live reading pod since `unreferencedSince` + the idle period |
 //! | `retired-binding` | a Retiring (or deleted) binding | exactly what it names: reader views (claims, then PV objects), writer Jobs, writer views (claims, then PVs), the primary claim, the Lease; then its finalizer | no request reference and no live reading pod; a stage waits while one of its objects is attached, used by a pod or still terminating |
 //! | `orphan-view` | a view PV (read-only, or a writer view) | the PV object only (Retain: the storage is the primary's) | Released, or its claim's namespace is gone (a definite NotFound) |
-//! | `abandoned-primary` | an incomplete primary PV | its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | Released for longer than the abandon age (by creation time) |
+//! | `abandoned-primary` | an incomplete primary PV | its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | Released for longer than the abandon age (since the later of its creation and its last phase change) |
 //! | `expired-primary` | a complete primary PV | its view PV objects first, then its storage (reclaim Delete) | Released, no binding records it, retention > 0 passed since its last use, no view bound in a live namespace |
 //! | `orphan-claim` | a read-only view claim | the claim, then the mount holders that use it | no binding records it as a view, older than the orphan age, and no pod other than mount holders uses it |
 //!
@@ -819,11 +819,19 @@ pub fn pv_verdict(
             if !released {
                 return PvVerdict::Ignore;
             }
-            let age = pv
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or(0, |t| seconds_since(now, t.0));
+            // Released for longer than the abandon age: counted from the later of its creation
+            // and its last phase change (when the PV controller records it).
+            let since = [
+                pv.metadata.creation_timestamp.as_ref(),
+                pv.status
+                    .as_ref()
+                    .and_then(|s| s.last_phase_transition_time.as_ref()),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|t| t.0)
+            .max();
+            let age = since.map_or(0, |t| seconds_since(now, t));
             if age < config.abandon_after_seconds {
                 return PvVerdict::Keep(rule, Keep::Young);
             }
@@ -1348,6 +1356,17 @@ mod tests {
             PvVerdict::Keep(Rule::AbandonedPrimary, Keep::Young)
         );
         let late = at(DEFAULT_ABANDON_AFTER_SECONDS);
+        // Created long ago but Released a minute ago: young.
+        let mut just_released = p.clone();
+        just_released
+            .status
+            .as_mut()
+            .unwrap()
+            .last_phase_transition_time = Some(Time(at(DEFAULT_ABANDON_AFTER_SECONDS - 60)));
+        assert_eq!(
+            pv_verdict(&just_released, &facts(), late, &c),
+            PvVerdict::Keep(Rule::AbandonedPrimary, Keep::Young)
+        );
         assert_eq!(
             pv_verdict(&p, &facts(), late, &c),
             PvVerdict::Reclaim {
