@@ -1253,8 +1253,8 @@ impl Sweeper {
 }
 
 /// `pv` with only what the volume rules read (names, labels and annotations, times, claim
-/// reference, reclaim policy, CSI driver, handle and read-only flag, phase): a sweep keeps one
-/// per candidate.
+/// reference, reclaim policy, CSI driver, handle and read-only flag, phase and its last
+/// change): a sweep keeps one per candidate.
 fn slim(pv: PersistentVolume) -> PersistentVolume {
     let spec = pv
         .spec
@@ -1299,6 +1299,7 @@ fn slim(pv: PersistentVolume) -> PersistentVolume {
             .status
             .map(|s| k8s_openapi::api::core::v1::PersistentVolumeStatus {
                 phase: s.phase,
+                last_phase_transition_time: s.last_phase_transition_time,
                 ..Default::default()
             }),
     }
