@@ -1,28 +1,31 @@
 //! One sweep: read, ask the pure rules ([`warmcache_modelvolume::reaper`]), act with
-//! preconditions. Three passes, in this order:
+//! preconditions. One paginated metadata list of the pods that read a model, then three passes:
 //!
 //! 1. **Bindings** of the control namespace, listed page by page: `idle-retirement` sets phase
-//!    Retiring (status update with the resourceVersion read, an Event on the binding); a
-//!    Retiring or deleted binding then goes through `retired-binding` in the same sweep: every
-//!    object it names is read (metadata only), the earliest stage with objects left is deleted
-//!    (UID preconditions), and when nothing is left the binding is deleted and its finalizer
-//!    removed. A stage whose objects cannot go yet (attached, in use, terminating) is waited on
-//!    for at most `stage_wait`, then left for the next sweep. Before the first deletion the
-//!    primary PV is stamped with its last use (the retention clock).
-//! 2. **View claims** (warmcache's, role `reader`, all namespaces, page by page):
-//!    `orphan-claim`.
-//! 3. **PVs** (page by page, with every VolumeAttachment): `orphan-view`,
-//!    `abandoned-primary`, `expired-primary`.
+//!    Retiring (status update with the resourceVersion read, an Event on the binding, the
+//!    binding's readers listed afresh first); a Retiring or deleted binding past the retiring
+//!    grace goes through `retired-binding`: every object it names is read, the earliest stage
+//!    with objects left is deleted (UID preconditions, readers listed afresh before each stage),
+//!    and when nothing is left the binding is deleted and its finalizer removed. A stage whose
+//!    objects cannot go yet (attached, in use, terminating, a PV that would reclaim shared
+//!    storage) is waited on within one budget per sweep (`stage_wait`), then left for the next
+//!    sweep. Before the first deletion the primary PV is stamped with its last use (the
+//!    retention clock).
+//! 2. **View claims** (warmcache's, role `reader`, all namespaces, page by page), against what
+//!    the bindings record, listed again after the retirements: `orphan-claim`.
+//! 3. **PVs** (page by page, slimmed, with every VolumeAttachment): `orphan-view`,
+//!    `abandoned-primary`, `expired-primary`, each deletion preceded by fresh reads (the claim
+//!    its PV names, the binding of its model, the pods of its claim's namespace).
 //!
 //! API calls (the list [`crate::rbac`] grants): bindings list/get/delete/patch, bindings/status
 //! update; pods list (cluster) and delete (mount holders); claims list/get/delete; PVs
-//! list/get/delete/patch; VolumeAttachments list; namespaces get; Jobs, Leases, StorageClasses
-//! and Secrets get (metadata) and delete; Events.
+//! list/get/delete/patch; VolumeAttachments list; namespaces get; Jobs and Leases get (metadata)
+//! and delete; Events.
 //!
-//! Every delete carries the UID read as a precondition, so an object recreated under the same
-//! name in between is never deleted; NotFound is success (idempotent: a crash anywhere is
-//! finished by the next sweep). With `--dry-run` nothing is written: each action is printed as
-//! `would ...`.
+//! Every delete carries the UID read as a precondition (volume and claim rules also the
+//! resourceVersion), so an object recreated or changed in between is never deleted; NotFound is
+//! success (idempotent: a crash anywhere is finished by the next sweep). With `--dry-run`
+//! nothing is written: each action is printed as `would ...`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
