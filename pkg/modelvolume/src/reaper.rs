@@ -6,17 +6,19 @@
 //! | rule | acts on | deletes | when |
 //! |---|---|---|---|
 //! | `idle-retirement` | a ModelCacheBinding | nothing (sets `Retiring`) | no request reference and no live reading pod since `unreferencedSince` + the idle period |
-//! | `retired-binding` | a Retiring (or deleted) binding | exactly what it names: reader views (claims, then PV objects), writer Jobs, writer views (claims, then PVs), the primary claim, the Lease; then its finalizer | no request reference and no live reading pod; a stage waits while one of its objects is attached, used by a pod or still terminating |
-//! | `orphan-view` | a view PV (read-only, or a writer view) | the PV object only (Retain: the storage is the primary's) | Released, or its claim's namespace is gone (a definite NotFound) |
-//! | `abandoned-primary` | an incomplete primary PV | its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | Released for longer than the abandon age (since the later of its creation and its last phase change) |
-//! | `expired-primary` | a complete primary PV | its view PV objects first, then its storage (reclaim Delete) | Released, no binding records it, retention > 0 passed since its last use, no view bound in a live namespace |
+//! | `retired-binding` | a Retiring (or deleted) binding | exactly what it names ([`named_resources`]): reader views (claims, then PV objects), writer Jobs, writer views (claims, then PVs), the primary claim, the Lease; then its finalizer | past the retiring grace, no request reference and no live reading pod; a stage waits while one of its objects is attached, used by a pod, still terminating, or a claim whose PV would reclaim shared storage |
+//! | `orphan-view` | a view PV (read-only, or a writer view) | the PV object only (Retain: the storage is the primary's) | released (its claim proven gone), or its claim's namespace is gone (a definite NotFound) |
+//! | `abandoned-primary` | an incomplete primary PV, the provisioner's volume for a primary claim | its views, then its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | released for longer than the abandon age (since the later of its creation and its last phase change), no view that may be read |
+//! | `expired-primary` | a complete primary PV | its views, then its storage (reclaim Delete) | released, no binding records it or holds its model, retention > 0 passed since its last use, no view that may be read |
 //! | `orphan-claim` | a read-only view claim | the claim, then the mount holders that use it | no binding records it as a view, older than the orphan age, and no pod other than mount holders uses it |
 //!
 //! Guards every rule shares: a PV with a VolumeAttachment or a claim a live pod uses is kept this
-//! sweep; a namespace is gone only on NotFound ([`NamespaceState`]); an object is only deleted
-//! when it is warmcache's (`app.kubernetes.io/managed-by=warmcache`, and the binding label, when
-//! it has one, names the binding); a view PV whose reclaim policy is not Retain is never deleted
-//! (deleting it could delete the primary's storage on drivers whose views share its handle).
+//! sweep; a namespace is gone only on NotFound ([`NamespaceState`]); Released counts only with
+//! the claim it names proven gone ([`looks_released`], [`PvFacts::claim_gone`]); an object is
+//! only deleted when it is warmcache's (`app.kubernetes.io/managed-by=warmcache`, and for a
+//! binding's objects the binding label naming it); a view PV whose reclaim policy is not Retain
+//! is never deleted (deleting it could delete the primary's storage on drivers whose views share
+//! its handle).
 
 use std::collections::BTreeMap;
 
