@@ -1697,7 +1697,10 @@ async fn a_writer_namespace_without_pods_is_taken_over_after_the_grace_period() 
         .await
         .unwrap();
     let jobs_b: Api<Job> = b_ns.api();
-    let job_b = eventually("the Job in the other namespace", WAIT, || {
+    // Generous: the takeover waits for the grace, and under the full suite's load the
+    // controller's retries of conflicting writes back off (a fresh-clone CI run once took more
+    // than 60 s here; alone it takes about 5 s).
+    let job_b = eventually("the Job in the other namespace", 3 * WAIT, || {
         let jobs = jobs_b.clone();
         let job_name = job_name.clone();
         async move { jobs.get_opt(&job_name).await.ok().flatten() }
