@@ -7,7 +7,10 @@
 //! it) measures the staged tree, creates the primary claim sized from it, attaches it through a
 //! mount holder, copies and verifies the tree and answers the staging pod; the controller labels
 //! the primary complete and Retain, releases its claim, waits for the detach and creates the
-//! namespace's read-only view; the reader reads the bytes and cannot write them.
+//! namespace's read-only view; the reader reads the bytes and cannot write them. A second
+//! namespace of the sharing domain then joins the binding, gets its own view (the driver
+//! refuses a handle whose namespace segment is not the pod's) and reads the same bytes, with
+//! no second download.
 //!
 //! Adapted to the node as in the binding controller's real-node test: images become the tools
 //! image with `imagePullPolicy: Never`, the download writes the model files with a script, the
@@ -139,6 +142,20 @@ fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str, download: &str
     pod
 }
 
+/// Puts namespace `ns` in sharing domain `domain`.
+async fn label_domain(client: &kube::Client, ns: &str, domain: &str) {
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": {
+                warmcache_api_modelcache::SHARING_DOMAIN_LABEL: domain,
+            } } })),
+        )
+        .await
+        .unwrap();
+}
+
 fn state_exit(pod: &Pod, container: &str) -> Option<i32> {
     let status = pod.status.as_ref()?;
     status
@@ -203,6 +220,9 @@ struct World {
     stored: ModelCacheBinding,
     pods: Api<Pod>,
     engine: String,
+    landing: String,
+    /// The catalog the admissions decided from.
+    catalog: CatalogSnapshot,
     agent: AgentProcess,
     _account: ComponentAccount,
     stop: tokio_util::sync::CancellationToken,
@@ -215,7 +235,9 @@ static ONE_CLASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `stale_claim`: before the reader exists, the primary claim an agent would have created for a
 /// staging pod that is gone since (evicted, its node lost).
-async fn setup(download: &str, stale_claim: bool) -> World {
+/// `shared`: the app namespace carries a sharing-domain label (its own name), so another
+/// namespace labelled alike reads the same cache (helmModelCache).
+async fn setup(download: &str, stale_claim: bool, shared: bool) -> World {
     let one = ONE_CLASS.lock().await;
     let driver = TestCsiDriver::NamespacedBlock;
     let node = RealNode::shared().await.unwrap();
@@ -223,6 +245,9 @@ async fn setup(download: &str, stale_claim: bool) -> World {
     let app = TestNamespace::new("mvc-node-app").await.unwrap();
     let control = TestNamespace::new("mvc-node-ctl").await.unwrap();
     let client = app.client.clone();
+    if shared {
+        label_domain(&client, &app.name, &app.name).await;
+    }
 
     // nvcf-sc on the block profile, and a catalog qualifying it (provider nvmesh: roxReadOnly).
     let classes: Api<StorageClass> = Api::all(client.clone());
@@ -383,6 +408,8 @@ async fn setup(download: &str, stale_claim: bool) -> World {
         stored,
         pods,
         engine,
+        landing,
+        catalog,
         agent,
         _account: account,
         stop,
@@ -392,6 +419,74 @@ async fn setup(download: &str, stale_claim: bool) -> World {
 }
 
 impl World {
+    /// The first reader's pod admitted in a new namespace of the app namespace's sharing domain
+    /// (joining the stored binding) and run to its end.
+    async fn second_reader(&self) -> Pod {
+        let ns = TestNamespace::new("mvc-node-app2").await.unwrap();
+        label_domain(&self.client, &ns.name, &self.app.name).await;
+        let labels = Api::<Namespace>::all(self.client.clone())
+            .get(&ns.name)
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default();
+        let nvcf_sc = self.classes.get(MODEL_CACHE_STORAGE_CLASS).await.unwrap();
+        let csi_driver = Api::<CSIDriver>::all(self.client.clone())
+            .get(TestCsiDriver::NamespacedBlock.driver_name())
+            .await
+            .unwrap();
+        let storage = StorageInputs {
+            storage_class: Some(&nvcf_sc),
+            csi_driver: Some(&csi_driver),
+            catalog: CatalogInput::Loaded(&self.catalog),
+            gates: Gates {
+                caching_support: true,
+                helm_model_caching: true,
+                model_cache_encryption: false,
+            },
+        };
+        let options = Options {
+            control_namespace: self.control.name.clone(),
+            ..Options::default()
+        };
+        let source: Pod = serde_saphyr::from_str(VLLM_POD).unwrap();
+        let stored = self.bindings.get(&self.binding_name).await.unwrap();
+        let req = Request {
+            pod: &source,
+            namespace: &ns.name,
+            namespace_labels: &labels,
+            leader_worker_set: None,
+            traceparent: None,
+            options: &options,
+        };
+        let Verdict::Rewrite(reader) = admit(&req, |_, _| Some(&stored), &storage) else {
+            panic!("the second namespace's pod was not rewritten");
+        };
+        assert!(
+            matches!(reader.binding, BindingAction::Join { .. }),
+            "it joins the binding: {:?}",
+            reader.binding
+        );
+        let mut pod = for_the_test_node(&reader.pod, &self.engine, &self.landing, "true");
+        pod.metadata.name = Some("qwen3-reader".into());
+        let pods = ns.api::<Pod>();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        let done = wait_pod_finished(&pods, "qwen3-reader", TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", self.agent_log()));
+        assert_eq!(
+            state_exit(&done, WAIT_CONTAINER),
+            Some(0),
+            "{:?}",
+            done.status
+        );
+        let jobs = ns.api::<Job>().list(&ListParams::default()).await.unwrap();
+        assert!(jobs.items.is_empty(), "no download in the second namespace");
+        ns.cleanup().await;
+        done
+    }
+
     fn agent_log(&self) -> String {
         std::fs::read_to_string(self.node.dir().join("model-volume-controller.log"))
             .unwrap_or_default()
@@ -466,7 +561,7 @@ impl World {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
-    let w = setup(DOWNLOAD_SCRIPT, false).await;
+    let w = setup(DOWNLOAD_SCRIPT, false, true).await;
     let (client, control, stored) = (w.client.clone(), &w.control, &w.stored);
     // Ready with a view: staged, copied, completed, released, detached.
     let ready = w.settled().await.unwrap_or_else(|b| {
@@ -566,6 +661,42 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
         );
     }
 
+    // A second namespace of the sharing domain: the same pod joins the binding, gets its own
+    // view (the block driver refuses a handle whose namespace segment is not the pod's), and
+    // reads the same bytes read-only, with no second download.
+    let second = w.second_reader().await;
+    let report = termination_message(&second, &w.engine).unwrap();
+    eprintln!("second namespace's reader report:\n{report}");
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("read=")),
+        Some(CONFIG_JSON)
+    );
+    for line in report.lines().filter(|l| l.contains(" rc=")) {
+        assert!(
+            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
+            "a write was not refused with EROFS: {line}\n{report}"
+        );
+    }
+    let b = w.bindings.get(&w.binding_name).await.unwrap();
+    let views = &b.status.as_ref().unwrap().realized.as_ref().unwrap().views;
+    assert_eq!(views.len(), 2, "{views:?}");
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let mut handles = Vec::new();
+    for v in views {
+        let pv = pvs.get(&v.persistent_volume_name).await.unwrap();
+        let handle = pv.spec.unwrap().csi.unwrap().volume_handle;
+        assert!(handle.ends_with(&format!(":{}", v.namespace)), "{handle}");
+        handles.push(handle);
+    }
+    assert_ne!(handles[0], handles[1]);
+    let staging = w
+        .app
+        .api::<Job>()
+        .list(&ListParams::default().labels("nvsnap.io/model-staging=true"))
+        .await
+        .unwrap();
+    assert_eq!(staging.items.len(), 1, "one download for the domain");
+
     w.finish().await;
 }
 
@@ -576,6 +707,7 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
 async fn three_failed_copies_drop_the_claim_and_fail_the_download_with_the_agents_words() {
     let w = setup(
         &format!("{DOWNLOAD_SCRIPT}mkfifo \"$d/not-a-model\"\n"),
+        false,
         false,
     )
     .await;
@@ -629,7 +761,7 @@ async fn three_failed_copies_drop_the_claim_and_fail_the_download_with_the_agent
 /// elected in its place; the download completes as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_staging_pod_is_gone_is_dropped_and_elected_again() {
-    let w = setup(DOWNLOAD_SCRIPT, true).await;
+    let w = setup(DOWNLOAD_SCRIPT, true, false).await;
     let ready = w.settled().await.unwrap_or_else(|b| {
         panic!(
             "the block download failed: {:?}\n{}",
