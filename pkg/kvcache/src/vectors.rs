@@ -332,7 +332,81 @@ pub fn invalid() -> Vec<Vector> {
             (
                 "spec.connection.managed.members[0].capacityPerMember",
                 "must be greater than 0",
-                Layer::Cel("capacityPerMember must be greater than 0"),
+                Layer::Webhook,
+            ),
+        ),
+        // The quantity sign checks are the webhook's: no CEL rule reads a quantity's value, so
+        // the CRD installs on API servers that cost string functions on int-or-string fields
+        // by the largest request (kube-apiserver 1.30 and 1.31; see warmcache_api_kvcache's
+        // v1alpha1::rules).
+        refused(
+            "B50",
+            "capacityPerMember written as the integer 0",
+            None,
+            with(v1(), |o| members(o)[0]["capacityPerMember"] = json!(0)),
+            (
+                "spec.connection.managed.members[0].capacityPerMember",
+                "must be greater than 0",
+                Layer::Webhook,
+            ),
+        ),
+        refused(
+            "B51",
+            "capacityPerMember negative",
+            None,
+            with(v1(), |o| members(o)[0]["capacityPerMember"] = json!("-1Gi")),
+            (
+                "spec.connection.managed.members[0].capacityPerMember",
+                "must be greater than 0",
+                Layer::Webhook,
+            ),
+        ),
+        refused(
+            "B52",
+            "localBufferSize negative",
+            None,
+            with(v1(), |o| members(o)[0]["localBufferSize"] = json!("-1")),
+            (
+                "spec.connection.managed.members[0].localBufferSize",
+                "must not be negative",
+                Layer::Webhook,
+            ),
+        ),
+        refused(
+            "B53",
+            "tier capacity negative",
+            None,
+            with(v2(), |o| {
+                let tier = tier0(o);
+                tier["capacity"] = json!("-4Ti");
+                remove(tier, "eviction");
+            }),
+            (
+                "spec.connection.managed.members[0].localDisks[0].capacity",
+                "must not be negative",
+                Layer::Webhook,
+            ),
+        ),
+        refused(
+            "B54",
+            "watermark with tier capacity 0",
+            None,
+            with(v2(), |o| tier0(o)["capacity"] = json!("0")),
+            (
+                "spec.connection.managed.members[0].localDisks[0].capacity",
+                "capacity must be set above 0 when eviction.watermark is set",
+                Layer::Webhook,
+            ),
+        ),
+        refused(
+            "B55",
+            "watermark with tier capacity written as the integer 0",
+            None,
+            with(v2(), |o| tier0(o)["capacity"] = json!(0)),
+            (
+                "spec.connection.managed.members[0].localDisks[0].capacity",
+                "capacity must be set above 0 when eviction.watermark is set",
+                Layer::Webhook,
             ),
         ),
         refused(

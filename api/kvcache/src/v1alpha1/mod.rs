@@ -389,13 +389,11 @@ pub struct MemberGroup {
 
     /// Segment size each member contributes, e.g. 64Gi. Must be greater than 0.
     #[schemars(schema_with = "crate::schema::quantity")]
-    #[x_kube(validation = rules::capacity_per_member_positive())]
     pub capacity_per_member: Quantity,
 
     /// Size of each member's local transfer buffer. Added to the Pod's memory request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::quantity")]
-    #[x_kube(validation = rules::local_buffer_not_negative())]
     pub local_buffer_size: Option<Quantity>,
 
     /// Extra member settings, each one token "-key" or "-key=value", passed as "-D key=value".
@@ -489,7 +487,6 @@ pub struct LocalDisk {
     /// 0) when eviction.watermark is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::quantity")]
-    #[x_kube(validation = rules::capacity_not_negative())]
     pub capacity: Option<Quantity>,
 
     /// Most keys the tier may hold. 0 or unset means no limit is set.

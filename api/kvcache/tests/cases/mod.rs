@@ -282,40 +282,6 @@ pub fn cases() -> Vec<Case> {
             "only one of managed or external may be set",
         ),
         refused(
-            "X2 create: capacityPerMember 0",
-            None,
-            with(v2(), |o| members(o)[0]["capacityPerMember"] = json!("0")),
-            "capacityPerMember must be greater than 0",
-        ),
-        refused(
-            "create: capacityPerMember integer 0",
-            None,
-            with(v1(), |o| members(o)[0]["capacityPerMember"] = json!(0)),
-            "capacityPerMember must be greater than 0",
-        ),
-        refused(
-            "create: capacityPerMember negative",
-            None,
-            with(v1(), |o| members(o)[0]["capacityPerMember"] = json!("-1Gi")),
-            "capacityPerMember must be greater than 0",
-        ),
-        refused(
-            "create: localBufferSize negative",
-            None,
-            with(v1(), |o| members(o)[0]["localBufferSize"] = json!("-1")),
-            "localBufferSize must not be negative",
-        ),
-        refused(
-            "create: tier capacity negative",
-            None,
-            with(v2(), |o| {
-                let tier = tier0(o);
-                tier["capacity"] = json!("-4Ti");
-                remove(tier, "eviction");
-            }),
-            "capacity must not be negative",
-        ),
-        refused(
             "create: two leader replicas without highAvailability",
             None,
             with(v2(), |o| {
@@ -346,18 +312,6 @@ pub fn cases() -> Vec<Case> {
             with(v2(), |o| {
                 remove(tier0(o), "capacity");
             }),
-            "capacity must be set above 0 when eviction.watermark is set",
-        ),
-        refused(
-            "X13 create: watermark with capacity 0",
-            None,
-            with(v2(), |o| tier0(o)["capacity"] = json!("0")),
-            "capacity must be set above 0 when eviction.watermark is set",
-        ),
-        refused(
-            "X13 create: watermark with integer capacity 0",
-            None,
-            with(v2(), |o| tier0(o)["capacity"] = json!(0)),
             "capacity must be set above 0 when eviction.watermark is set",
         ),
         refused(
