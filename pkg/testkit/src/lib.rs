@@ -142,7 +142,7 @@ pub use kubelet::Kubelet;
 pub use namespace::{TESTKIT_NAMESPACE_LABEL, TestNamespace};
 pub use node::{ENV_NODE_BIN_DIR, KUBELET_SYSCTLS, RealNode};
 pub use pki::WebhookPki;
-pub use plane::{ControlPlane, ENV_BIN_DIR, ENV_CRD_DIR};
+pub use plane::{ControlPlane, ENV_AUDIT_DIR, ENV_BIN_DIR, ENV_CRD_DIR, ENV_OLDEST_APISERVER_BIN};
 pub use pods::{
     on_test_node, termination_message, tools_container, tools_pod, wait_pod, wait_pod_finished,
     wait_pod_running,

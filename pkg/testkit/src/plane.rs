@@ -23,6 +23,24 @@ pub const ENV_BIN_DIR: &str = "WARMCACHE_CONTROL_PLANE_BIN";
 /// Env var naming the directory whose `*.yaml` CRDs are installed (default
 /// `<workspace>/config/crd`).
 pub const ENV_CRD_DIR: &str = "WARMCACHE_TESTKIT_CRD_DIR";
+/// Env var naming a directory that holds the `kube-apiserver` of the oldest Kubernetes version
+/// the chart supports (`hack/build-oldest-apiserver.sh` prints it).
+pub const ENV_OLDEST_APISERVER_BIN: &str = "WARMCACHE_OLDEST_APISERVER_BIN";
+/// Env var naming a directory where every plane writes the API server's audit log of requests
+/// made by ServiceAccounts (`<dir>/<plane>.audit.jsonl`), which `cargo xtask rbac-usage` reads
+/// to prove each granted verb is used. Unset: no audit log.
+pub const ENV_AUDIT_DIR: &str = "WARMCACHE_AUDIT_DIR";
+
+/// The audit policy of every plane when [`ENV_AUDIT_DIR`] is set: metadata (who, what, which
+/// role allowed it) of every request a ServiceAccount makes, nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: Metadata
+  userGroups: [system:serviceaccounts]
+- level: None
+";
 
 const ETCD_TIMEOUT: Duration = Duration::from_secs(30);
 const APISERVER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -145,6 +163,32 @@ impl ControlPlane {
         let handle = std::thread::Builder::new()
             .name("warmcache-testkit-start".into())
             .spawn(start_blocking)
+            .map_err(|e| TestkitError::io("spawning the control-plane startup thread", e))?;
+        handle.join().map_err(|_| {
+            TestkitError::Unavailable("the control-plane startup thread panicked".into())
+        })?
+    }
+
+    /// Starts a new, private plane whose API server is the oldest Kubernetes version the chart
+    /// supports (`$WARMCACHE_OLDEST_APISERVER_BIN`, else the directory
+    /// `hack/build-oldest-apiserver.sh` prints), with the kit's etcd and the workspace CRDs
+    /// installed, and no controller manager (a newer controller manager than its API server is
+    /// outside the version-skew policy). It is for validating objects against that version's
+    /// schemas and admission; nothing reconciles on it. Blocks like [`ControlPlane::start`].
+    pub fn start_oldest() -> Result<ControlPlane, TestkitError> {
+        let handle = std::thread::Builder::new()
+            .name("warmcache-testkit-start-oldest".into())
+            .spawn(|| {
+                let current = locate_binaries()?;
+                let oldest = locate_oldest_apiserver()?;
+                let binaries = Binaries {
+                    etcd: current.join("etcd"),
+                    apiserver: oldest.join("kube-apiserver"),
+                    controller_manager: None,
+                    dir: oldest,
+                };
+                start_with(&binaries)
+            })
             .map_err(|e| TestkitError::io("spawning the control-plane startup thread", e))?;
         handle.join().map_err(|_| {
             TestkitError::Unavailable("the control-plane startup thread panicked".into())
@@ -279,12 +323,32 @@ pub(crate) fn workspace_root() -> PathBuf {
     root.canonicalize().unwrap_or(root)
 }
 
+/// The binaries of one plane.
+struct Binaries {
+    etcd: PathBuf,
+    apiserver: PathBuf,
+    /// `None`: a plane without controllers (see [`ControlPlane::start_oldest`]).
+    controller_manager: Option<PathBuf>,
+    /// What [`ControlPlane::bin_dir`] reports.
+    dir: PathBuf,
+}
+
 fn start_blocking() -> Result<ControlPlane, TestkitError> {
+    let dir = locate_binaries()?;
+    let binaries = Binaries {
+        etcd: dir.join("etcd"),
+        apiserver: dir.join("kube-apiserver"),
+        controller_manager: Some(dir.join("kube-controller-manager")),
+        dir,
+    };
+    start_with(&binaries)
+}
+
+fn start_with(binaries: &Binaries) -> Result<ControlPlane, TestkitError> {
     let started = Instant::now();
-    let bin_dir = locate_binaries()?;
     let mut last = None;
     for _ in 0..START_ATTEMPTS {
-        match try_start(&bin_dir, started) {
+        match try_start(binaries, started) {
             Ok(plane) => return Ok(plane),
             Err(e) if is_port_collision(&e) => last = Some(e),
             Err(e) => return Err(e),
@@ -312,6 +376,21 @@ fn locate_binaries() -> Result<PathBuf, TestkitError> {
                 message: format!("{} has no `{name}`", dir.display()),
             });
         }
+    }
+    Ok(dir)
+}
+
+/// `$WARMCACHE_OLDEST_APISERVER_BIN`, else the directory printed by
+/// `hack/build-oldest-apiserver.sh`.
+fn locate_oldest_apiserver() -> Result<PathBuf, TestkitError> {
+    let dir = match std::env::var_os(ENV_OLDEST_APISERVER_BIN) {
+        Some(dir) => PathBuf::from(dir),
+        None => run_script("hack/build-oldest-apiserver.sh", ENV_OLDEST_APISERVER_BIN)?,
+    };
+    if !dir.join("kube-apiserver").is_file() {
+        return Err(TestkitError::Binaries {
+            message: format!("{} has no `kube-apiserver`", dir.display()),
+        });
     }
     Ok(dir)
 }
@@ -659,7 +738,7 @@ current-context: warmcache-testkit
     )
 }
 
-fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitError> {
+fn try_start(binaries: &Binaries, started: Instant) -> Result<ControlPlane, TestkitError> {
     let dir = tempfile::Builder::new()
         .prefix("warmcache-testkit-")
         .tempdir()
@@ -726,6 +805,33 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
     let kubeconfig = Kubeconfig::from_yaml(&kubeconfig_text)?;
 
     let s = |path: PathBuf| path.display().to_string();
+    let audit_args = match std::env::var_os(ENV_AUDIT_DIR) {
+        Some(audit_dir) => {
+            let audit_dir = PathBuf::from(audit_dir);
+            fs::create_dir_all(&audit_dir).map_err(|e| {
+                TestkitError::io(
+                    format!("creating the audit directory {}", audit_dir.display()),
+                    e,
+                )
+            })?;
+            write(&p("audit-policy.yaml"), AUDIT_POLICY)?;
+            let plane = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| random_suffix(12));
+            vec![
+                format!("--audit-policy-file={}", s(p("audit-policy.yaml"))),
+                format!(
+                    "--audit-log-path={}",
+                    s(audit_dir.join(format!("{plane}.audit.jsonl")))
+                ),
+                "--audit-log-format=json".to_owned(),
+                "--audit-log-maxsize=0".to_owned(),
+                "--audit-log-maxbackup=0".to_owned(),
+            ]
+        }
+        None => Vec::new(),
+    };
     let etcd_args = vec![
         format!("--data-dir={}", s(p("etcd-data"))),
         format!("--listen-client-urls={etcd_url}"),
@@ -757,7 +863,10 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         "--enable-priority-and-fairness=false".to_owned(),
         "--allow-privileged=true".to_owned(),
         "--profiling=false".to_owned(),
-    ];
+    ]
+    .into_iter()
+    .chain(audit_args)
+    .collect::<Vec<_>>();
     let controller_manager_args = vec![
         format!("--kubeconfig={}", s(kubeconfig_path.clone())),
         format!("--service-account-private-key-file={}", s(p("sa.key"))),
@@ -779,18 +888,14 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
 
     let crds = runtime.block_on(async {
         install_crypto_provider();
-        let etcd = processes.spawn("etcd", &bin_dir.join("etcd"), &etcd_args, &dir)?;
+        let etcd = processes.spawn("etcd", &binaries.etcd, &etcd_args, &dir)?;
         wait_healthy(&mut processes.components[etcd], ETCD_TIMEOUT, || {
             etcd_healthy(etcd_port)
         })
         .await?;
 
-        let apiserver = processes.spawn(
-            "kube-apiserver",
-            &bin_dir.join("kube-apiserver"),
-            &apiserver_args,
-            &dir,
-        )?;
+        let apiserver =
+            processes.spawn("kube-apiserver", &binaries.apiserver, &apiserver_args, &dir)?;
         let config =
             Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
                 .await?;
@@ -815,29 +920,33 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
         )
         .await?;
 
-        let controller_manager = processes.spawn(
-            "kube-controller-manager",
-            &bin_dir.join("kube-controller-manager"),
-            &controller_manager_args,
-            &dir,
-        )?;
-        // The serviceaccounts controller creating `default/default` shows the controllers run.
-        let service_accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
-        wait_healthy(
-            &mut processes.components[controller_manager],
-            CONTROLLER_MANAGER_TIMEOUT,
-            || {
-                let service_accounts = service_accounts.clone();
-                async move {
-                    match service_accounts.get_opt("default").await {
-                        Ok(Some(_)) => Ok(()),
-                        Ok(None) => Err("ServiceAccount default/default not created yet".into()),
-                        Err(e) => Err(e.to_string()),
+        if let Some(controller_manager) = &binaries.controller_manager {
+            let controller_manager = processes.spawn(
+                "kube-controller-manager",
+                controller_manager,
+                &controller_manager_args,
+                &dir,
+            )?;
+            // The serviceaccounts controller creating `default/default` shows the controllers run.
+            let service_accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+            wait_healthy(
+                &mut processes.components[controller_manager],
+                CONTROLLER_MANAGER_TIMEOUT,
+                || {
+                    let service_accounts = service_accounts.clone();
+                    async move {
+                        match service_accounts.get_opt("default").await {
+                            Ok(Some(_)) => Ok(()),
+                            Ok(None) => {
+                                Err("ServiceAccount default/default not created yet".into())
+                            }
+                            Err(e) => Err(e.to_string()),
+                        }
                     }
-                }
-            },
-        )
-        .await?;
+                },
+            )
+            .await?;
+        }
 
         let crd_dir = std::env::var_os(ENV_CRD_DIR)
             .map(PathBuf::from)
@@ -848,7 +957,7 @@ fn try_start(bin_dir: &Path, started: Instant) -> Result<ControlPlane, TestkitEr
 
     Ok(ControlPlane {
         dir,
-        bin_dir: bin_dir.to_path_buf(),
+        bin_dir: binaries.dir.clone(),
         kubeconfig_path,
         kubeconfig,
         server_url,

@@ -96,7 +96,14 @@ async fn admit_pod(
     template: &Value,
 ) -> Result<(), kube::Error> {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    for account in of_kind(objects, "ServiceAccount") {
+    // `default` for pods that name no account (the KVCacheBackend webhook, which reads nothing
+    // from the API); a plane without a controller manager has none.
+    let default =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
+    for account in of_kind(objects, "ServiceAccount")
+        .into_iter()
+        .chain([&default])
+    {
         let mut account: ServiceAccount = serde_json::from_value(account.clone()).unwrap();
         account.metadata.namespace = Some(namespace.to_owned());
         let name = account.metadata.name.clone().unwrap();
@@ -162,22 +169,21 @@ async fn admit_pods(client: &kube::Client, objects: &[Value]) -> usize {
     agents
 }
 
-#[tokio::test]
-async fn every_rendered_object_passes_strict_server_validation_and_restricted() {
-    let plane = ControlPlane::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
+/// The render matrix on one API server: the defaults, everything on (the node agent too), and
+/// cert-manager with the optional StorageClass.
+async fn validate_matrix(client: &kube::Client) {
     let helm = Helm::new().unwrap();
-    ensure_namespace(&client, NAMESPACE).await;
-    ensure_namespace(&client, "nvca-modelcache-init").await;
+    ensure_namespace(client, NAMESPACE).await;
+    ensure_namespace(client, "nvca-modelcache-init").await;
 
     let objects = helm.template(&["serviceMonitor.enabled=true"]).unwrap();
     assert_eq!(
-        validate(&client, &objects).await,
+        validate(client, &objects).await,
         5,
         "the five ServiceMonitors"
     );
     assert_eq!(
-        admit_pods(&client, &objects).await,
+        admit_pods(client, &objects).await,
         0,
         "no node agent by default"
     );
@@ -190,11 +196,11 @@ async fn every_rendered_object_passes_strict_server_validation_and_restricted() 
         ])
         .unwrap();
     assert_eq!(
-        validate(&client, &objects).await,
+        validate(client, &objects).await,
         6,
         "the six ServiceMonitors"
     );
-    assert_eq!(admit_pods(&client, &objects).await, 1, "the node agent");
+    assert_eq!(admit_pods(client, &objects).await, 1, "the node agent");
 
     let objects = helm
         .template(&[
@@ -204,10 +210,46 @@ async fn every_rendered_object_passes_strict_server_validation_and_restricted() 
         ])
         .unwrap();
     assert_eq!(
-        validate(&client, &objects).await,
+        validate(client, &objects).await,
         4,
         "two Issuers and two Certificates"
     );
+}
+
+#[tokio::test]
+async fn every_rendered_object_passes_strict_server_validation_and_restricted() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    validate_matrix(&client).await;
+}
+
+/// The same matrix on the oldest Kubernetes the chart admits (`kubeVersion: >=1.30.0-0`): a real
+/// v1.30 kube-apiserver with the workspace CRDs installed (so their schemas and CEL rules compile
+/// there too), every object strict and every pod template under "restricted" of that version.
+#[tokio::test]
+async fn every_rendered_object_passes_on_the_oldest_supported_kubernetes() {
+    let plane = tokio::task::spawn_blocking(ControlPlane::start_oldest)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the oldest supported API server did not start: {e}"));
+    let client = plane.client().await.unwrap();
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(
+        (version.major.as_str(), version.minor.as_str()),
+        ("1", "30"),
+        "the oldest plane runs {}",
+        version.git_version
+    );
+    let chart = std::fs::read_to_string(warmcache_testkit::chart_dir().join("Chart.yaml")).unwrap();
+    assert!(
+        chart.contains("kubeVersion: \">=1.30.0-0\""),
+        "Chart.yaml's kubeVersion moved: move hack/controlplane/kube-oldest with it"
+    );
+    validate_matrix(&client).await;
+    drop(client);
+    tokio::task::spawn_blocking(move || plane.shutdown())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
