@@ -5,9 +5,11 @@
 # (from pinned Go modules with the machine's Go 1.26, cached under ~/.cache/warmcache; skipped when
 # WARMCACHE_CONTROL_PLANE_BIN names a directory with the three binaries) and the real test node
 # (Debian packages, then hack/build-node.sh; skipped when WARMCACHE_NODE_BIN is set), the real Helm CLI
-# (hack/build-helm.sh; skipped when WARMCACHE_HELM is set) and the real
+# (hack/build-helm.sh; skipped when WARMCACHE_HELM is set), the oldest supported kube-apiserver
+# (hack/build-oldest-apiserver.sh; skipped when WARMCACHE_OLDEST_APISERVER_BIN is set) and the real
 # Mooncake store (hack/mooncake.sh; skipped when WARMCACHE_MOONCAKE_MASTER is set), then runs the
-# generated-file checks, formatting, lints and every test in the workspace. It needs cargo (Rust
+# generated-file checks, formatting, lints, every test in the workspace, and the check that every
+# verb the generated roles grant was used by a test (from the test API servers' audit logs). It needs cargo (Rust
 # 1.95 with clippy and rustfmt), python3 (tests execute a rendered preStop hook), flock, and Go
 # 1.26 unless the binaries are given. Integration tests start the control plane on loopback; they
 # fail (never skip) when it cannot start.
@@ -31,6 +33,16 @@ else
 fi
 export WARMCACHE_CONTROL_PLANE_BIN
 echo "using $WARMCACHE_CONTROL_PLANE_BIN"
+
+step "oldest supported kube-apiserver (v1.30, for the chart's strict validation)"
+# Chart.yaml's kubeVersion names the oldest Kubernetes the chart supports; the chart tests
+# validate every rendered object (and install the CRDs) there too. Skipped when
+# WARMCACHE_OLDEST_APISERVER_BIN names a directory with that kube-apiserver.
+if [ -z "${WARMCACHE_OLDEST_APISERVER_BIN:-}" ] || [ ! -x "$WARMCACHE_OLDEST_APISERVER_BIN/kube-apiserver" ]; then
+  WARMCACHE_OLDEST_APISERVER_BIN=$(hack/build-oldest-apiserver.sh | tail -n 1)
+fi
+export WARMCACHE_OLDEST_APISERVER_BIN
+echo "using $WARMCACHE_OLDEST_APISERVER_BIN ($("$WARMCACHE_OLDEST_APISERVER_BIN/kube-apiserver" --version))"
 
 step "real node: Debian packages and binaries (kubelet, kube-scheduler, kubectl, CSI test driver and sidecars)"
 # Installs containerd, runc, the CNI loopback plugin and busybox-static when missing (root;
@@ -94,4 +106,16 @@ step "tests"
 # PROPTEST_RNG_SEED to explore other seeds locally.
 export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261201}"
 echo "PROPTEST_RNG_SEED=$PROPTEST_RNG_SEED"
+# Every test plane's API server logs what ServiceAccounts ask of it, for the RBAC check below
+# (into a fresh temporary directory, or one WARMCACHE_AUDIT_DIR names, which is then kept).
+if [ -z "${WARMCACHE_AUDIT_DIR:-}" ]; then
+  WARMCACHE_AUDIT_DIR=$(mktemp -d "${TMPDIR:-/tmp}/warmcache-audit.XXXXXX")
+  trap 'rm -rf -- "$WARMCACHE_AUDIT_DIR"' EXIT
+fi
+export WARMCACHE_AUDIT_DIR
 cargo test --workspace --no-fail-fast
+
+step "no granted verb goes unused (cargo xtask rbac-usage)"
+# The components' tests run each one as its ServiceAccount with the generated roles; the audit
+# logs say which role allowed each request. A verb no test exercised fails here.
+cargo xtask rbac-usage "$WARMCACHE_AUDIT_DIR"

@@ -15,7 +15,7 @@
 
 mod catalog;
 mod crds;
-mod rbac;
+pub mod rbac;
 mod values;
 mod webhooks;
 

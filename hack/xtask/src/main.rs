@@ -1,8 +1,9 @@
 //! Workspace tasks run by developers and CI: `cargo xtask gen [--check]` (every generated file)
-//! and `cargo xtask deps-check`.
+//! `cargo xtask deps-check` and `cargo xtask rbac-usage DIR` (no granted verb unused).
 
 mod deps;
 mod generate;
+mod rbac_usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +37,13 @@ enum Command {
     },
     /// Enforce the dependency direction of docs/architecture.md section 4 over `cargo metadata`.
     DepsCheck,
+    /// Fail when a verb the generated roles grant was never used by the component it is
+    /// granted to, according to the API servers' audit logs of a test run (`*.jsonl` in DIR,
+    /// written when the tests run with WARMCACHE_AUDIT_DIR=DIR).
+    RbacUsage {
+        /// The directory of audit logs.
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,6 +53,9 @@ fn main() -> ExitCode {
         Command::Gen { check } => generate::run(&root, None, check),
         Command::Crdgen { check } => generate::run(&root, Some("crds"), check),
         Command::DepsCheck => deps::run(&root),
+        Command::RbacUsage { dir } => {
+            rbac_usage::run(&dir, &root.join("hack/rbac-usage-pending.txt"))
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
