@@ -12,6 +12,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/kube-ldflags.sh
+. "$here/lib/kube-ldflags.sh"
 src="$here/controlplane"
 cache_root="${WARMCACHE_CACHE_DIR:-$HOME/.cache/warmcache}/controlplane"
 
@@ -24,7 +26,7 @@ case "$go_version" in
 esac
 
 stamp=$( { echo "$go_version"; cat "$src"/kube/go.mod "$src"/kube/go.sum "$src"/kube/tools.go \
-             "$src"/etcd/go.mod "$src"/etcd/go.sum "$src"/etcd/main.go "$0"; } | sha256sum | cut -c1-16)
+             "$src"/etcd/go.mod "$src"/etcd/go.sum "$src"/etcd/main.go "$0" "$here/lib/kube-ldflags.sh"; } | sha256sum | cut -c1-16)
 out="$cache_root/$stamp/bin"
 
 if [ -x "$out/etcd" ] && [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ]; then
@@ -40,13 +42,8 @@ if [ -x "$out/etcd" ] && [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-control
   echo "$out"
   exit 0
 fi
-kube_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$src/kube/go.mod")
-minor=${kube_version#v1.}; minor=${minor%%.*}
-ldflags="-s -w \
- -X k8s.io/component-base/version.gitVersion=$kube_version \
- -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=$minor \
- -X k8s.io/component-base/version.gitTreeState=clean"
+kube_version=$(kube_version "$src/kube/go.mod")
+ldflags=$(kube_ldflags "$src/kube/go.mod")
 
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 echo "build-control-plane: building etcd into $out" >&2

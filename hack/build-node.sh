@@ -25,6 +25,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/kube-ldflags.sh
+. "$here/lib/kube-ldflags.sh"
 kube_src="$here/controlplane/kube"
 node_src="$here/node"
 cache_root="${WARMCACHE_CACHE_DIR:-$HOME/.cache/warmcache}/node"
@@ -72,7 +74,7 @@ case "$go_version" in
   *) echo "build-node: Kubernetes 1.36 must be built with Go 1.26 (found $go_version)" >&2; exit 1 ;;
 esac
 
-stamp=$( { echo "$go_version"; cat "$kube_src"/go.mod "$kube_src"/go.sum "$kube_src"/tools.go "$0"
+stamp=$( { echo "$go_version"; cat "$kube_src"/go.mod "$kube_src"/go.sum "$kube_src"/tools.go "$0" "$here/lib/kube-ldflags.sh"
            find "$node_src" -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort \
              | while read -r f; do echo "$f" | sed "s#^$node_src/##"; cat "$f"; done
          } | sha256sum | cut -c1-16)
@@ -97,13 +99,7 @@ if complete; then
   exit 0
 fi
 
-kube_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$kube_src/go.mod")
-minor=${kube_version#v1.}; minor=${minor%%.*}
-ldflags="-s -w \
- -X k8s.io/component-base/version.gitVersion=$kube_version \
- -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=$minor \
- -X k8s.io/component-base/version.gitTreeState=clean"
+ldflags=$(kube_ldflags "$kube_src/go.mod")
 
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 # build NAME DIR PACKAGE [go build flags...]: builds into $out/NAME atomically, timing it.

@@ -12,13 +12,15 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/kube-ldflags.sh
+. "$here/lib/kube-ldflags.sh"
 src="$here/controlplane/kube-oldest"
 cache_root="${WARMCACHE_CACHE_DIR:-$HOME/.cache/warmcache}/apiserver-oldest"
 
 command -v go >/dev/null 2>&1 || { echo "build-oldest-apiserver: the Go toolchain is required (go not on PATH)" >&2; exit 1; }
 go_version=$(go env GOVERSION)
 
-stamp=$( { echo "$go_version"; cat "$src"/go.mod "$src"/go.sum "$src"/tools.go "$0"; } | sha256sum | cut -c1-16)
+stamp=$( { echo "$go_version"; cat "$src"/go.mod "$src"/go.sum "$src"/tools.go "$0" "$here/lib/kube-ldflags.sh"; } | sha256sum | cut -c1-16)
 out="$cache_root/$stamp/bin"
 if [ -x "$out/kube-apiserver" ]; then
   echo "$out"
@@ -32,13 +34,8 @@ if [ -x "$out/kube-apiserver" ]; then
   echo "$out"
   exit 0
 fi
-kube_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$src/go.mod")
-minor=${kube_version#v1.}; minor=${minor%%.*}
-ldflags="-s -w \
- -X k8s.io/component-base/version.gitVersion=$kube_version \
- -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=$minor \
- -X k8s.io/component-base/version.gitTreeState=clean"
+kube_version=$(kube_version "$src/go.mod")
+ldflags=$(kube_ldflags "$src/go.mod")
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 echo "build-oldest-apiserver: building kube-apiserver $kube_version into $out (slow on a cold cache)" >&2
 (cd "$src" && go build -trimpath -tags tools -ldflags "$ldflags" -o "$out/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver \

@@ -26,10 +26,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
-use warmcache_api_modelcache::DEFAULT_CONTROL_NAMESPACE;
-use warmcache_kube::rbac::{self, Scope};
+use warmcache_kube::rbac::{Permission, Scope};
 
-use crate::generate::rbac::{DEFAULT_OWN_NAMESPACE, components};
+use crate::generate::rbac::{components, generated_roles};
 
 /// One audit event, the fields this task reads.
 #[derive(Debug, Deserialize)]
@@ -141,6 +140,17 @@ fn read_uses(
     Ok((uses, files, events))
 }
 
+/// One granted verb as this task prints it and `hack/rbac-usage-pending.txt` lists it:
+/// `<component> (<scope>): <verb> <resource>[.<group>]`.
+fn grant(component: &str, p: &Permission, verb: &str) -> String {
+    let group = if p.group.is_empty() {
+        String::new()
+    } else {
+        format!(".{}", p.group)
+    };
+    format!("{component} ({}): {verb} {}{group}", p.scope, p.resource)
+}
+
 /// The grants of `hack/rbac-usage-pending.txt`: no test exercises them yet.
 fn read_pending(path: &Path) -> Result<BTreeSet<String>> {
     let text = match std::fs::read_to_string(path) {
@@ -163,13 +173,7 @@ pub fn run(dir: &Path, pending: &Path) -> Result<bool> {
     let mut roles = BTreeMap::new();
     let components = components();
     for (component, permissions) in &components {
-        let rendered = rbac::roles(
-            component,
-            permissions,
-            DEFAULT_OWN_NAMESPACE,
-            DEFAULT_CONTROL_NAMESPACE,
-        )
-        .with_context(|| format!("the permissions of {component}"))?;
+        let rendered = generated_roles(component, permissions)?;
         let named = [
             (
                 "ClusterRole",
@@ -216,16 +220,7 @@ pub fn run(dir: &Path, pending: &Path) -> Result<bool> {
                     (*verb).to_owned(),
                 );
                 let count = uses.get(&key).copied().unwrap_or(0);
-                let line = format!(
-                    "{component} ({}): {verb} {}{}",
-                    p.scope,
-                    p.resource,
-                    if p.group.is_empty() {
-                        String::new()
-                    } else {
-                        format!(".{}", p.group)
-                    }
-                );
+                let line = grant(component, p, verb);
                 let listed = pending_grants.contains(&line);
                 match (count, listed) {
                     (0, true) => still_pending.push(line.clone()),
@@ -406,17 +401,10 @@ mod tests {
         assert!(!run(dir.path(), &pending).unwrap());
         let mut every = String::new();
         for (component, permissions) in components() {
-            for p in permissions {
+            for p in &permissions {
                 for verb in p.verbs {
-                    let group = if p.group.is_empty() {
-                        String::new()
-                    } else {
-                        format!(".{}", p.group)
-                    };
-                    every.push_str(&format!(
-                        "{component} ({}): {verb} {}{group}\n",
-                        p.scope, p.resource
-                    ));
+                    every.push_str(&grant(component, p, verb));
+                    every.push('\n');
                 }
             }
         }

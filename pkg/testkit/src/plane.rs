@@ -160,13 +160,7 @@ impl ControlPlane {
     /// that own the plane's lifetime: dropping the returned value stops the processes and removes
     /// the plane's directory. Do not call it from inside an async task (it blocks).
     pub fn start() -> Result<ControlPlane, TestkitError> {
-        let handle = std::thread::Builder::new()
-            .name("warmcache-testkit-start".into())
-            .spawn(start_blocking)
-            .map_err(|e| TestkitError::io("spawning the control-plane startup thread", e))?;
-        handle.join().map_err(|_| {
-            TestkitError::Unavailable("the control-plane startup thread panicked".into())
-        })?
+        on_startup_thread(start_blocking)
     }
 
     /// Starts a new, private plane whose API server is the oldest Kubernetes version the chart
@@ -176,23 +170,17 @@ impl ControlPlane {
     /// outside the version-skew policy). It is for validating objects against that version's
     /// schemas and admission; nothing reconciles on it. Blocks like [`ControlPlane::start`].
     pub fn start_oldest() -> Result<ControlPlane, TestkitError> {
-        let handle = std::thread::Builder::new()
-            .name("warmcache-testkit-start-oldest".into())
-            .spawn(|| {
-                let current = locate_binaries()?;
-                let oldest = locate_oldest_apiserver()?;
-                let binaries = Binaries {
-                    etcd: current.join("etcd"),
-                    apiserver: oldest.join("kube-apiserver"),
-                    controller_manager: None,
-                    dir: oldest,
-                };
-                start_with(&binaries)
-            })
-            .map_err(|e| TestkitError::io("spawning the control-plane startup thread", e))?;
-        handle.join().map_err(|_| {
-            TestkitError::Unavailable("the control-plane startup thread panicked".into())
-        })?
+        on_startup_thread(|| {
+            let current = locate_binaries()?;
+            let oldest = locate_oldest_apiserver()?;
+            let binaries = Binaries {
+                etcd: current.join("etcd"),
+                apiserver: oldest.join("kube-apiserver"),
+                controller_manager: None,
+                dir: oldest,
+            };
+            start_with(&binaries)
+        })
     }
 
     /// A new admin (`system:masters`) client, bound to the calling test's tokio runtime.
@@ -321,6 +309,20 @@ pub(crate) fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = manifest.join("../..");
     root.canonicalize().unwrap_or(root)
+}
+
+/// Runs a plane's startup on a thread of its own (it builds its own runtime, so it must not run
+/// inside the caller's) and waits for it.
+fn on_startup_thread(
+    start: impl FnOnce() -> Result<ControlPlane, TestkitError> + Send + 'static,
+) -> Result<ControlPlane, TestkitError> {
+    let handle = std::thread::Builder::new()
+        .name("warmcache-testkit-start".into())
+        .spawn(start)
+        .map_err(|e| TestkitError::io("spawning the control-plane startup thread", e))?;
+    handle.join().map_err(|_| {
+        TestkitError::Unavailable("the control-plane startup thread panicked".into())
+    })?
 }
 
 /// The binaries of one plane.

@@ -19,7 +19,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Helm;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -41,7 +41,7 @@ use warmcache_admission::{
     DynamicObject, Route, TlsFiles,
 };
 use warmcache_testkit::{
-    ControlPlane, TestNamespace, WebhookPki, WebhookRegistration, register_validating,
+    ControlPlane, TestNamespace, WebhookPki, WebhookRegistration, eventually, register_validating,
 };
 
 /// Release and namespace of the real install (the plane is this test binary's own).
@@ -380,8 +380,9 @@ async fn probe(api: &Api<ConfigMap>, bundle: &str) -> Outcome {
 /// Waits until the configuration `bundle` calls our webhook (`answered`) or until the API server
 /// refuses the certificate our server presents (`!answered`); panics with the last outcome.
 async fn expect(api: &Api<ConfigMap>, bundle: &str, answered: bool, step: &str) {
-    let start = Instant::now();
-    loop {
+    let last = std::sync::Mutex::new(None);
+    let last = &last;
+    let settled = eventually(step, PROBE_TIMEOUT, || async move {
         let outcome = probe(api, bundle).await;
         let done = match &outcome {
             Outcome::Answered => answered,
@@ -390,18 +391,20 @@ async fn expect(api: &Api<ConfigMap>, bundle: &str, answered: bool, step: &str) 
             }
             Outcome::NotIntercepted | Outcome::Other(_) => false,
         };
-        if done {
-            return;
-        }
-        if start.elapsed() > PROBE_TIMEOUT {
-            let want = if answered {
-                "the webhook answering"
-            } else {
-                "the certificate refused"
-            };
-            panic!("{step}: bundle {bundle}: want {want}, last outcome {outcome:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        *last.lock().unwrap() = Some(outcome);
+        done.then_some(())
+    })
+    .await;
+    if settled.is_err() {
+        let want = if answered {
+            "the webhook answering"
+        } else {
+            "the certificate refused"
+        };
+        panic!(
+            "{step}: bundle {bundle}: want {want}, last outcome {:?}",
+            last.lock().unwrap()
+        );
     }
 }
 
@@ -417,14 +420,6 @@ fn write_pair(dir: &std::path::Path, pki: &WebhookPki) {
 /// `new` then `old`, as the chart renders a rotation's bundle.
 fn bundle(new: &WebhookPki, old: &WebhookPki) -> String {
     format!("{}\n{}\n", new.ca_pem.trim_end(), old.ca_pem.trim_end())
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test]
@@ -492,21 +487,23 @@ async fn the_api_server_accepts_either_certificate_with_the_two_ca_bundle() {
     // The Secret's files change; the server reloads them.
     write_pair(dir.path(), &new);
     let reloads = metrics.cert_reloads().with_label_values(&["success"]);
-    wait_until(
+    eventually(
         "the server to reload the new certificate",
         Duration::from_secs(10),
-        || reloads.get() >= 1,
+        || async { (reloads.get() >= 1).then_some(()) },
     )
-    .await;
+    .await
+    .unwrap();
     // Established connections keep the certificate they negotiated: wait until the server
     // closed them all, so every call below is a new handshake with the new certificate.
     let open = metrics.connections_open().clone();
-    wait_until(
+    eventually(
         "the old connections to close",
         Duration::from_secs(30),
-        || open.get() == 0,
+        || async { (open.get() == 0).then_some(()) },
     )
-    .await;
+    .await
+    .unwrap();
     expect(&api, "both", true, "new certificate").await;
     expect(&api, "new", true, "new certificate").await;
     expect(&api, "old", false, "new certificate").await;

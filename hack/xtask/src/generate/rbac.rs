@@ -82,18 +82,23 @@ fn render<T: Serialize>(
     })
 }
 
+/// A component's roles as generated (the default namespaces).
+pub fn generated_roles(component: &str, permissions: &[Permission]) -> Result<rbac::Roles> {
+    rbac::roles(
+        component,
+        permissions,
+        DEFAULT_OWN_NAMESPACE,
+        DEFAULT_CONTROL_NAMESPACE,
+    )
+    .with_context(|| format!("the permissions of {component}"))
+}
+
 /// The artifact's source-of-truth function.
 pub fn render_all() -> Result<Vec<GeneratedFile>> {
     let mut files = Vec::new();
     for (component, permissions) in components() {
         let permissions = permissions.as_slice();
-        let roles = rbac::roles(
-            component,
-            permissions,
-            DEFAULT_OWN_NAMESPACE,
-            DEFAULT_CONTROL_NAMESPACE,
-        )
-        .with_context(|| format!("the permissions of {component}"))?;
+        let roles = generated_roles(component, permissions)?;
         if let Some(role) = &roles.cluster {
             files.push(render(component, Scope::Cluster, permissions, role)?);
         }
