@@ -2475,3 +2475,171 @@ async fn the_job_completion_and_view_continue_the_readers_trace() {
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
 }
+
+/// A controller reference to `owner`, as a workload controller writes it.
+fn controlled_by(api_version: &str, kind: &str, owner_name: &str, uid: &str) -> serde_json::Value {
+    json!([{
+        "apiVersion": api_version, "kind": kind, "name": owner_name, "uid": uid,
+        "controller": true, "blockOwnerDeletion": true,
+    }])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_reading_pod_is_referenced_by_its_top_level_workload() {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let (s, stop) = setup("mcb-owners").await;
+    let ns = s.app.name.clone();
+    warmcache_testkit::install_leaderworkerset_crd(&s.client)
+        .await
+        .unwrap();
+
+    // The reading pod the webhook leaves, as a template every workload below carries.
+    let reader = serde_json::to_value(common::reader_pod("unused", &s.binding)).unwrap();
+    let template = |app: &str| {
+        let mut metadata = reader["metadata"].clone();
+        metadata.as_object_mut().unwrap().remove("name");
+        metadata["labels"]["app"] = json!(app);
+        json!({ "metadata": metadata, "spec": reader["spec"] })
+    };
+    let selector = |app: &str| json!({ "matchLabels": { "app": app } });
+    let create = |api_version: &str, kind: &str, plural: &str, body: serde_json::Value| {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let resource =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+        let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), &ns, &resource);
+        let mut object: DynamicObject = serde_json::from_value(body).unwrap();
+        object.types = Some(kube::core::TypeMeta {
+            api_version: api_version.into(),
+            kind: kind.into(),
+        });
+        async move { api.create(&PostParams::default(), &object).await.unwrap() }
+    };
+
+    // Pod <- ReplicaSet <- Deployment, and Pod <- StatefulSet, made by the real controllers.
+    let web = create(
+        "apps/v1",
+        "Deployment",
+        "deployments",
+        json!({ "metadata": { "name": "web" }, "spec": {
+            "replicas": 1, "selector": selector("web"), "template": template("web"),
+        } }),
+    )
+    .await;
+    let db = create(
+        "apps/v1",
+        "StatefulSet",
+        "statefulsets",
+        json!({ "metadata": { "name": "db" }, "spec": {
+            "replicas": 1, "selector": selector("db"), "template": template("db"),
+        } }),
+    )
+    .await;
+    // Pod <- Job <- CronJob: the CronJob is suspended, so the Job is made by hand and its pod by
+    // the Job controller.
+    let mut job_template = template("nightly");
+    job_template["spec"]["restartPolicy"] = json!("Never");
+    let cron = create(
+        "batch/v1",
+        "CronJob",
+        "cronjobs",
+        json!({ "metadata": { "name": "nightly" }, "spec": {
+            "schedule": "0 0 1 1 *", "suspend": true,
+            "jobTemplate": { "spec": { "template": job_template } },
+        } }),
+    )
+    .await;
+    create(
+        "batch/v1",
+        "Job",
+        "jobs",
+        json!({
+            "metadata": {
+                "name": "nightly-manual",
+                "ownerReferences": controlled_by("batch/v1", "CronJob", "nightly", &cron.uid().unwrap()),
+            },
+            "spec": { "template": job_template },
+        }),
+    )
+    .await;
+    // Pod <- DaemonSet: this plane has no nodes, so the pod is made by hand; without a node name
+    // the DaemonSet controller leaves it alone.
+    let agent = create(
+        "apps/v1",
+        "DaemonSet",
+        "daemonsets",
+        json!({ "metadata": { "name": "agent" }, "spec": {
+            "selector": selector("agent"), "template": template("agent"),
+        } }),
+    )
+    .await;
+    let mut agent_pod = template("agent");
+    agent_pod["metadata"]["name"] = json!("agent-by-hand");
+    agent_pod["metadata"]["ownerReferences"] =
+        controlled_by("apps/v1", "DaemonSet", "agent", &agent.uid().unwrap());
+    create("v1", "Pod", "pods", agent_pod).await;
+    // Pod <- StatefulSet <- LeaderWorkerSet (the LWS controller's leader set, made by hand).
+    let lws = create(
+        "leaderworkerset.x-k8s.io/v1",
+        "LeaderWorkerSet",
+        "leaderworkersets",
+        json!({ "metadata": { "name": "serve" }, "spec": { "replicas": 1 } }),
+    )
+    .await;
+    create(
+        "apps/v1",
+        "StatefulSet",
+        "statefulsets",
+        json!({
+            "metadata": {
+                "name": "serve",
+                "ownerReferences": controlled_by(
+                    "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "serve", &lws.uid().unwrap(),
+                ),
+            },
+            "spec": { "replicas": 1, "selector": selector("serve"), "template": template("serve") },
+        }),
+    )
+    .await;
+
+    let mut expected: Vec<(String, String, String)> = [
+        ("Deployment", &web),
+        ("StatefulSet", &db),
+        ("CronJob", &cron),
+        ("DaemonSet", &agent),
+        ("LeaderWorkerSet", &lws),
+    ]
+    .iter()
+    .map(|(kind, o)| ((*kind).to_owned(), o.name_any(), o.uid().unwrap()))
+    .collect();
+    expected.sort();
+    let name = s.binding.name_any();
+    let want = expected.len();
+    let b = eventually("a reference to each top-level workload", WAIT, || {
+        let api = s.bindings.clone();
+        let name = name.clone();
+        async move {
+            let b = api.get(&name).await.ok()?;
+            (b.status.as_ref()?.request_references.len() == want).then_some(b)
+        }
+    })
+    .await
+    .unwrap();
+    let st = b.status.as_ref().unwrap();
+    let mut got: Vec<(String, String, String)> = st
+        .request_references
+        .iter()
+        .map(|r| (r.kind.clone(), r.name.clone(), r.uid.clone()))
+        .collect();
+    got.sort();
+    assert_eq!(got, expected, "{:?}", st.request_references);
+    assert!(
+        st.request_references.iter().all(|r| r.namespace == ns),
+        "{:?}",
+        st.request_references
+    );
+    assert_eq!(st.request_reference_count, Some(5));
+
+    stop.cancel();
+    let pvs: Api<PersistentVolume> = Api::all(s.client.clone());
+    let _ = pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+}

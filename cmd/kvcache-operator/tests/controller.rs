@@ -12,12 +12,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_api_kvcache::v1alpha1::KVCacheBackend;
-use warmcache_kvcache::names::POD_SPEC_HASH_ANNOTATION;
+use warmcache_kvcache::names::{self, POD_SPEC_HASH_ANNOTATION};
 use warmcache_kvcache::vectors;
 use warmcache_kvcache_operator::controller::{FINALIZER, Settings, start};
 use warmcache_runtime::LogFormat;
@@ -770,6 +771,138 @@ async fn a_teardown_stopped_midway_is_finished_by_a_new_controller_without_repea
     for node in &node_names {
         nodes.delete(node, &DeleteParams::default()).await.unwrap();
     }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    ns.cleanup().await;
+}
+
+/// A highly available leader gets its ServiceAccount, a Role on its own Lease and the binding
+/// between them (and, with Lease addressing, read access for the members), all owned by the
+/// backend; turning high availability off prunes them. The operator holds every verb these Roles
+/// grant, so creating them is no escalation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_highly_available_leader_gets_lease_access_that_goes_with_high_availability() {
+    let _one = ONE_CONTROLLER.lock().await;
+    let plane = ControlPlane::shared().await.unwrap();
+    let ns = TestNamespace::new("kvc-ha").await.unwrap();
+    let client = ns.client.clone();
+    let (stop, running, _admin) = running_controller(plane, &ns.name).await;
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
+    let roles: Api<Role> = Api::namespaced(client.clone(), &ns.name);
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &ns.name);
+
+    let name = format!("kvc-{}", &ns.name[ns.name.len() - 6..]);
+    let ha = vectors::with(vectors::v2(), |o| {
+        vectors::managed(o)["leader"] =
+            json!({"replicas": 3, "highAvailability": {"memberAddressing": "Lease"}});
+    });
+    let created = backends
+        .create(&PostParams::default(), &backend(&name, ha))
+        .await
+        .unwrap();
+    let uid = created.uid().unwrap();
+    let leader = names::leader_name(&name);
+    let member_access = names::member_access_name(&name);
+
+    for access in [&leader, &member_access] {
+        let (account, role, binding) = eventually("the lease access", WAIT, || {
+            let (accounts, roles, bindings, access) = (
+                accounts.clone(),
+                roles.clone(),
+                bindings.clone(),
+                access.clone(),
+            );
+            async move {
+                Some((
+                    accounts.get_opt(&access).await.ok()??,
+                    roles.get_opt(&access).await.ok()??,
+                    bindings.get_opt(&access).await.ok()??,
+                ))
+            }
+        })
+        .await
+        .unwrap();
+        for owners in [
+            account.owner_references(),
+            role.owner_references(),
+            binding.owner_references(),
+        ] {
+            assert!(
+                owners
+                    .iter()
+                    .any(|o| o.uid == uid && o.controller == Some(true)),
+                "{access}: {owners:?}"
+            );
+        }
+        assert_eq!(account.automount_service_account_token, Some(false));
+        let rules = role.rules.unwrap_or_default();
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&[leader.clone()][..]),
+            "{access}: {rules:?}"
+        );
+        assert_eq!(binding.role_ref.name, *access);
+        let subjects = binding.subjects.unwrap_or_default();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(
+            (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+            (access.as_str(), Some(ns.name.as_str()))
+        );
+    }
+    // The leader's Role also creates its Lease (RBAC cannot narrow create to a name); the
+    // members only read it.
+    let leader_rules = roles.get(&leader).await.unwrap().rules.unwrap();
+    assert_eq!(leader_rules.len(), 2, "{leader_rules:?}");
+    assert_eq!(leader_rules[1].verbs, ["create"]);
+    assert_eq!(leader_rules[1].resource_names, None);
+    let member_rules = roles.get(&member_access).await.unwrap().rules.unwrap();
+    assert_eq!(member_rules.len(), 1, "{member_rules:?}");
+    assert_eq!(member_rules[0].verbs, ["get", "list", "watch"]);
+
+    // One leader, no high availability: the access goes.
+    backends
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"connection": {"managed": {"leader": {
+                "replicas": 1, "highAvailability": null}}}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the lease access to be pruned", WAIT, || {
+        let (accounts, roles, bindings, leader, member_access) = (
+            accounts.clone(),
+            roles.clone(),
+            bindings.clone(),
+            leader.clone(),
+            member_access.clone(),
+        );
+        async move {
+            for access in [&leader, &member_access] {
+                if accounts.get_opt(access).await.ok()?.is_some()
+                    || roles.get_opt(access).await.ok()?.is_some()
+                    || bindings.get_opt(access).await.ok()?.is_some()
+                {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await
+    .unwrap();
+
+    backends
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the backend to go", WAIT, || {
+        let (backends, name) = (backends.clone(), name.clone());
+        async move { backends.get_opt(&name).await.ok()?.is_none().then_some(()) }
+    })
+    .await
+    .unwrap();
     stop.cancel();
     running.await.unwrap().unwrap();
     ns.cleanup().await;

@@ -307,6 +307,71 @@ async fn a_dry_run_creates_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaderworkerset_worker_takes_its_model_from_the_leader_template() {
+    let client = client().await;
+    warmcache_testkit::install_leaderworkerset_crd(&client)
+        .await
+        .unwrap();
+    let served = Served::start(&client).await;
+    let ns = served.namespace(&client, "pw-lws", &[]).await;
+    let model = "meta-llama/Meta-Llama-3.1-405B-Instruct";
+    let gpu = json!({"limits": {"nvidia.com/gpu": "8"}});
+    let cache = json!([{"name": "hf", "mountPath": "/root/.cache/huggingface"}]);
+    let lws = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet"),
+        "leaderworkersets",
+    );
+    let group: kube::core::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+        "metadata": {"name": "vllm"},
+        "spec": {"leaderWorkerTemplate": {
+            "size": 2,
+            "leaderTemplate": {"spec": {"containers": [{
+                "name": "leader", "image": "vllm/vllm-openai:v0.20.0",
+                "command": ["sh", "-c", format!("bash multi-node-serving.sh leader; vllm serve --model {model} --tensor-parallel-size 8")],
+                "resources": gpu, "volumeMounts": cache,
+            }], "volumes": [{"name": "hf", "emptyDir": {}}]}},
+            "workerTemplate": {"spec": {"containers": [{
+                "name": "worker", "image": "vllm/vllm-openai:v0.20.0",
+                "command": ["sh", "-c", "bash multi-node-serving.sh worker"],
+                "resources": gpu, "volumeMounts": cache,
+            }], "volumes": [{"name": "hf", "emptyDir": {}}]}},
+        }},
+    }))
+    .unwrap();
+    Api::<kube::core::DynamicObject>::namespaced_with(client.clone(), &ns, &lws)
+        .create(&PostParams::default(), &group)
+        .await
+        .unwrap();
+    // Worker 1 of group 0, as the LeaderWorkerSet controller makes it: nothing in it names the
+    // model, so the webhook reads the LeaderWorkerSet its labels name.
+    let worker = pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "vllm-0-1", "labels": {
+            "leaderworkerset.sigs.k8s.io/name": "vllm",
+            "leaderworkerset.sigs.k8s.io/group-index": "0",
+            "leaderworkerset.sigs.k8s.io/worker-index": "1",
+        }},
+        "spec": group.data["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"],
+    }));
+    let created = create_pods(&client, vec![(ns.clone(), worker)]).await;
+    let (name, uid) = read_binding(&created[0]);
+    assert_eq!(
+        created[0]
+            .annotations()
+            .get(warmcache_modelvolume::keys::URI_ANNOTATION)
+            .map(String::as_str),
+        Some(format!("hf://{model}").as_str()),
+        "{:?}",
+        created[0].metadata.annotations
+    );
+    let binding = served.bindings(&client).get(&name).await.unwrap();
+    assert_eq!(binding.uid().as_deref(), Some(uid.as_str()));
+    assert_eq!(binding.spec.resources.writer_namespace, ns);
+    served.stop(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_left_alone_says_why_on_itself_and_its_controller() {
     let client = client().await;
     let served = Served::start(&client).await;
@@ -459,7 +524,8 @@ async fn bad_reviews_over_https_get_a_clear_answer() {
     let served = Served::start(&client).await;
     let ns = served.namespace(&client, "pw-bad", &[]).await;
     let namespace = ns.as_str();
-    let review = |kind: Value, resource: &str, object: Value| {
+    let absent = unique("pw-absent");
+    let review_in = |namespace: &str, kind: Value, resource: &str, object: Value| {
         serde_json::to_vec(&json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
@@ -476,7 +542,12 @@ async fn bad_reviews_over_https_get_a_clear_answer() {
         }))
         .unwrap()
     };
+    let review =
+        |kind: Value, resource: &str, object: Value| review_in(namespace, kind, resource, object);
     let pod_kind = json!({"group": "", "version": "v1", "kind": "Pod"});
+    let gpu_pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "i",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
     let mut deep = String::new();
     for _ in 0..100_000 {
         deep.push('[');
@@ -517,6 +588,12 @@ async fn bad_reviews_over_https_get_a_clear_answer() {
             Expect::AllowedWithWarning,
         ),
         (
+            // No cache has seen the namespace, so the webhook reads it (and finds nothing).
+            "a pod in a namespace that does not exist",
+            review_in(&absent, pod_kind.clone(), "pods", gpu_pod),
+            Expect::AllowedWithWarning,
+        ),
+        (
             "a pod whose strings hold control characters",
             review(
                 pod_kind,
@@ -553,6 +630,14 @@ async fn bad_reviews_over_https_get_a_clear_answer() {
             .as_array()
             .is_some_and(|w| !w.is_empty());
         let patched = !response["patch"].is_null();
+        if case == "a pod in a namespace that does not exist" {
+            assert!(
+                response["warnings"][0]
+                    .as_str()
+                    .is_some_and(|w| w.contains(&format!("reading namespace {absent}"))),
+                "{case}: {response}"
+            );
+        }
         match expect {
             Expect::Allowed => assert!(!warned && !patched, "{case}: {response}"),
             Expect::AllowedWithWarning => assert!(warned && !patched, "{case}: {response}"),

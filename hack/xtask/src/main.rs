@@ -53,9 +53,7 @@ fn main() -> ExitCode {
         Command::Gen { check } => generate::run(&root, None, check),
         Command::Crdgen { check } => generate::run(&root, Some("crds"), check),
         Command::DepsCheck => deps::run(&root),
-        Command::RbacUsage { dir } => {
-            rbac_usage::run(&dir, &root.join("hack/rbac-usage-pending.txt"))
-        }
+        Command::RbacUsage { dir } => rbac_usage::run(&dir),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -11,10 +11,10 @@
 //! list was never used: a grant the code does not exercise is either dead (remove it from the
 //! component's `src/rbac.rs`) or untested (add the test).
 //!
-//! Grants that no test exercises yet are listed, each with why, in `hack/rbac-usage-pending.txt`
-//! (one `<component> (<scope>): <verb> <resource>[.<group>]` per line, as this task prints
-//! them): they are reported but do not fail, so the list only shrinks. A new grant must be used
-//! by a test from the start; a listed grant that a run did use is reported so it can be removed.
+//! Some verbs are authorized inside another request and have no audit event of their own: a
+//! server-side apply that creates its object is authorized as `create` too, and writing a Role
+//! needs the writer to hold every rule it grants. Such a request counts for those verbs as well
+//! (see `implied_uses`).
 //!
 //! A request a role allows because another rule of the same component already allowed it (a
 //! ClusterRole before a Role: the RBAC authorizer checks ClusterRoleBindings first) counts for
@@ -42,6 +42,74 @@ struct AuditEvent {
     object_ref: Option<ObjectRef>,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    response_status: Option<ResponseStatus>,
+    /// Logged for the Roles a ServiceAccount writes (the test planes' audit policy).
+    #[serde(default)]
+    response_object: Option<WrittenRole>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResponseStatus {
+    #[serde(default)]
+    code: Option<u16>,
+}
+
+/// The rules of a Role or ClusterRole as the API server stored it.
+#[derive(Debug, Deserialize)]
+struct WrittenRole {
+    #[serde(default)]
+    rules: Vec<WrittenRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WrittenRule {
+    #[serde(default)]
+    api_groups: Vec<String>,
+    #[serde(default)]
+    resources: Vec<String>,
+    #[serde(default)]
+    verbs: Vec<String>,
+}
+
+/// The verbs a request used beyond its own: the API server authorizes them inside the request,
+/// so the audit log has no request of their own.
+///
+/// - A server-side apply that created its object (`patch`, 201) was authorized as `create` too.
+/// - Creating a Role or ClusterRole (201) is no escalation only when the writer holds every
+///   rule it grants (without `escalate`), so each (group, resource, verb) of the stored rules was
+///   checked against the writer's own grants.
+fn implied_uses(event: &AuditEvent, object: &ObjectRef) -> Vec<(String, String, String)> {
+    let created = event.response_status.as_ref().and_then(|s| s.code) == Some(201);
+    if !created {
+        return Vec::new();
+    }
+    let mut implied = Vec::new();
+    if event.verb == "patch" {
+        implied.push((
+            object.api_group.clone(),
+            object.resource.clone(),
+            "create".to_owned(),
+        ));
+    }
+    let is_role = object.api_group == "rbac.authorization.k8s.io"
+        && (object.resource == "roles" || object.resource == "clusterroles")
+        && object.subresource.is_empty();
+    if let (true, Some(role)) = (is_role, &event.response_object) {
+        for rule in &role.rules {
+            for group in &rule.api_groups {
+                for resource in &rule.resources {
+                    for verb in &rule.verbs {
+                        if group != "*" && resource != "*" && verb != "*" {
+                            implied.push((group.clone(), resource.clone(), verb.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    implied
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,13 +203,17 @@ fn read_uses(
                     event.verb.clone(),
                 ))
                 .or_insert(0) += 1;
+            for (group, resource, verb) in implied_uses(&event, object) {
+                *uses
+                    .entry((component.clone(), *scope, group, resource, verb))
+                    .or_insert(0) += 1;
+            }
         }
     }
     Ok((uses, files, events))
 }
 
-/// One granted verb as this task prints it and `hack/rbac-usage-pending.txt` lists it:
-/// `<component> (<scope>): <verb> <resource>[.<group>]`.
+/// One granted verb as this task prints it: `<component> (<scope>): <verb> <resource>[.<group>]`.
 fn grant(component: &str, p: &Permission, verb: &str) -> String {
     let group = if p.group.is_empty() {
         String::new()
@@ -151,25 +223,8 @@ fn grant(component: &str, p: &Permission, verb: &str) -> String {
     format!("{component} ({}): {verb} {}{group}", p.scope, p.resource)
 }
 
-/// The grants of `hack/rbac-usage-pending.txt`: no test exercises them yet.
-fn read_pending(path: &Path) -> Result<BTreeSet<String>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    Ok(text
-        .lines()
-        .map(|line| line.split_once('#').map_or(line, |(grant, _)| grant).trim())
-        .filter(|grant| !grant.is_empty())
-        .map(str::to_owned)
-        .collect())
-}
-
-/// The task. `Ok(false)`: some granted verb was never used and is not in `pending` (listed on
-/// stderr).
-pub fn run(dir: &Path, pending: &Path) -> Result<bool> {
-    let pending_grants = read_pending(pending)?;
+/// The task. `Ok(false)`: some granted verb was never used (listed on stderr).
+pub fn run(dir: &Path) -> Result<bool> {
     let mut roles = BTreeMap::new();
     let components = components();
     for (component, permissions) in &components {
@@ -205,9 +260,6 @@ pub fn run(dir: &Path, pending: &Path) -> Result<bool> {
         );
     }
     let mut unused = Vec::new();
-    let mut still_pending = Vec::new();
-    let mut now_used = Vec::new();
-    let mut known = BTreeSet::new();
     let mut used = BTreeSet::new();
     for (component, permissions) in &components {
         for p in permissions {
@@ -219,45 +271,23 @@ pub fn run(dir: &Path, pending: &Path) -> Result<bool> {
                     p.resource.to_owned(),
                     (*verb).to_owned(),
                 );
-                let count = uses.get(&key).copied().unwrap_or(0);
                 let line = grant(component, p, verb);
-                let listed = pending_grants.contains(&line);
-                match (count, listed) {
-                    (0, true) => still_pending.push(line.clone()),
-                    (0, false) => unused.push(format!("{line} - {}", p.why)),
-                    (_, true) => now_used.push(line.clone()),
-                    (_, false) => {}
+                match uses.get(&key).copied().unwrap_or(0) {
+                    0 => unused.push(format!("{line} - {}", p.why)),
+                    count => {
+                        used.insert(format!("{line}: {count} requests"));
+                    }
                 }
-                if count > 0 {
-                    used.insert(format!("{line}: {count} requests"));
-                }
-                known.insert(line);
             }
         }
     }
-    let stale: Vec<_> = pending_grants.difference(&known).collect();
     println!(
-        "rbac-usage: {events} audit events in {files} logs; {} granted verbs used, {} unused \
-         and listed in {} (no test yet), {} unused and not listed",
+        "rbac-usage: {events} audit events in {files} logs; {} granted verbs used, {} unused",
         used.len(),
-        still_pending.len(),
-        pending.display(),
         unused.len()
     );
     for line in &used {
         println!("  used    {line}");
-    }
-    for line in &still_pending {
-        println!("  pending {line}");
-    }
-    for line in &now_used {
-        println!("  used now, remove it from {}: {line}", pending.display());
-    }
-    for line in &stale {
-        println!(
-            "  granted no more, remove it from {}: {line}",
-            pending.display()
-        );
     }
     for line in &unused {
         eprintln!("  UNUSED  {line}");
@@ -366,55 +396,115 @@ mod tests {
     }
 
     #[test]
-    fn pending_grants_are_read_without_their_reasons() {
+    fn an_apply_that_creates_and_a_role_written_count_for_the_verbs_checked_inside_them() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pending.txt");
-        std::fs::write(
-            &path,
-            "# header\n\nreaper (cluster): patch events.events.k8s.io  # a series needs a repeat\n",
-        )
+        let own = r#"RBAC: allowed by RoleBinding "b/x" of Role "warmcache-kvcache-operator" to ServiceAccount "x/warmcache-kvcache-operator""#;
+        let with = |mut line: serde_json::Value, code: u16, object: Option<serde_json::Value>| {
+            line["responseStatus"] = serde_json::json!({"code": code});
+            if let Some(object) = object {
+                line["responseObject"] = object;
+            }
+            line.to_string()
+        };
+        let apply = |resource: &str, code| {
+            let line: serde_json::Value =
+                serde_json::from_str(&event(own, "patch", "", resource, "")).unwrap();
+            with(line, code, None)
+        };
+        let role: serde_json::Value = serde_json::from_str(&event(
+            own,
+            "patch",
+            "rbac.authorization.k8s.io",
+            "roles",
+            "",
+        ))
         .unwrap();
-        assert_eq!(
-            read_pending(&path).unwrap().into_iter().collect::<Vec<_>>(),
-            ["reaper (cluster): patch events.events.k8s.io"]
+        let rules = serde_json::json!({"kind": "Role", "rules": [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["kvc-leader"], "verbs": ["get", "update"]},
+            {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+        ]});
+        let lines = [
+            // Created by apply: patch and create. Changed by apply: patch only.
+            apply("services", 201),
+            apply("serviceaccounts", 200),
+            // A Role created by apply, and one only updated (its rules counted once).
+            with(role.clone(), 201, Some(rules.clone())),
+            with(role, 200, Some(rules)),
+        ];
+        std::fs::write(dir.path().join("p.audit.jsonl"), lines.join("\n")).unwrap();
+        let mut roles = BTreeMap::new();
+        roles.insert(
+            ("Role".to_owned(), "warmcache-kvcache-operator".to_owned()),
+            ("kvcache-operator".to_owned(), Scope::OwnNamespace),
         );
-        assert!(read_pending(&dir.path().join("absent")).unwrap().is_empty());
+        let (uses, _, _) = read_uses(dir.path(), &roles).unwrap();
+        let count = |group: &str, resource: &str, verb: &str| {
+            uses.get(&(
+                "kvcache-operator".to_owned(),
+                Scope::OwnNamespace,
+                group.to_owned(),
+                resource.to_owned(),
+                verb.to_owned(),
+            ))
+            .copied()
+        };
+        assert_eq!(count("", "services", "patch"), Some(1));
+        assert_eq!(count("", "services", "create"), Some(1));
+        assert_eq!(count("", "serviceaccounts", "patch"), Some(1));
+        assert_eq!(count("", "serviceaccounts", "create"), None);
+        let rbac = "rbac.authorization.k8s.io";
+        assert_eq!(count(rbac, "roles", "patch"), Some(2));
+        assert_eq!(count(rbac, "roles", "create"), Some(1));
+        assert_eq!(count("coordination.k8s.io", "leases", "get"), Some(1));
+        assert_eq!(count("coordination.k8s.io", "leases", "update"), Some(1));
+        assert_eq!(uses.len(), 7, "{uses:?}");
     }
 
     #[test]
-    fn an_unlisted_unused_grant_fails_and_a_listed_one_does_not() {
+    fn one_unused_grant_fails_and_every_grant_used_passes() {
         let dir = tempfile::tempdir().unwrap();
-        // One request: the uninstall hook listing bindings; every other grant is unused.
-        let reason = r#"RBAC: allowed by ClusterRoleBinding "b" of ClusterRole "warmcache-uninstall-hook" to ServiceAccount "warmcache-uninstall-hook/x""#;
-        std::fs::write(
-            dir.path().join("p.audit.jsonl"),
-            event(
-                reason,
-                "list",
-                "nvca.nvcf.nvidia.io",
-                "modelcachebindings",
-                "",
-            ),
-        )
-        .unwrap();
-        let pending = dir.path().join("pending.txt");
-        assert!(!run(dir.path(), &pending).unwrap());
-        let mut every = String::new();
+        let log = dir.path().join("p.audit.jsonl");
+        // A request for every granted verb, allowed by the generated role of its scope.
+        let mut every = Vec::new();
         for (component, permissions) in components() {
+            let rendered = generated_roles(component, &permissions).unwrap();
             for p in &permissions {
+                let role = |r: &Option<k8s_openapi::api::rbac::v1::Role>| {
+                    r.as_ref().and_then(|r| r.metadata.name.clone()).unwrap()
+                };
+                let (kind, name) = match p.scope {
+                    Scope::Cluster => (
+                        "ClusterRole",
+                        rendered
+                            .cluster
+                            .as_ref()
+                            .and_then(|r| r.metadata.name.clone())
+                            .unwrap(),
+                    ),
+                    Scope::OwnNamespace => ("Role", role(&rendered.own_namespace)),
+                    Scope::ControlNamespace => ("Role", role(&rendered.control_namespace)),
+                };
+                let reason = format!(
+                    r#"RBAC: allowed by RoleBinding "b" of {kind} "{name}" to ServiceAccount "x/y""#
+                );
+                let (resource, sub) = p.resource.split_once('/').unwrap_or((p.resource, ""));
                 for verb in p.verbs {
-                    every.push_str(&grant(component, p, verb));
-                    every.push('\n');
+                    every.push(event(&reason, verb, p.group, resource, sub));
                 }
             }
         }
-        std::fs::write(&pending, every).unwrap();
-        assert!(run(dir.path(), &pending).unwrap());
+        std::fs::write(&log, every.join("\n")).unwrap();
+        assert!(run(dir.path()).unwrap());
+        // Without the last one, that grant is unused.
+        every.pop();
+        std::fs::write(&log, every.join("\n")).unwrap();
+        assert!(!run(dir.path()).unwrap());
     }
 
     #[test]
     fn a_directory_without_logs_is_an_error_not_a_pass() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(run(dir.path(), &dir.path().join("pending.txt")).is_err());
+        assert!(run(dir.path()).is_err());
     }
 }

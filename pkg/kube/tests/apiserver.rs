@@ -27,6 +27,8 @@ use warmcache_testkit::{ControlPlane, Fault, FaultInjector, TestNamespace, event
 mod apply;
 #[path = "apiserver/owner.rs"]
 mod owner;
+#[path = "apiserver/roles.rs"]
+mod roles;
 
 const WAIT: Duration = Duration::from_secs(20);
 

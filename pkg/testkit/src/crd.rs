@@ -131,6 +131,37 @@ fn parse_crds_str(text: &str) -> Result<Vec<CustomResourceDefinition>, String> {
     Ok(crds)
 }
 
+/// Name of the LeaderWorkerSet CRD [`install_leaderworkerset_crd`] installs.
+pub const LEADERWORKERSET_CRD: &str = "leaderworkersets.leaderworkerset.x-k8s.io";
+
+/// Installs the LeaderWorkerSet API (`leaderworkerset.x-k8s.io/v1`, namespaced) with an open
+/// schema and waits until it is served: as much of it as an owner lookup or a worker pod's
+/// admission reads. No LeaderWorkerSet controller runs: a test makes the leader's StatefulSet
+/// and pods itself. Idempotent, so tests sharing a control plane may each call it.
+pub async fn install_leaderworkerset_crd(client: &Client) -> Result<(), TestkitError> {
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": { "name": LEADERWORKERSET_CRD },
+        "spec": {
+            "group": "leaderworkerset.x-k8s.io",
+            "scope": "Namespaced",
+            "names": {
+                "plural": "leaderworkersets", "singular": "leaderworkerset",
+                "kind": "LeaderWorkerSet", "shortNames": ["lws"],
+            },
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                } },
+            }],
+        },
+    }))
+    .map_err(|e| TestkitError::InvalidArgument(format!("the LeaderWorkerSet CRD: {e}")))?;
+    apply_crd(client, &crd).await?;
+    wait_crd_established(client, LEADERWORKERSET_CRD, Duration::from_secs(60)).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,7 +130,10 @@ use std::time::{Duration, Instant};
 
 pub use account::ComponentAccount;
 pub use component_image::{COMPONENT_BINARIES, NONROOT, component_image, shared_libraries};
-pub use crd::{FIELD_MANAGER, apply_crd, install_crds_from_dir, parse_crds, wait_crd_established};
+pub use crd::{
+    FIELD_MANAGER, LEADERWORKERSET_CRD, apply_crd, install_crds_from_dir,
+    install_leaderworkerset_crd, parse_crds, wait_crd_established,
+};
 pub use csi::{CsiPublish, TestCsiDriver};
 pub use error::TestkitError;
 pub use faults::{Fault, FaultInjector, FaultLayer, FaultService};

@@ -32,11 +32,19 @@ pub const ENV_OLDEST_APISERVER_BIN: &str = "WARMCACHE_OLDEST_APISERVER_BIN";
 pub const ENV_AUDIT_DIR: &str = "WARMCACHE_AUDIT_DIR";
 
 /// The audit policy of every plane when [`ENV_AUDIT_DIR`] is set: metadata (who, what, which
-/// role allowed it) of every request a ServiceAccount makes, nothing else.
+/// role allowed it, the response code) of every request a ServiceAccount makes, and the
+/// response body of the Roles it writes (the rules it had to hold itself, which the API server
+/// checks without a request of its own), nothing else.
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived, ResponseStarted]
 rules:
+- level: RequestResponse
+  userGroups: [system:serviceaccounts]
+  verbs: [create, patch, update]
+  resources:
+  - group: rbac.authorization.k8s.io
+    resources: [roles, clusterroles]
 - level: Metadata
   userGroups: [system:serviceaccounts]
 - level: None
