@@ -5,7 +5,8 @@
 # (from pinned Go modules with the machine's Go 1.26, cached under ~/.cache/warmcache; skipped when
 # WARMCACHE_CONTROL_PLANE_BIN names a directory with the three binaries) and the real test node
 # (Debian packages, then hack/build-node.sh; skipped when WARMCACHE_NODE_BIN is set), the real Helm CLI
-# (hack/build-helm.sh; skipped when WARMCACHE_HELM is set), the oldest supported kube-apiserver
+# (hack/build-helm.sh; skipped when WARMCACHE_HELM is set), the real model download clients
+# (hack/model-clients.sh; skipped when WARMCACHE_MODEL_CLIENTS is set), the oldest supported kube-apiserver
 # (hack/build-oldest-apiserver.sh; skipped when WARMCACHE_OLDEST_APISERVER_BIN is set) and the real
 # Mooncake store (hack/mooncake.sh; skipped when WARMCACHE_MOONCAKE_MASTER is set), then runs the
 # generated-file checks, formatting, lints, every test in the workspace, and the check that every
@@ -82,6 +83,15 @@ if [ -z "${WARMCACHE_MOONCAKE_MASTER:-}" ] || [ ! -x "$WARMCACHE_MOONCAKE_MASTER
 fi
 export WARMCACHE_MOONCAKE_MASTER
 echo "using $WARMCACHE_MOONCAKE_MASTER"
+
+step "model download clients (hf, for the simulated model sources' tests)"
+# The real Hugging Face CLI (PyPI huggingface_hub, pinned) in a venv cached under
+# ~/.cache/warmcache/model-clients; skipped when WARMCACHE_MODEL_CLIENTS names its bin directory.
+if [ -z "${WARMCACHE_MODEL_CLIENTS:-}" ] || [ ! -x "$WARMCACHE_MODEL_CLIENTS/hf" ]; then
+  WARMCACHE_MODEL_CLIENTS=$(hack/model-clients.sh | tail -n 1)
+fi
+export WARMCACHE_MODEL_CLIENTS
+echo "using $WARMCACHE_MODEL_CLIENTS/hf"
 
 step "fetch crates (cargo fetch --locked)"
 # Everything after this step may run offline: on a fresh machine the registry is empty.
