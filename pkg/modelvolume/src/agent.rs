@@ -26,16 +26,19 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
-    Volume, VolumeMount,
+    Capabilities, Container, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition};
-use warmcache_api_modelcache::{identity_hash, writer_job_name};
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, ReadOnlyView, Transition};
+use warmcache_api_modelcache::{identity_hash, reader_pvc_name, writer_job_name};
 
-use crate::keys::{BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::keys::{
+    BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, MODEL_VOLUME,
+    PENDING_LABEL, ROLE_LABEL, ROLE_READER,
+};
 use crate::lifecycle::copied_bytes;
 use crate::view;
 use crate::volume_keys::{
@@ -210,6 +213,36 @@ pub struct HolderImage {
 /// read-write so the kubelet attaches and mounts it; `image` runs nothing but a pause. Passes
 /// Pod Security "restricted"; tolerates every taint (GPU nodes are usually tainted).
 pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &HolderImage) -> Pod {
+    pause_pod(
+        ObjectMeta {
+            name: Some(holder_name(binding)),
+            namespace: binding.metadata.namespace.clone(),
+            labels: Some(labels(binding)),
+            annotations: Some(BTreeMap::from([(
+                BINDING_UID_LABEL_ANNOTATION.to_owned(),
+                binding.metadata.uid.clone().unwrap_or_default(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        node,
+        image,
+        (
+            HOLDER_VOLUME,
+            HOLDER_MOUNT_PATH,
+            &warmcache_api_modelcache::writer_pvc_name(&binding.spec.identity),
+        ),
+        false,
+    )
+}
+
+/// A pause pod on `node` mounting `claim` (volume name, mount path, claim), read-only or not.
+fn pause_pod(
+    metadata: ObjectMeta,
+    node: &str,
+    image: &HolderImage,
+    (volume, path, claim): (&str, &str, &str),
+    read_only: bool,
+) -> Pod {
     let restricted = SecurityContext {
         allow_privilege_escalation: Some(false),
         capabilities: Some(Capabilities {
@@ -232,16 +265,7 @@ pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &HolderImage) 
         ("memory".to_owned(), Quantity("16Mi".to_owned())),
     ]);
     Pod {
-        metadata: ObjectMeta {
-            name: Some(holder_name(binding)),
-            namespace: binding.metadata.namespace.clone(),
-            labels: Some(labels(binding)),
-            annotations: Some(BTreeMap::from([(
-                BINDING_UID_LABEL_ANNOTATION.to_owned(),
-                binding.metadata.uid.clone().unwrap_or_default(),
-            )])),
-            ..ObjectMeta::default()
-        },
+        metadata,
         spec: Some(PodSpec {
             node_name: Some(node.to_owned()),
             restart_policy: Some("Always".to_owned()),
@@ -266,8 +290,9 @@ pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &HolderImage) 
                 image: Some(image.image.clone()),
                 image_pull_policy: Some(image.pull_policy.clone()),
                 volume_mounts: Some(vec![VolumeMount {
-                    name: HOLDER_VOLUME.to_owned(),
-                    mount_path: HOLDER_MOUNT_PATH.to_owned(),
+                    name: volume.to_owned(),
+                    mount_path: path.to_owned(),
+                    read_only: read_only.then_some(true),
                     ..VolumeMount::default()
                 }]),
                 resources: Some(ResourceRequirements {
@@ -279,10 +304,10 @@ pub fn holder_pod(binding: &ModelCacheBinding, node: &str, image: &HolderImage) 
                 ..Container::default()
             }],
             volumes: Some(vec![Volume {
-                name: HOLDER_VOLUME.to_owned(),
+                name: volume.to_owned(),
                 persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: warmcache_api_modelcache::writer_pvc_name(&binding.spec.identity),
-                    read_only: Some(false),
+                    claim_name: claim.to_owned(),
+                    read_only: Some(read_only),
                 }),
                 ..Volume::default()
             }]),
@@ -543,18 +568,518 @@ pub fn staging_step(obs: &AgentObserved<'_>) -> AgentStep {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// hostPath readers
+// ---------------------------------------------------------------------------------------------
+//
+// A hostPath reader (reader mode `hostPath`, block storage) mounts the node directory
+// `<bind root>/<hash>` with `HostToContainer` propagation and waits for the completion marker
+// there. The agent of its node makes that directory a verified read-only bind of the binding's
+// read-only view, reached through a **view holder**: a pause pod on the node, in a reader's
+// namespace (a pod mounts only claims of its own namespace), mounting that namespace's view
+// claim (`ro-pvc-<hash>`, which the binding controller creates for every namespace with a pod
+// naming the binding, hostPath readers included) read-only. All readers of one model on a node
+// share one bind and one holder. The rules:
+//
+// - Only `<bind root>/<hash>` of the pod's own model label is ever bound (a pod naming another
+//   host directory is refused), and only for a roxReadOnly binding named by that hash whose data
+//   identity (the primary's volume handle) is recorded.
+// - The view is trusted only when its PV is the one the binding records for that namespace,
+//   labelled for the binding, pre-bound to the view claim, and its volume handle is the
+//   primary's handle derived for that namespace ([`view::view_volume_handle`]); the claim must
+//   be Bound to it and the holder running and ready. The bind's source is then the kubelet's
+//   mount of exactly that PV in exactly that holder.
+// - A pending reader is un-pended only after the bind was verified against the mount table (the
+//   agent's IO, `ensure_read_only_bind_over_empty`), and only when the binding records a view
+//   for its own namespace (the binding controller accepted the namespace).
+// - With no live reader of the model left on the node, the bind is removed and the holders
+//   deleted (UID preconditions); the directory and anything in it stay.
+
+/// Label of view holders: what they hold ([`HOLDS_HOST_VIEW`]).
+pub const HOLDS_LABEL: &str = "warmcache.nvidia.io/holds";
+/// [`HOLDS_LABEL`] of view holders: the read-only view bound for hostPath readers.
+pub const HOLDS_HOST_VIEW: &str = "host-view";
+/// The volume of a view holder.
+pub const VIEW_HOLDER_VOLUME: &str = "nvsnap-view";
+/// Where a view holder mounts it.
+pub const VIEW_HOLDER_MOUNT_PATH: &str = "/nvsnap-view";
+
+/// A hostPath reader, as the agent reads it from the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostReader {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID.
+    pub uid: String,
+    /// Its model label: the binding's identity hash.
+    pub hash: String,
+    /// The binding it names.
+    pub binding: String,
+    /// The node directory it mounts (`<bind root>/<hash>`).
+    pub target: String,
+    /// Labelled pending ([`PENDING_LABEL`] `"true"`).
+    pub pending: bool,
+    /// Not finished (a pod being deleted still runs its containers, so it counts).
+    pub live: bool,
+}
+
+/// What a pod is to the hostPath-reader part of the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostReaderState {
+    /// Not a hostPath reader (a pvc reader, or not a reader).
+    NotHostReader,
+    /// Looks like one but is never served (why, for the log).
+    Refused(String),
+    /// A hostPath reader.
+    Reader(HostReader),
+}
+
+/// Whether `hash` is what a model label holds: 1 to 64 lowercase hex digits (so it is one path
+/// component and names no other directory).
+pub fn is_model_hash(hash: &str) -> bool {
+    !hash.is_empty()
+        && hash.len() <= 64
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The bind target of the model `hash` under `bind_root` (`<bind root>/<hash>`).
+pub fn bind_target(bind_root: &str, hash: &str) -> String {
+    format!("{}/{hash}", bind_root.trim_end_matches('/'))
+}
+
+/// Reads a pod as a hostPath reader of a model under `bind_root`.
+pub fn host_reader(pod: &Pod, bind_root: &str) -> HostReaderState {
+    let meta = &pod.metadata;
+    let label = |k: &str| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(k))
+            .map(String::as_str)
+    };
+    if label(ROLE_LABEL) != Some(ROLE_READER) {
+        return HostReaderState::NotHostReader;
+    }
+    let Some(path) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .and_then(|vs| vs.iter().find(|v| v.name == MODEL_VOLUME))
+        .and_then(|v| v.host_path.as_ref())
+        .map(|h| h.path.clone())
+    else {
+        return HostReaderState::NotHostReader;
+    };
+    let (Some(namespace), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else {
+        return HostReaderState::Refused("the pod has no namespace, name or UID".to_owned());
+    };
+    let Some(hash) = label(MODEL_LABEL).filter(|h| is_model_hash(h)) else {
+        return HostReaderState::Refused(format!(
+            "pod {namespace}/{name} has no model label of hex digits ({MODEL_LABEL})"
+        ));
+    };
+    let target = bind_target(bind_root, hash);
+    if path.trim_end_matches('/') != target {
+        return HostReaderState::Refused(format!(
+            "pod {namespace}/{name} mounts host directory {path}, not {target}: only the bind root's directory of its model is ever bound"
+        ));
+    }
+    let Some(binding) = annotation(meta, BINDING_ANNOTATION) else {
+        return HostReaderState::Refused(format!(
+            "pod {namespace}/{name} names no binding ({BINDING_ANNOTATION})"
+        ));
+    };
+    HostReaderState::Reader(HostReader {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        uid: uid.clone(),
+        hash: hash.to_owned(),
+        binding: binding.to_owned(),
+        target,
+        pending: label(PENDING_LABEL) == Some("true"),
+        live: !matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        ),
+    })
+}
+
+/// The view holder of the model `hash` on `node` (one per namespace it runs in):
+/// `nvsnap-view-<40 hex of the hash>-<8 hex of the node>`.
+pub fn view_holder_name(hash: &str, node: &str) -> String {
+    let short = hash.get(..40).unwrap_or(hash);
+    format!("nvsnap-view-{short}-{}", view::namespace_suffix(node))
+}
+
+/// Whether `pod` is a view holder (of any model).
+pub fn is_view_holder(pod: &Pod) -> bool {
+    let labels = pod.metadata.labels.as_ref();
+    let get = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    get(COMPONENT_LABEL) == Some(MOUNT_HOLDER)
+        && get(HOLDS_LABEL) == Some(HOLDS_HOST_VIEW)
+        && get(MANAGED_BY_LABEL) == Some(MANAGED_BY_VALUE)
+}
+
+/// The view holder pod of `binding`'s model on `node` in `namespace`: mounting that namespace's
+/// view claim read-only (`persistentVolumeClaim.readOnly` and the mount), so the kubelet attaches
+/// and mounts the view read-only.
+pub fn view_holder_pod(
+    binding: &ModelCacheBinding,
+    namespace: &str,
+    node: &str,
+    image: &HolderImage,
+) -> Pod {
+    let hash = identity_hash(&binding.spec.identity);
+    let mut labels = labels(binding);
+    labels.insert(MODEL_LABEL.to_owned(), hash.clone());
+    labels.insert(HOLDS_LABEL.to_owned(), HOLDS_HOST_VIEW.to_owned());
+    pause_pod(
+        ObjectMeta {
+            name: Some(view_holder_name(&hash, node)),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                BINDING_UID_LABEL_ANNOTATION.to_owned(),
+                binding.metadata.uid.clone().unwrap_or_default(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        node,
+        image,
+        (
+            VIEW_HOLDER_VOLUME,
+            VIEW_HOLDER_MOUNT_PATH,
+            &reader_pvc_name(&binding.spec.identity),
+        ),
+        true,
+    )
+}
+
+fn recorded_views(binding: &ModelCacheBinding) -> Vec<&ReadOnlyView> {
+    binding
+        .status
+        .iter()
+        .flat_map(|s| s.realized.iter())
+        .flat_map(|r| r.views.iter())
+        .collect()
+}
+
+fn ended(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn pod_namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or_default()
+}
+
+/// The namespace whose view the bind of `readers`' model comes from: among the namespaces of
+/// live readers for which `binding` records a view, the one a usable holder (on the node, not
+/// ended, not being deleted) already runs in, else the first by name. `None` when no live
+/// reader's namespace has a recorded view.
+pub fn bind_namespace(
+    readers: &[HostReader],
+    binding: &ModelCacheBinding,
+    holders: &[&Pod],
+) -> Option<String> {
+    let views = recorded_views(binding);
+    let candidates: std::collections::BTreeSet<&str> = readers
+        .iter()
+        .filter(|r| r.live && views.iter().any(|v| v.namespace == r.namespace))
+        .map(|r| r.namespace.as_str())
+        .collect();
+    holders
+        .iter()
+        .filter(|h| !ended(h) && h.metadata.deletion_timestamp.is_none())
+        .map(|h| pod_namespace(h))
+        .filter(|ns| candidates.contains(ns))
+        .min()
+        .or_else(|| candidates.first().copied())
+        .map(str::to_owned)
+}
+
+/// A reader to un-pend: its namespace, name and UID (the patch's precondition).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unpend {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+/// A holder to delete, in its namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoomedIn {
+    /// Its namespace.
+    pub namespace: String,
+    /// Name and UID.
+    pub pod: Doomed,
+}
+
+fn doomed_in(pod: &Pod) -> Option<DoomedIn> {
+    Some(DoomedIn {
+        namespace: pod.metadata.namespace.clone()?,
+        pod: doomed(&pod.metadata)?,
+    })
+}
+
+/// What the agent does next for the hostPath readers of one model on its node.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostBindStep {
+    /// Nothing now (why, for the log).
+    Wait(String),
+    /// Something that must not be bound (why); the readers stay pending.
+    Foreign(String),
+    /// Create the view holder ([`view_holder_pod`]).
+    CreateHolder(Box<Pod>),
+    /// Delete ended view holders (they are recreated).
+    DeleteHolders(Vec<DoomedIn>),
+    /// Make `target` a verified read-only bind of the holder's mount of `pv`
+    /// (`pods/<holder uid>/volumes/kubernetes.io~csi/<pv>/mount` under the kubelet root), only
+    /// over an empty directory when nothing is bound there; once the mount table shows it,
+    /// un-pend `unpend` and delete the holders no longer used (`retire`).
+    Bind {
+        /// The holder pod's UID.
+        holder_uid: String,
+        /// The view PV.
+        pv: String,
+        /// The node directory.
+        target: String,
+        /// Pending readers to un-pend once the bind is verified.
+        unpend: Vec<Unpend>,
+        /// Holders of the model in other namespaces, deleted once the bind is verified.
+        retire: Vec<DoomedIn>,
+    },
+    /// No live reader of the model is left on the node: unbind `target`, then delete `holders`.
+    Unbind {
+        /// The node directory.
+        target: String,
+        /// Every view holder of the model on the node.
+        holders: Vec<DoomedIn>,
+    },
+}
+
+/// What the agent observed for the hostPath readers of the model `hash` on its node.
+#[derive(Debug, Clone, Copy)]
+pub struct HostBindObserved<'a> {
+    /// The agent's node.
+    pub node: &'a str,
+    /// The bind root.
+    pub bind_root: &'a str,
+    /// The model (the binding's identity hash).
+    pub hash: &'a str,
+    /// This node's hostPath readers of the model.
+    pub readers: &'a [HostReader],
+    /// The binding `model-cache-<hash>`, if it exists.
+    pub binding: Option<&'a ModelCacheBinding>,
+    /// This node's view holders of the model, in any namespace.
+    pub holders: &'a [&'a Pod],
+    /// The view claim of [`bind_namespace`]'s namespace, read afresh.
+    pub view_claim: Option<&'a PersistentVolumeClaim>,
+    /// The view PV the binding records for that namespace, read afresh.
+    pub view_pv: Option<&'a PersistentVolume>,
+    /// The mount holder's image.
+    pub holder_image: &'a HolderImage,
+}
+
+/// The next step for the hostPath readers of one model on the node (see the rules above).
+pub fn host_bind_step(obs: &HostBindObserved<'_>) -> HostBindStep {
+    let target = bind_target(obs.bind_root, obs.hash);
+    let all_holders = || obs.holders.iter().filter_map(|h| doomed_in(h)).collect();
+    if !is_model_hash(obs.hash) {
+        return HostBindStep::Foreign(format!("{} is not a model hash", obs.hash));
+    }
+    let live: Vec<&HostReader> = obs
+        .readers
+        .iter()
+        .filter(|r| r.live && r.hash == obs.hash)
+        .collect();
+    if live.is_empty() {
+        return HostBindStep::Unbind {
+            target,
+            holders: all_holders(),
+        };
+    }
+    let Some(b) = obs.binding else {
+        return HostBindStep::Wait(format!("the binding of model {} is not there", obs.hash));
+    };
+    let name = b.metadata.name.clone().unwrap_or_default();
+    if identity_hash(&b.spec.identity) != obs.hash {
+        return HostBindStep::Foreign(format!("binding {name} is not of model {}", obs.hash));
+    }
+    if b.spec.decision.transition != Transition::RoxReadOnly {
+        return HostBindStep::Foreign(format!(
+            "binding {name} is not roxReadOnly; hostPath readers are served only for block storage"
+        ));
+    }
+    let Some(handle) = b
+        .status
+        .as_ref()
+        .and_then(|s| s.realized.as_ref())
+        .and_then(|r| r.provider_data_identity.as_deref())
+    else {
+        return HostBindStep::Wait(format!("binding {name} records no complete primary yet"));
+    };
+    let readers: Vec<HostReader> = live
+        .iter()
+        .filter(|r| r.binding == name)
+        .map(|r| (*r).clone())
+        .collect();
+    let ended_holders: Vec<DoomedIn> = obs
+        .holders
+        .iter()
+        .filter(|h| ended(h))
+        .filter_map(|h| doomed_in(h))
+        .collect();
+    if !ended_holders.is_empty() {
+        return HostBindStep::DeleteHolders(ended_holders);
+    }
+    let Some(ns) = bind_namespace(&readers, b, obs.holders) else {
+        return HostBindStep::Wait(format!(
+            "binding {name} records no view for a namespace of this node's readers yet"
+        ));
+    };
+    let views = recorded_views(b);
+    let Some(view) = views.iter().find(|v| v.namespace == ns) else {
+        return HostBindStep::Wait(format!("binding {name} records no view of {ns}"));
+    };
+    let holder = obs.holders.iter().find(|h| {
+        pod_namespace(h) == ns
+            && h.metadata.name.as_deref() == Some(&view_holder_name(obs.hash, obs.node))
+    });
+    let Some(holder) = holder else {
+        return HostBindStep::CreateHolder(Box::new(view_holder_pod(
+            b,
+            &ns,
+            obs.node,
+            obs.holder_image,
+        )));
+    };
+    if holder.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(obs.node) {
+        return HostBindStep::Foreign(format!(
+            "view holder {ns}/{} is not on node {}",
+            holder.metadata.name.clone().unwrap_or_default(),
+            obs.node
+        ));
+    }
+    if holder.metadata.deletion_timestamp.is_some() {
+        return HostBindStep::Wait(format!("view holder in {ns} is being deleted"));
+    }
+    // The view: the recorded PV, the binding's, pre-bound to the claim, and a handle derived
+    // from the primary's for this namespace.
+    let claim_name = &view.persistent_volume_claim_name;
+    let Some(claim) = obs.view_claim else {
+        return HostBindStep::Wait(format!("view claim {ns}/{claim_name} is not there yet"));
+    };
+    let binding_of = |m: &ObjectMeta| {
+        m.labels
+            .as_ref()
+            .and_then(|l| l.get(BINDING_LABEL))
+            .cloned()
+    };
+    if binding_of(&claim.metadata).as_deref() != Some(name.as_str())
+        || claim.metadata.name.as_deref() != Some(claim_name.as_str())
+    {
+        return HostBindStep::Foreign(format!(
+            "claim {ns}/{claim_name} is not binding {name}'s view"
+        ));
+    }
+    let Some(pv) = obs.view_pv else {
+        return HostBindStep::Wait(format!(
+            "view PV {} is not there yet",
+            view.persistent_volume_name
+        ));
+    };
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv.spec.as_ref();
+    let claim_ref = spec.and_then(|s| s.claim_ref.as_ref());
+    let pv_handle = spec
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.volume_handle.as_str());
+    let expected = view::view_volume_handle(&pv_name, &b.spec.decision.provider, handle, &ns);
+    let problem = if pv_name != view.persistent_volume_name {
+        Some(format!(
+            "is not the recorded {}",
+            view.persistent_volume_name
+        ))
+    } else if binding_of(&pv.metadata).as_deref() != Some(name.as_str()) {
+        Some(format!("is not labelled for binding {name}"))
+    } else if claim_ref.and_then(|r| r.namespace.as_deref()) != Some(ns.as_str())
+        || claim_ref.and_then(|r| r.name.as_deref()) != Some(claim_name.as_str())
+    {
+        Some(format!("is not pre-bound to {ns}/{claim_name}"))
+    } else {
+        match &expected {
+            Ok(h) if pv_handle == Some(h.as_str()) => None,
+            Ok(h) => Some(format!(
+                "has volume handle {}, not {h} (the primary's {handle} for {ns})",
+                pv_handle.unwrap_or_default()
+            )),
+            Err(e) => Some(e.to_string()),
+        }
+    };
+    if let Some(p) = problem {
+        return HostBindStep::Foreign(format!("view PV {pv_name} {p}: never bound"));
+    }
+    let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        && claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(pv_name.as_str());
+    let running = holder.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && holder
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c.ready));
+    let (true, true, Some(holder_uid)) = (bound, running, holder.metadata.uid.clone()) else {
+        return HostBindStep::Wait(format!(
+            "waiting for view claim {ns}/{claim_name} to bind and its holder to run"
+        ));
+    };
+    let unpend = readers
+        .iter()
+        .filter(|r| r.pending && views.iter().any(|v| v.namespace == r.namespace))
+        .map(|r| Unpend {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+        .collect();
+    let retire = obs
+        .holders
+        .iter()
+        .filter(|h| pod_namespace(h) != ns)
+        .filter_map(|h| doomed_in(h))
+        .collect();
+    HostBindStep::Bind {
+        holder_uid,
+        pv: pv_name,
+        target,
+        unpend,
+        retire,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{binding, init_step};
     use crate::volume_keys::COPIED_BYTES_ANNOTATION;
     use crate::writer::{WriterOptions, writer_job};
+    use k8s_openapi::api::core::v1::HostPathVolumeSource;
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
         PersistentVolumeClaimStatus, PodStatus,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-    use warmcache_api_modelcache::v2beta1::WriterStatus;
+    use warmcache_api_modelcache::v2beta1::{
+        ModelCacheBindingStatus, RealizedStorage, WriterStatus,
+    };
 
     const NODE: &str = "gpu-1";
     const PAUSE: &str = "registry.k8s.io/pause:3.10";
@@ -924,5 +1449,363 @@ mod tests {
         let mut gone = obs(&b, &s, None, None);
         gone.binding = None;
         assert!(matches!(staging_step(&gone), AgentStep::Wait(_)));
+    }
+
+    // ---- hostPath readers ----
+
+    const ROOT: &str = "/var/lib/containerd/nvsnap-models";
+
+    /// A roxReadOnly binding on NVMesh whose primary is complete (handle `vol-1:team-a`) and
+    /// whose status records views of `views`.
+    fn complete_block(views: &[&str]) -> ModelCacheBinding {
+        let mut b = binding(Transition::RoxReadOnly);
+        b.spec.decision.provider = "nvmesh".into();
+        b.status = Some(ModelCacheBindingStatus {
+            realized: Some(RealizedStorage {
+                provider_data_identity: Some("vol-1:team-a".into()),
+                views: views.iter().map(|ns| view::reader_view(&b, ns)).collect(),
+                ..RealizedStorage::default()
+            }),
+            ..ModelCacheBindingStatus::default()
+        });
+        b
+    }
+
+    fn host_pod(b: &ModelCacheBinding, ns: &str, name: &str, path: Option<&str>) -> Pod {
+        let hash = identity_hash(&b.spec.identity);
+        Pod {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                labels: Some(BTreeMap::from([
+                    (MODEL_LABEL.into(), hash.clone()),
+                    (ROLE_LABEL.into(), ROLE_READER.into()),
+                    (PENDING_LABEL.into(), "true".into()),
+                ])),
+                annotations: Some(BTreeMap::from([(
+                    BINDING_ANNOTATION.into(),
+                    b.metadata.name.clone().unwrap(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(NODE.into()),
+                volumes: Some(vec![Volume {
+                    name: MODEL_VOLUME.into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: path.map_or_else(|| bind_target(ROOT, &hash), str::to_owned),
+                        type_: Some("DirectoryOrCreate".into()),
+                    }),
+                    ..Volume::default()
+                }]),
+                ..PodSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn reader_of(pod: &Pod) -> HostReader {
+        match host_reader(pod, ROOT) {
+            HostReaderState::Reader(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_the_bind_roots_directory_of_the_pods_model_is_a_host_reader() {
+        let b = complete_block(&["team-a"]);
+        let hash = identity_hash(&b.spec.identity);
+        let r = reader_of(&host_pod(&b, "team-a", "r1", None));
+        assert_eq!(r.target, format!("{ROOT}/{hash}"));
+        assert!(r.pending && r.live);
+        assert_eq!(r.binding, b.metadata.name.clone().unwrap());
+        // Another host directory, or a label that is not a hash: never bound.
+        for path in [
+            "/etc",
+            &format!("{ROOT}/../{hash}"),
+            &format!("{ROOT}/other"),
+        ] {
+            assert!(
+                matches!(
+                    host_reader(&host_pod(&b, "team-a", "r1", Some(path)), ROOT),
+                    HostReaderState::Refused(_)
+                ),
+                "{path}"
+            );
+        }
+        let mut pod = host_pod(&b, "team-a", "r1", Some(&format!("{ROOT}/..")));
+        pod.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(MODEL_LABEL.into(), "..".into());
+        assert!(matches!(
+            host_reader(&pod, ROOT),
+            HostReaderState::Refused(_)
+        ));
+        // A pvc reader is not a host reader.
+        let mut pvc = host_pod(&b, "team-a", "r1", None);
+        pvc.spec.as_mut().unwrap().volumes.as_mut().unwrap()[0].host_path = None;
+        assert_eq!(host_reader(&pvc, ROOT), HostReaderState::NotHostReader);
+        assert!(is_model_hash(&hash) && !is_model_hash("") && !is_model_hash("A0"));
+        assert_eq!(bind_target("/r/", "ab"), "/r/ab");
+    }
+
+    /// The view of `ns` as the binding controller creates it, its claim Bound to it.
+    fn view_objects(b: &ModelCacheBinding, ns: &str) -> (PersistentVolumeClaim, PersistentVolume) {
+        let mut primary = PersistentVolume::default();
+        primary.metadata.name = Some("pvc-primary".into());
+        primary.spec = Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
+            capacity: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+            csi: Some(k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                driver: "nvmesh-csi.excelero.com".into(),
+                volume_handle: "vol-1:team-a".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let (pv, mut claim) = view::read_only_view(b, &primary, ns, Some(1000), &[]).unwrap();
+        claim.status = Some(PersistentVolumeClaimStatus {
+            phase: Some("Bound".into()),
+            ..PersistentVolumeClaimStatus::default()
+        });
+        (claim, pv)
+    }
+
+    fn host_obs<'a>(
+        b: &'a ModelCacheBinding,
+        readers: &'a [HostReader],
+        holders: &'a [&'a Pod],
+        view: Option<&'a (PersistentVolumeClaim, PersistentVolume)>,
+    ) -> HostBindObserved<'a> {
+        HostBindObserved {
+            node: NODE,
+            bind_root: ROOT,
+            hash: &readers[0].hash,
+            readers,
+            binding: Some(b),
+            holders,
+            view_claim: view.map(|v| &v.0),
+            view_pv: view.map(|v| &v.1),
+            holder_image: &PAUSE_IMAGE,
+        }
+    }
+
+    /// Two readers of one model on the node (two namespaces of the sharing domain): one holder,
+    /// in the first namespace with a recorded view, one bind, both un-pended only with it.
+    #[test]
+    fn host_readers_get_one_holder_one_verified_bind_then_are_unpended() {
+        let b = complete_block(&["team-a", "team-b"]);
+        let hash = identity_hash(&b.spec.identity);
+        let readers = [
+            reader_of(&host_pod(&b, "team-b", "r2", None)),
+            reader_of(&host_pod(&b, "team-a", "r1", None)),
+        ];
+        // The primary not complete yet: wait.
+        let mut incomplete = b.clone();
+        incomplete
+            .status
+            .as_mut()
+            .unwrap()
+            .realized
+            .as_mut()
+            .unwrap()
+            .provider_data_identity = None;
+        assert!(matches!(
+            host_bind_step(&host_obs(&incomplete, &readers, &[], None)),
+            HostBindStep::Wait(_)
+        ));
+        // No view recorded for these namespaces yet: wait.
+        let unrecorded = complete_block(&["team-z"]);
+        assert!(matches!(
+            host_bind_step(&host_obs(&unrecorded, &readers, &[], None)),
+            HostBindStep::Wait(_)
+        ));
+        // A holder in team-a (the first by name), on this node, mounting team-a's view claim
+        // read-only.
+        let HostBindStep::CreateHolder(holder) = host_bind_step(&host_obs(&b, &readers, &[], None))
+        else {
+            panic!("a holder first")
+        };
+        assert_eq!(holder.metadata.namespace.as_deref(), Some("team-a"));
+        assert_eq!(
+            holder.metadata.name.as_deref(),
+            Some(view_holder_name(&hash, NODE).as_str())
+        );
+        assert!(view_holder_name(&hash, NODE).len() <= 63);
+        assert!(is_view_holder(&holder));
+        let spec = holder.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some(NODE));
+        let v = &spec.volumes.as_ref().unwrap()[0];
+        let pvc = v.persistent_volume_claim.as_ref().unwrap();
+        assert_eq!(pvc.claim_name, reader_pvc_name(&b.spec.identity));
+        assert_eq!(pvc.read_only, Some(true));
+        assert_eq!(
+            spec.containers[0].volume_mounts.as_ref().unwrap()[0].read_only,
+            Some(true)
+        );
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        // Not running yet, or the view not there: wait.
+        let pending_holder = *holder.clone();
+        assert!(matches!(
+            host_bind_step(&host_obs(&b, &readers, &[&pending_holder], None)),
+            HostBindStep::Wait(_)
+        ));
+        let view = view_objects(&b, "team-a");
+        assert!(matches!(
+            host_bind_step(&host_obs(&b, &readers, &[&pending_holder], Some(&view))),
+            HostBindStep::Wait(_)
+        ));
+        // Running, the claim bound to the view: bind, then un-pend both readers.
+        let running_holder = ready(*holder.clone(), "Running");
+        let step = host_bind_step(&host_obs(&b, &readers, &[&running_holder], Some(&view)));
+        let HostBindStep::Bind {
+            holder_uid,
+            pv,
+            target,
+            unpend,
+            retire,
+        } = step
+        else {
+            panic!("{step:?}")
+        };
+        assert_eq!(holder_uid, "holder-uid");
+        assert_eq!(pv, view.1.metadata.name.clone().unwrap());
+        assert_eq!(target, format!("{ROOT}/{hash}"));
+        let names: Vec<&str> = unpend.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["r2", "r1"]);
+        assert!(retire.is_empty());
+        // Already un-pended readers are not patched again; the bind is still verified.
+        let mut done = readers.clone();
+        for r in &mut done {
+            r.pending = false;
+        }
+        assert!(matches!(
+            host_bind_step(&host_obs(&b, &done, &[&running_holder], Some(&view))),
+            HostBindStep::Bind { ref unpend, .. } if unpend.is_empty()
+        ));
+        // A reader of a namespace without a recorded view is served by the bind but not
+        // un-pended by the agent; team-a gone: its holder is kept only while it has a reader.
+        let only_b = complete_block(&["team-b"]);
+        let HostBindStep::CreateHolder(h) =
+            host_bind_step(&host_obs(&only_b, &readers[..1], &[&running_holder], None))
+        else {
+            panic!("a holder in team-b")
+        };
+        assert_eq!(h.metadata.namespace.as_deref(), Some("team-b"));
+        let mut hb = ready(*h, "Running");
+        hb.metadata.uid = Some("holder-b".into());
+        let view_b = view_objects(&only_b, "team-b");
+        let step = host_bind_step(&host_obs(
+            &only_b,
+            &readers[..1],
+            &[&running_holder, &hb],
+            Some(&view_b),
+        ));
+        let HostBindStep::Bind {
+            holder_uid, retire, ..
+        } = step
+        else {
+            panic!("{step:?}")
+        };
+        assert_eq!(holder_uid, "holder-b");
+        assert_eq!(retire.len(), 1);
+        assert_eq!(retire[0].namespace, "team-a");
+        // No live reader left: unbind, then delete every holder.
+        let mut finished = readers.clone();
+        for r in &mut finished {
+            r.live = false;
+        }
+        assert_eq!(
+            host_bind_step(&host_obs(&b, &finished, &[&running_holder], Some(&view))),
+            HostBindStep::Unbind {
+                target: format!("{ROOT}/{hash}"),
+                holders: vec![DoomedIn {
+                    namespace: "team-a".into(),
+                    pod: Doomed {
+                        name: view_holder_name(&hash, NODE),
+                        uid: "holder-uid".into()
+                    }
+                }],
+            }
+        );
+        // An ended holder is deleted (and recreated).
+        let ended_holder = ready(*holder, "Failed");
+        assert!(matches!(
+            host_bind_step(&host_obs(&b, &readers, &[&ended_holder], Some(&view))),
+            HostBindStep::DeleteHolders(ref d) if d.len() == 1
+        ));
+    }
+
+    #[test]
+    fn a_view_not_derived_from_the_primary_is_never_bound() {
+        let b = complete_block(&["team-a"]);
+        let readers = [reader_of(&host_pod(&b, "team-a", "r1", None))];
+        let HostBindStep::CreateHolder(holder) = host_bind_step(&host_obs(&b, &readers, &[], None))
+        else {
+            panic!()
+        };
+        let holder = ready(*holder, "Running");
+        let good = view_objects(&b, "team-a");
+        assert!(matches!(
+            host_bind_step(&host_obs(&b, &readers, &[&holder], Some(&good))),
+            HostBindStep::Bind { .. }
+        ));
+        let foreign = |f: &dyn Fn(&mut (PersistentVolumeClaim, PersistentVolume))| {
+            let mut v = good.clone();
+            f(&mut v);
+            let step = host_bind_step(&host_obs(&b, &readers, &[&holder], Some(&v)));
+            assert!(matches!(step, HostBindStep::Foreign(_)), "{step:?}");
+        };
+        // Another volume's handle, the primary's own (another namespace's) handle, no label,
+        // pre-bound elsewhere, a claim that is not the binding's.
+        foreign(&|v| {
+            v.1.spec
+                .as_mut()
+                .unwrap()
+                .csi
+                .as_mut()
+                .unwrap()
+                .volume_handle = "vol-2:team-a".into()
+        });
+        foreign(&|v| {
+            v.1.spec
+                .as_mut()
+                .unwrap()
+                .csi
+                .as_mut()
+                .unwrap()
+                .volume_handle = "vol-1:team-b".into()
+        });
+        foreign(&|v| {
+            v.1.metadata.labels.as_mut().unwrap().remove(BINDING_LABEL);
+        });
+        foreign(&|v| {
+            v.1.spec
+                .as_mut()
+                .unwrap()
+                .claim_ref
+                .as_mut()
+                .unwrap()
+                .namespace = Some("team-x".into())
+        });
+        foreign(&|v| {
+            v.0.metadata.labels.as_mut().unwrap().remove(BINDING_LABEL);
+        });
+        // A claim not bound to the view: wait.
+        let mut unbound = good.clone();
+        unbound.0.spec.as_mut().unwrap().volume_name = Some("other".into());
+        assert!(matches!(
+            host_bind_step(&host_obs(&b, &readers, &[&holder], Some(&unbound))),
+            HostBindStep::Wait(_)
+        ));
+        // Not block storage: never.
+        let mut rwx = b.clone();
+        rwx.spec.decision.transition = Transition::RwxReadOnly;
+        assert!(matches!(
+            host_bind_step(&host_obs(&rwx, &readers, &[&holder], Some(&good))),
+            HostBindStep::Foreign(_)
+        ));
     }
 }

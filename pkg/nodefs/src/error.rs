@@ -102,6 +102,13 @@ pub enum Error {
         target: PathBuf,
         state: BindState,
     },
+    /// A bind target that holds data while nothing is mounted there (a pod wrote into it):
+    /// not bound over, nothing removed.
+    #[error(
+        "{}: holds data with nothing mounted there (a pod's own download?); not bound over, nothing removed",
+        Shown(path)
+    )]
+    Occupied { path: PathBuf },
     /// Mounts stay stacked at a target after repeated detaching unmounts.
     #[error(
         "{}: still a mount point after {tries} detaching unmounts",

@@ -57,6 +57,6 @@ pub use copy::{
 pub use error::{Error, Problem, Shown};
 pub use measure::measure;
 pub use mounts::{
-    BindOutcome, BindState, MountInfo, bind_state, ensure_read_only_bind, parse_mountinfo,
-    read_mountinfo, top_mount, unbind,
+    BindOutcome, BindState, MountInfo, bind_state, ensure_read_only_bind,
+    ensure_read_only_bind_over_empty, parse_mountinfo, read_mountinfo, top_mount, unbind,
 };

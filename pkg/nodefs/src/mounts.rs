@@ -252,6 +252,24 @@ pub enum BindOutcome {
 /// kubelet's path), `target`'s parent is resolved and `target` itself must not be a link. A
 /// target that is, contains or lies inside the source is refused.
 pub fn ensure_read_only_bind(source: &Path, target: &Path) -> Result<BindOutcome, Error> {
+    ensure_bind(source, target, false)
+}
+
+/// [`ensure_read_only_bind`] for a directory that pods also write into when nothing is bound
+/// there (a hostPath reader's in-place fallback download): a missing bind is made only over an
+/// **empty** target directory. A target holding anything while nothing is mounted there is
+/// [`Error::Occupied`] and nothing is mounted: binding over it would hide what a running pod
+/// wrote (and may still be writing) from that pod. Nothing in the target is ever removed. A
+/// verified bind is left alone and a stale or writable one redone as by
+/// [`ensure_read_only_bind`] (what lies under a mount is not looked at).
+pub fn ensure_read_only_bind_over_empty(
+    source: &Path,
+    target: &Path,
+) -> Result<BindOutcome, Error> {
+    ensure_bind(source, target, true)
+}
+
+fn ensure_bind(source: &Path, target: &Path, over_empty: bool) -> Result<BindOutcome, Error> {
     absolute(source)?;
     absolute(target)?;
     let view = std::fs::canonicalize(source).map_err(|e| Error::io("resolve", source, e))?;
@@ -280,7 +298,12 @@ pub fn ensure_read_only_bind(source: &Path, target: &Path) -> Result<BindOutcome
     let target = resolved;
     let outcome = match bind_state(&mounts, &view, &target)? {
         BindState::Verified => return Ok(BindOutcome::Verified),
-        BindState::Missing => BindOutcome::Created,
+        BindState::Missing => {
+            if over_empty && !empty_dir(&target)? {
+                return Err(Error::Occupied { path: target });
+            }
+            BindOutcome::Created
+        }
         BindState::Stale { .. } | BindState::Writable => {
             detach_all(&target)?;
             BindOutcome::Redone
@@ -373,6 +396,16 @@ fn target_dir(target: &Path) -> Result<bool, Error> {
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io("stat (no symlinks)", target, e)),
+    }
+}
+
+/// Whether the directory `dir` (resolved, not a link) has no entry.
+fn empty_dir(dir: &Path) -> Result<bool, Error> {
+    let mut entries = std::fs::read_dir(dir).map_err(|e| Error::io("read directory", dir, e))?;
+    match entries.next() {
+        None => Ok(true),
+        Some(Ok(_)) => Ok(false),
+        Some(Err(e)) => Err(Error::io("read directory", dir, e)),
     }
 }
 

@@ -15,8 +15,8 @@ use std::process::Command;
 
 use rustix::mount::{MountFlags, UnmountFlags};
 use warmcache_nodefs::{
-    BindOutcome, BindState, Error, bind_state, ensure_read_only_bind, read_mountinfo, top_mount,
-    unbind,
+    BindOutcome, BindState, Error, bind_state, ensure_read_only_bind,
+    ensure_read_only_bind_over_empty, read_mountinfo, top_mount, unbind,
 };
 
 const IN_MOUNTNS: &str = "WARMCACHE_NODEFS_IN_MOUNTNS";
@@ -351,5 +351,54 @@ fn bad_targets_are_refused() {
             !d.view.join("inside").exists(),
             "a refused target is not created"
         );
+    });
+}
+
+#[test]
+fn a_bind_over_empty_never_hides_what_a_pod_wrote() {
+    in_mount_namespace("a_bind_over_empty_never_hides_what_a_pod_wrote", || {
+        let d = Dirs::new();
+        // A reader's in-place download wrote into the directory while nothing was bound.
+        fs::create_dir_all(d.target.join("snapshots")).unwrap();
+        fs::write(d.target.join("snapshots/own.bin"), b"the pod's own").unwrap();
+        match ensure_read_only_bind_over_empty(&d.view, &d.target) {
+            Err(Error::Occupied { path }) => assert_eq!(path, d.target),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(mounts_at(&d.target), 0, "nothing mounted over it");
+        assert_eq!(
+            fs::read(d.target.join("snapshots/own.bin")).unwrap(),
+            b"the pod's own",
+            "nothing removed"
+        );
+        // Emptied (by whoever owns it): bound, then verified, with no check of what lies under.
+        fs::remove_dir_all(d.target.join("snapshots")).unwrap();
+        assert_eq!(
+            ensure_read_only_bind_over_empty(&d.view, &d.target).unwrap(),
+            BindOutcome::Created
+        );
+        assert_eq!(fs::read(d.target.join("model.bin")).unwrap(), b"weights v1");
+        assert_eq!(
+            ensure_read_only_bind_over_empty(&d.view, &d.target).unwrap(),
+            BindOutcome::Verified
+        );
+        // A stale bind (the view replaced underneath) is redone: the mount is ours to replace.
+        umount(&d.view);
+        mount_tmpfs(&d.view);
+        fs::write(d.view.join("model.bin"), b"weights v2").unwrap();
+        assert_eq!(
+            ensure_read_only_bind_over_empty(&d.view, &d.target).unwrap(),
+            BindOutcome::Redone
+        );
+        assert_eq!(fs::read(d.target.join("model.bin")).unwrap(), b"weights v2");
+        assert_eq!(mounts_at(&d.target), 1);
+        // A missing target directory is created empty and bound.
+        let fresh = d.target.with_file_name("fresh");
+        assert_eq!(
+            ensure_read_only_bind_over_empty(&d.view, &fresh).unwrap(),
+            BindOutcome::Created
+        );
+        assert!(unbind(&fresh).unwrap());
+        assert!(unbind(&d.target).unwrap());
     });
 }
