@@ -9,7 +9,10 @@
 //! | resource | verbs | where | why |
 //! |---|---|---|---|
 //! | `pods` | list, watch | cluster, field `spec.nodeName=<node>`, label `app.kubernetes.io/managed-by=warmcache` | this node's staging pods and mount holders |
-//! | `pods` | create, delete | control namespace | mount holders (delete with a UID precondition) |
+//! | `pods` | list, watch | cluster, field `spec.nodeName=<node>`, label `nvsnap.io/model-role=reader` | this node's readers: hostPath readers ([`crate::host`]) |
+//! | `pods` | create, delete | control namespace; hostPath readers' namespaces | mount holders of the primary and view holders (delete with a UID precondition) |
+//! | `pods` | patch | hostPath readers' namespaces | un-pending a reader once its bind is verified (UID in the merge patch) |
+//! | `persistentvolumeclaims`, `persistentvolumes` | get | hostPath readers' namespaces; cluster | the view claim and PV, read afresh before a bind |
 //! | `pods` | get | cluster | the staging pod a primary claim was created for, to find it gone (then the claim is dropped and the election runs again); the binding's mount holder on another node |
 //! | `persistentvolumeclaims` | get, list, watch, create, patch, delete | control namespace | the primary claim: created sized from the bytes, read afresh before a copy (never copied twice), the copy recorded (merge patch with resourceVersion), dropped after three failed copies (UID precondition) |
 //! | `modelcachebindings` | list, watch | control namespace | the binding a staging pod names |
@@ -29,10 +32,12 @@ use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
 use warmcache_api_modelcache::writer_pvc_name;
 use warmcache_modelvolume::agent::{
     AgentObserved, AgentStep, COMPONENT_LABEL, COPY_POD_ANNOTATION, COPY_POD_NAME_ANNOTATION,
-    Doomed, HolderImage, MOUNT_HOLDER, Staged, StagingState, copy_attempts, holder_name,
-    staged_primary_claim, staging_state, staging_step,
+    Doomed, HolderImage, HostReaderState, MOUNT_HOLDER, Staged, StagingState, copy_attempts,
+    holder_name, host_reader, is_view_holder, staged_primary_claim, staging_state, staging_step,
 };
-use warmcache_modelvolume::keys::{BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use warmcache_modelvolume::keys::{
+    BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_LABEL, ROLE_READER,
+};
 use warmcache_modelvolume::lifecycle::copied_bytes;
 use warmcache_modelvolume::volume_keys::{
     BINDING_LABEL, COPIED_BYTES_ANNOTATION, COPY_ATTEMPTS_ANNOTATION, MANIFEST_DIGEST_ANNOTATION,
@@ -43,6 +48,7 @@ use warmcache_modelvolume::writer::{
 };
 use warmcache_runtime::{Action, Cache, ObjectRef, ReconcileError, Reconciler, WatcherConfig};
 
+use crate::host::HostBinds;
 use crate::metrics::Metrics;
 
 /// Look again this often while waiting on something no watch reports (a kubelet mount).
@@ -67,6 +73,9 @@ pub struct Settings {
     pub min_bytes: u64,
     /// Staged downloads handled at once.
     pub concurrency: u16,
+    /// The directory hostPath readers' binds are made under (`<bind root>/<hash>`), absolute,
+    /// without a trailing slash.
+    pub bind_root: String,
 }
 
 impl Settings {
@@ -85,7 +94,25 @@ impl Settings {
                 args.kubelet_root.display()
             ));
         }
+        let bind_root = args
+            .bind_root
+            .to_str()
+            .unwrap_or_default()
+            .trim_end_matches('/');
+        if !args.bind_root.is_absolute()
+            || bind_root.is_empty()
+            || args
+                .bind_root
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(format!(
+                "--bind-root {} is not an absolute UTF-8 path without `..` (nor `/`)",
+                args.bind_root.display()
+            ));
+        }
         Ok(Self {
+            bind_root: bind_root.to_owned(),
             node: args.node_name.clone(),
             kubelet_root: args.kubelet_root.clone(),
             control_namespace: args.control_namespace.clone(),
@@ -197,7 +224,12 @@ impl ReconcileError for Failure {
     }
 }
 
-fn api_error(verb: &'static str, resource: &str, name: &str, err: kube::Error) -> Failure {
+pub(crate) fn api_error(
+    verb: &'static str,
+    resource: &str,
+    name: &str,
+    err: kube::Error,
+) -> Failure {
     Failure::Kube(warmcache_kube::Error::from_kube(verb, resource, name, err))
 }
 
@@ -209,6 +241,7 @@ pub struct Agent {
     claims: Cache<PersistentVolumeClaim>,
     pods: Cache<Pod>,
     metrics: Metrics,
+    host: Arc<HostBinds>,
 }
 
 impl Agent {
@@ -518,6 +551,13 @@ impl Reconciler<Pod> for Agent {
     type Error = Failure;
 
     async fn reconcile(&self, pod: Arc<Pod>) -> Result<Action, Failure> {
+        // A view holder: its model's binds (the last reader gone reaches the holder this way).
+        if is_view_holder(&pod) {
+            return match pod.labels().get(MODEL_LABEL) {
+                Some(hash) => self.host.reconcile(hash, &pod).await,
+                None => Ok(Action::await_change()),
+            };
+        }
         let staged = match staging_state(&pod) {
             StagingState::Staged(s) => s,
             _ => return Ok(Action::await_change()),
@@ -690,12 +730,28 @@ pub fn start(
     let claims = runtime
         .watch::<PersistentVolumeClaim>(Some(&control), WatcherConfig::default().labels(&ours))?;
     let bindings = runtime.watch::<ModelCacheBinding>(Some(&control), WatcherConfig::default())?;
+    // This node's reader pods (hostPath readers among them; they carry no managed-by label).
+    let readers = runtime.watch::<Pod>(
+        None,
+        WatcherConfig::default()
+            .labels(&format!("{ROLE_LABEL}={ROLE_READER}"))
+            .fields(&format!("spec.nodeName={}", settings.node)),
+    )?;
     let metrics = Metrics::register(runtime.metrics().registry()).map_err(|err| {
         warmcache_runtime::RuntimeError::Task {
             task: "agent metrics".to_owned(),
             message: err.to_string(),
         }
     })?;
+    let host = Arc::new(HostBinds {
+        client: runtime.client()?,
+        settings: settings.clone(),
+        bindings: bindings.clone(),
+        pods: pods.clone(),
+        readers: readers.clone(),
+        metrics: metrics.clone(),
+        lock: tokio::sync::Mutex::new(()),
+    });
     let agent = Agent {
         client: runtime.client()?,
         settings: settings.clone(),
@@ -703,6 +759,7 @@ pub fn start(
         claims: claims.clone(),
         pods: pods.clone(),
         metrics,
+        host: Arc::clone(&host),
     };
     let (p1, p2) = (pods.clone(), pods.clone());
     let controller = runtime
@@ -723,9 +780,56 @@ pub fn start(
                 .map(|b| staging_pods_of(&p2, b))
                 .unwrap_or_default()
         })
+        // A reader changed or went: its model's view holders (the last reader gone unbinds).
+        .watches(&readers, {
+            let host = Arc::clone(&host);
+            move |p: &Pod| host.holders_of_reader(p)
+        })
         .concurrency(settings.concurrency);
     runtime.start_controller(controller);
+    let readers_controller = runtime
+        .controller("host-readers", &readers, HostReaders(Arc::clone(&host)))
+        // A view holder changed: the readers of its model.
+        .watches(&pods, {
+            let host = Arc::clone(&host);
+            move |p: &Pod| {
+                if is_view_holder(p) {
+                    host.readers_of_holder(p)
+                } else {
+                    Vec::new()
+                }
+            }
+        })
+        // The binding recorded a view or its completion: the readers of its model.
+        .watches(&bindings, {
+            let host = Arc::clone(&host);
+            move |b: &ModelCacheBinding| host.readers_of_binding(b)
+        });
+    runtime.start_controller(readers_controller);
     Ok(())
+}
+
+/// The reconciler of this node's reader pods: a hostPath reader's model's binds.
+struct HostReaders(Arc<HostBinds>);
+
+impl Reconciler<Pod> for HostReaders {
+    type Error = Failure;
+
+    async fn reconcile(&self, pod: Arc<Pod>) -> Result<Action, Failure> {
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+            != Some(self.0.settings.node.as_str())
+        {
+            return Ok(Action::await_change());
+        }
+        match host_reader(&pod, &self.0.settings.bind_root) {
+            HostReaderState::Reader(r) => self.0.reconcile(&r.hash, &pod).await,
+            HostReaderState::NotHostReader => Ok(Action::await_change()),
+            HostReaderState::Refused(why) => {
+                tracing::warn!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), %why, "not serving a hostPath reader");
+                Ok(Action::await_change())
+            }
+        }
+    }
 }
 
 #[cfg(test)]

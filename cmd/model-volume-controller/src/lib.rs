@@ -1,10 +1,11 @@
 //! The node agent (`model-volume-controller`, a DaemonSet): the steps of the model lifecycle that
-//! can only happen on a node. Today: the block (roxReadOnly) staging copy, see [`agent`] and
-//! `docs/node-agent.md`.
+//! can only happen on a node: the block (roxReadOnly) staging copy ([`agent`]) and verified
+//! read-only binds for hostPath readers of block storage ([`host`]); see `docs/node-agent.md`.
 //!
 //! ```text
 //! model-volume-controller run --node-name NODE [--kubelet-root DIR] [--control-namespace NS]
-//!                             [--holder-image IMAGE] [--min-size-gib N] [runtime flags]
+//!                             [--holder-image IMAGE] [--bind-root DIR] [--min-size-gib N]
+//!                             [runtime flags]
 //! ```
 //!
 //! It acts only on pods of its own node (`--node-name`, from the downward API in the chart) and
@@ -13,6 +14,7 @@
 //! the election between agents.
 
 pub mod agent;
+pub mod host;
 pub mod metrics;
 pub mod rbac;
 
@@ -60,6 +62,15 @@ pub struct RunArgs {
     /// Pull policy of the mount holder image.
     #[arg(long, default_value = "IfNotPresent", value_parser = ["IfNotPresent", "Always", "Never"])]
     pub holder_image_pull_policy: String,
+    /// The node directory hostPath readers mount (`<bind root>/<model hash>`, the webhook's
+    /// host root), as the agent sees it: it must be mounted in the agent with `Bidirectional`
+    /// propagation so its binds reach the node and the readers.
+    #[arg(
+        long,
+        default_value = warmcache_modelvolume::keys::DEFAULT_HOST_ROOT,
+        value_name = "DIR"
+    )]
+    pub bind_root: PathBuf,
     /// Smallest primary claim of a block cache, in GiB (the measured bytes + 10 % otherwise).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub min_size_gib: u64,
@@ -126,6 +137,13 @@ mod tests {
         assert_eq!(s.kubelet_root, PathBuf::from("/var/lib/kubelet"));
         assert_eq!(s.control_namespace, "nvca-modelcache-init");
         assert_eq!(s.min_bytes, 1 << 30);
+        assert_eq!(s.bind_root, "/var/lib/containerd/nvsnap-models");
+        let relative = args(&["--node-name", "n", "--bind-root", "models"]).unwrap();
+        assert!(
+            agent::Settings::from_args(&relative)
+                .unwrap_err()
+                .contains("--bind-root")
+        );
         assert!(args(&["--node-name", "n", "--min-size-gib", "0"]).is_err());
         assert!(args(&["--node-name", "n", "--concurrency", "0"]).is_err());
         let relative = args(&["--node-name", "n", "--kubelet-root", "var/lib/kubelet"]).unwrap();

@@ -7,10 +7,13 @@
 //! | `copies_total` | `outcome` (`succeeded`, `failed`, `gave_up`) | copies of staged downloads into primaries |
 //! | `copied_bytes_total` | | bytes copied and verified |
 //! | `copy_seconds` | | duration of a successful copy (with its manifest verification) |
+//! | `host_steps_total` | `step` (the fixed [`HostBindStep`] kinds) | decisions taken for hostPath readers' binds |
+//! | `binds_total` | `outcome` ([`BIND_OUTCOMES`]) | what a bind or unbind found and did, as the mount table shows it |
+//! | `unpends_total` | | hostPath readers un-pended after their bind was verified |
 //!
 //! Every label value is a fixed word; no pod, binding or model is a label.
 
-use warmcache_modelvolume::agent::AgentStep;
+use warmcache_modelvolume::agent::{AgentStep, HostBindStep};
 use warmcache_telemetry::prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
 };
@@ -28,6 +31,42 @@ pub const STEPS: [&str; 9] = [
     "drop_claim",
     "foreign",
 ];
+
+/// Label values of `host_steps_total`.
+pub const HOST_STEPS: [&str; 6] = [
+    "wait",
+    "foreign",
+    "create_holder",
+    "delete_holders",
+    "bind",
+    "unbind",
+];
+
+/// Label values of `binds_total`: the verified bind was there (`verified`), was made
+/// (`created`), a stale or writable one was redone (`redone`), the view was not mounted
+/// (`not_mounted`), the directory held data a pod wrote (`occupied`), the bind failed
+/// (`failed`), a bind was removed with no reader left (`unbound`).
+pub const BIND_OUTCOMES: [&str; 7] = [
+    "verified",
+    "created",
+    "redone",
+    "not_mounted",
+    "occupied",
+    "failed",
+    "unbound",
+];
+
+/// The label of a hostPath readers' step.
+pub const fn host_step_label(step: &HostBindStep) -> &'static str {
+    match step {
+        HostBindStep::Wait(_) => "wait",
+        HostBindStep::Foreign(_) => "foreign",
+        HostBindStep::CreateHolder(_) => "create_holder",
+        HostBindStep::DeleteHolders(_) => "delete_holders",
+        HostBindStep::Bind { .. } => "bind",
+        HostBindStep::Unbind { .. } => "unbind",
+    }
+}
 
 /// Label values of `copies_total`.
 pub const OUTCOMES: [&str; 3] = ["succeeded", "failed", "gave_up"];
@@ -57,6 +96,9 @@ pub struct Metrics {
     copies: IntCounterVec,
     bytes: IntCounter,
     seconds: Histogram,
+    host_steps: IntCounterVec,
+    binds: IntCounterVec,
+    unpends: IntCounter,
 }
 
 impl Metrics {
@@ -106,8 +148,44 @@ impl Metrics {
                 ]),
             ),
         )?;
+        let host_steps = register_metric(
+            registry,
+            "host_steps_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "host_steps_total",
+                    "Decisions taken for hostPath readers' binds.",
+                ),
+                &["step"],
+            ),
+        )?;
+        let binds = register_metric(
+            registry,
+            "binds_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "binds_total",
+                    "Binds and unbinds for hostPath readers, by what the mount table showed.",
+                ),
+                &["outcome"],
+            ),
+        )?;
+        let unpends = register_metric(
+            registry,
+            "unpends_total",
+            IntCounter::new(
+                "unpends_total",
+                "hostPath readers un-pended after their bind was verified.",
+            ),
+        )?;
         for s in STEPS {
             steps.with_label_values(&[s]);
+        }
+        for s in HOST_STEPS {
+            host_steps.with_label_values(&[s]);
+        }
+        for o in BIND_OUTCOMES {
+            binds.with_label_values(&[o]);
         }
         for o in OUTCOMES {
             copies.with_label_values(&[o]);
@@ -117,12 +195,34 @@ impl Metrics {
             copies,
             bytes,
             seconds,
+            host_steps,
+            binds,
+            unpends,
         })
     }
 
     /// A decision.
     pub fn step(&self, step: &AgentStep) {
         self.steps.with_label_values(&[step_label(step)]).inc();
+    }
+
+    /// A decision for hostPath readers.
+    pub fn host_step(&self, step: &HostBindStep) {
+        self.host_steps
+            .with_label_values(&[host_step_label(step)])
+            .inc();
+    }
+
+    /// A bind's outcome (one of [`BIND_OUTCOMES`]).
+    pub fn bind(&self, outcome: &'static str) {
+        if BIND_OUTCOMES.contains(&outcome) {
+            self.binds.with_label_values(&[outcome]).inc();
+        }
+    }
+
+    /// A reader un-pended.
+    pub fn unpended(&self) {
+        self.unpends.inc();
     }
 
     /// A successful copy of `bytes` in `seconds`.
@@ -174,6 +274,22 @@ mod tests {
                 "{text}"
             );
         }
+        m.bind("created");
+        m.bind("not a fixed word");
+        m.unpended();
+        for s in HOST_STEPS {
+            assert!(
+                text.contains(&format!("host_steps_total{{step=\"{s}\"}}")),
+                "{text}"
+            );
+        }
+        for o in BIND_OUTCOMES {
+            assert!(
+                text.contains(&format!("binds_total{{outcome=\"{o}\"}}")),
+                "{text}"
+            );
+        }
+        assert!(text.contains("unpends_total 0"), "{text}");
         assert!(text.contains("copied_bytes_total 1048576"), "{text}");
         assert!(text.contains("copy_seconds_count 1"), "{text}");
         assert!(Metrics::register(&registry).is_err(), "registered twice");

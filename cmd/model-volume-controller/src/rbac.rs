@@ -4,8 +4,10 @@
 //!
 //! Staging pods live in the namespaces that read a model, so listing this node's pods is
 //! cluster-wide (a ClusterRole; the watch is narrowed by field selector to the node and by
-//! label to warmcache's pods). Everything the agent creates or deletes is in the control
-//! namespace. No leader election: no Lease.
+//! label to warmcache's pods, or to reader pods). The primary claim lives in the control
+//! namespace; mount holders live there (the primary's) and in reader namespaces (a hostPath
+//! reader's view: a pod mounts only claims of its own namespace), so creating and deleting pods
+//! is cluster-wide. No leader election: no Lease.
 
 use warmcache_kube::rbac::{Permission, Scope, events};
 
@@ -19,7 +21,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "watch"],
         scope: Scope::Cluster,
         names: &[],
-        why: "this node's staging pods and mount holders (field spec.nodeName, label app.kubernetes.io/managed-by=warmcache)",
+        why: "this node's staging pods and mount holders (field spec.nodeName, label app.kubernetes.io/managed-by=warmcache), and its reader pods (label nvsnap.io/model-role=reader): hostPath readers",
     },
     Permission {
         group: "",
@@ -33,17 +35,41 @@ const OWN: &[Permission] = &[
         group: "",
         resource: "pods",
         verbs: &["create", "delete"],
-        scope: Scope::ControlNamespace,
+        scope: Scope::Cluster,
         names: &[],
-        why: "mount holders on this node: created to attach the primary, deleted (UID precondition) once the copy is answered",
+        why: "mount holders on this node: the primary's in the control namespace (created to attach it, deleted with a UID precondition once the copy is answered), a view's in a hostPath reader's namespace (deleted with a UID precondition once no reader of the model is left on the node)",
+    },
+    Permission {
+        group: "",
+        resource: "pods",
+        verbs: &["patch"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "un-pending a hostPath reader (its nvsnap.io/model-pending label removed, the UID in the merge patch as precondition) once its bind is verified against the mount table",
     },
     Permission {
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "read afresh: the primary claim before a copy (never copied twice); a hostPath reader namespace's view claim (bound to the recorded view) before its bind",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "a hostPath reader namespace's view PV, read afresh before its bind: the recorded one, pre-bound to the view claim, its handle derived from the primary's",
+    },
+    Permission {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["list", "watch", "create", "patch", "delete"],
         scope: Scope::ControlNamespace,
         names: &[],
-        why: "the primary claim: created sized from the measured bytes (the atomic create elects one agent), read afresh before a copy, the copy and failed attempts recorded (merge patch with resourceVersion), deleted after three failed copies (UID precondition)",
+        why: "the primary claim: created sized from the measured bytes (the atomic create elects one agent), the copy and failed attempts recorded (merge patch with resourceVersion), deleted after three failed copies (UID precondition)",
     },
     Permission {
         group: "nvca.nvcf.nvidia.io",
@@ -51,7 +77,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "watch"],
         scope: Scope::ControlNamespace,
         names: &[],
-        why: "the binding a staging pod names (its UID and decision)",
+        why: "the binding a staging pod or a hostPath reader names (its UID, decision, data identity and recorded views)",
     },
     events(Scope::Cluster),
 ];
