@@ -40,15 +40,16 @@ use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
 use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition};
 use warmcache_binding_controller::controller::{Settings, start};
 use warmcache_catalog::{CatalogInput, CatalogSnapshot, Gates};
-use warmcache_modelvolume::agent::{Staged, staged_primary_claim};
-use warmcache_modelvolume::keys::{DOWNLOAD_STEP_ANNOTATION, WAIT_CONTAINER};
+use warmcache_modelvolume::agent::{Staged, staged_primary_claim, view_holder_name};
+use warmcache_modelvolume::keys::{DOWNLOAD_STEP_ANNOTATION, PENDING_LABEL, WAIT_CONTAINER};
 use warmcache_modelvolume::volume_keys::{
     BYTES_ANNOTATION, COMPLETE_LABEL, MANIFEST_DIGEST_ANNOTATION,
 };
 use warmcache_modelvolume::{
-    BindingAction, DownloadStep, LifecycleConfig, Options, Request, StorageInputs, Verdict,
-    WriterOptions, admit,
+    BindingAction, DownloadStep, LifecycleConfig, Options, ReaderMode, Request, StorageInputs,
+    Verdict, WriterOptions, admit,
 };
+use warmcache_nodefs::{MountInfo, parse_mountinfo, top_mount};
 use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
 use warmcache_testkit::{
     ComponentAccount, ControlPlane, PAUSE_IMAGE, RealNode, TOOLS_IMAGE, TestCsiDriver,
@@ -182,7 +183,12 @@ impl Drop for AgentProcess {
     }
 }
 
-fn start_agent(node: &RealNode, kubeconfig: &std::path::Path, control: &str) -> AgentProcess {
+fn start_agent(
+    node: &RealNode,
+    kubeconfig: &std::path::Path,
+    control: &str,
+    bind_root: &str,
+) -> AgentProcess {
     let log = std::fs::File::create(node.dir().join("model-volume-controller.log")).unwrap();
     let child = Command::new("/bin/sh")
         .arg(node.dir().join("node-enter.sh"))
@@ -194,6 +200,7 @@ fn start_agent(node: &RealNode, kubeconfig: &std::path::Path, control: &str) -> 
         .args(["--control-namespace", control])
         .args(["--holder-image", PAUSE_IMAGE])
         .args(["--holder-image-pull-policy", "Never"])
+        .args(["--bind-root", bind_root])
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--admin-listen", "127.0.0.1:0"])
@@ -221,6 +228,8 @@ struct World {
     pods: Api<Pod>,
     engine: String,
     landing: String,
+    /// The bind root of hostPath readers (in the node's mount namespace), this test's own.
+    bind_root: String,
     /// The catalog the admissions decided from.
     catalog: CatalogSnapshot,
     agent: AgentProcess,
@@ -237,7 +246,8 @@ static ONE_CLASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// staging pod that is gone since (evicted, its node lost).
 /// `shared`: the app namespace carries a sharing-domain label (its own name), so another
 /// namespace labelled alike reads the same cache (helmModelCache).
-async fn setup(download: &str, stale_claim: bool, shared: bool) -> World {
+/// `reader_mode`: how the reader pods read the copy (the webhook's option).
+async fn setup(download: &str, stale_claim: bool, shared: bool, reader_mode: ReaderMode) -> World {
     let one = ONE_CLASS.lock().await;
     let driver = TestCsiDriver::NamespacedBlock;
     let node = RealNode::shared().await.unwrap();
@@ -332,7 +342,8 @@ async fn setup(download: &str, stale_claim: bool, shared: bool) -> World {
     )
     .await
     .unwrap();
-    let agent = start_agent(node, account.kubeconfig_path(), &control.name);
+    let bind_root = format!("/var/lib/warmcache-test-binds/{}", app.name);
+    let agent = start_agent(node, account.kubeconfig_path(), &control.name, &bind_root);
 
     // The binding the first admission creates, and the reader of the next.
     let source: Pod = serde_saphyr::from_str(VLLM_POD).unwrap();
@@ -345,6 +356,8 @@ async fn setup(download: &str, stale_claim: bool, shared: bool) -> World {
         .unwrap_or_default();
     let options = Options {
         control_namespace: control.name.clone(),
+        reader_mode,
+        host_root: bind_root.clone(),
         ..Options::default()
     };
     let req = Request {
@@ -409,6 +422,7 @@ async fn setup(download: &str, stale_claim: bool, shared: bool) -> World {
         pods,
         engine,
         landing,
+        bind_root,
         catalog,
         agent,
         _account: account,
@@ -561,7 +575,7 @@ impl World {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
-    let w = setup(DOWNLOAD_SCRIPT, false, true).await;
+    let w = setup(DOWNLOAD_SCRIPT, false, true, ReaderMode::Pvc).await;
     let (client, control, stored) = (w.client.clone(), &w.control, &w.stored);
     // Ready with a view: staged, copied, completed, released, detached.
     let ready = w.settled().await.unwrap_or_else(|b| {
@@ -709,6 +723,7 @@ async fn three_failed_copies_drop_the_claim_and_fail_the_download_with_the_agent
         &format!("{DOWNLOAD_SCRIPT}mkfifo \"$d/not-a-model\"\n"),
         false,
         false,
+        ReaderMode::Pvc,
     )
     .await;
     let failed = w
@@ -761,7 +776,7 @@ async fn three_failed_copies_drop_the_claim_and_fail_the_download_with_the_agent
 /// elected in its place; the download completes as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_staging_pod_is_gone_is_dropped_and_elected_again() {
-    let w = setup(DOWNLOAD_SCRIPT, true, false).await;
+    let w = setup(DOWNLOAD_SCRIPT, true, false, ReaderMode::Pvc).await;
     let ready = w.settled().await.unwrap_or_else(|b| {
         panic!(
             "the block download failed: {:?}\n{}",
@@ -784,6 +799,249 @@ async fn a_claim_whose_staging_pod_is_gone_is_dropped_and_elected_again() {
         report.lines().find_map(|l| l.strip_prefix("read=")),
         Some(CONFIG_JSON),
         "{report}"
+    );
+    w.finish().await;
+}
+
+/// Runs `script` with `sh -c` as a process of the node (its mount namespace) and returns its
+/// standard output; fails the test when it fails.
+fn node_sh(node: &RealNode, script: &str) -> String {
+    let out = Command::new("/bin/sh")
+        .arg(node.dir().join("node-enter.sh"))
+        .args(["sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The node's mount table (its mount namespace, where the agent binds and the kubelet mounts).
+fn node_mounts(node: &RealNode) -> Vec<MountInfo> {
+    parse_mountinfo(&node_sh(node, "cat /proc/self/mountinfo")).unwrap()
+}
+
+/// The node's mount table shows at `target` a read-only bind of the view holder's kubelet mount
+/// of the view PV `pv` (the same device and root).
+async fn check_bind(w: &World, holder_name: &str, pv: &str, target: &str, why: &str) {
+    let holder = w.app.api::<Pod>().get(holder_name).await.unwrap();
+    let source = w
+        .node
+        .dir()
+        .join("kubelet/pods")
+        .join(holder.metadata.uid.clone().unwrap())
+        .join("volumes/kubernetes.io~csi")
+        .join(pv)
+        .join("mount");
+    let table = node_mounts(w.node);
+    let bound = top_mount(&table, std::path::Path::new(target))
+        .unwrap_or_else(|| panic!("{why}: nothing mounted at {target}"));
+    let view = top_mount(&table, &source).unwrap_or_else(|| {
+        panic!(
+            "{why}: the holder's view is not mounted at {}",
+            source.display()
+        )
+    });
+    assert!(bound.read_only(), "{why}: {bound:?}");
+    assert_eq!(
+        (bound.major, bound.minor, &bound.root),
+        (view.major, view.minor, &view.root),
+        "{why}: the bind is the holder's mount of the view"
+    );
+}
+
+fn pending(pod: &Pod) -> bool {
+    pod.labels().get(PENDING_LABEL).map(String::as_str) == Some("true")
+}
+
+/// A hostPath reader (reader mode `hostPath` on the namespaced-block profile) is served by the
+/// agent through a view holder in its namespace: never bound over data a pod wrote into its
+/// directory (it stays pending, the data intact), bound once the directory is empty, un-pended
+/// only with the node's mount table showing the read-only bind of the holder's mount of the
+/// view (same device and root); it then reads the bytes and gets EROFS on every write. A bind
+/// removed by hand is redone; with no reader left the directory is unbound and the holder
+/// deleted, the directory kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_path_reader_is_served_and_unpended_only_with_a_verified_bind() {
+    let w = setup(DOWNLOAD_SCRIPT, false, false, ReaderMode::HostPath).await;
+    let node = w.node;
+    let hash = warmcache_api_modelcache::identity_hash(&w.stored.spec.identity);
+    let target = format!("{}/{hash}", w.bind_root);
+    let reader = w.pods.get("qwen3-reader").await.unwrap();
+    assert!(pending(&reader), "hostPath readers are admitted pending");
+    assert_eq!(
+        reader
+            .spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == warmcache_modelvolume::keys::MODEL_VOLUME)
+            .and_then(|v| v.host_path.as_ref())
+            .map(|h| h.path.clone()),
+        Some(target.clone())
+    );
+    // What a reader's own (fallback) download would have left in the directory.
+    node_sh(
+        node,
+        &format!("mkdir -p '{target}' && echo mine > '{target}/own-download.bin'"),
+    );
+
+    let ready = w.settled().await.unwrap_or_else(|b| {
+        panic!(
+            "the block download failed: {:?}\n{}",
+            b.status,
+            w.agent_log()
+        )
+    });
+    let views = ready.status.unwrap().realized.unwrap().views;
+    let view = views
+        .iter()
+        .find(|v| v.namespace == w.app.name)
+        .expect("the binding controller records a view for the hostPath reader's namespace")
+        .clone();
+
+    // Occupied: not bound over, the data intact, the reader still pending.
+    eventually(
+        "the agent refusing to bind over the pod's data",
+        TIMEOUT,
+        || {
+            let log = w.agent_log();
+            async move {
+                log.contains("not binding over data a pod wrote")
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", w.agent_log()));
+    assert!(top_mount(&node_mounts(node), std::path::Path::new(&target)).is_none());
+    assert_eq!(
+        node_sh(node, &format!("cat '{target}/own-download.bin'")),
+        "mine\n"
+    );
+    assert!(pending(&w.pods.get("qwen3-reader").await.unwrap()));
+
+    // Emptied: bound, and un-pended only with the bind in the node's mount table.
+    node_sh(node, &format!("rm '{target}/own-download.bin'"));
+    let pods = w.pods.clone();
+    eventually("the reader un-pended", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("qwen3-reader").await.ok()?;
+            (!pending(&p)).then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", w.agent_log()));
+    let holder_name = view_holder_name(&hash, node.name());
+    let pv = view.persistent_volume_name.clone();
+    check_bind(&w, &holder_name, &pv, &target, "after the un-pend").await;
+
+    // The reader reads the copy through the bind and cannot write it.
+    let done = wait_pod_finished(&w.pods, "qwen3-reader", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(
+        state_exit(&done, WAIT_CONTAINER),
+        Some(0),
+        "{:?}",
+        done.status
+    );
+    let report = termination_message(&done, &w.engine).unwrap();
+    eprintln!("hostPath reader report:\n{report}");
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("read=")),
+        Some(CONFIG_JSON)
+    );
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("shard=")),
+        Some("300000")
+    );
+    for line in report.lines().filter(|l| l.contains(" rc=")) {
+        assert!(
+            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
+            "a write was not refused with EROFS: {line}\n{report}"
+        );
+    }
+
+    // A long-running reader of the same model: served again; a bind removed by hand is redone.
+    let mut long = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("qwen3-long".into()),
+            labels: done.metadata.labels.clone(),
+            annotations: done.metadata.annotations.clone(),
+            ..kube::api::ObjectMeta::default()
+        },
+        spec: done.spec.clone(),
+        status: None,
+    };
+    long.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(PENDING_LABEL.into(), "true".into());
+    let spec = long.spec.as_mut().unwrap();
+    spec.node_name = None;
+    let main = spec
+        .containers
+        .iter_mut()
+        .find(|c| c.name == w.engine)
+        .unwrap();
+    main.command = Some(vec!["sleep".into(), "600".into()]);
+    main.args = None;
+    w.pods.create(&PostParams::default(), &long).await.unwrap();
+    eventually("the long reader un-pended", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("qwen3-long").await.ok()?;
+            (!pending(&p)).then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", w.agent_log()));
+    check_bind(&w, &holder_name, &pv, &target, "the long reader").await;
+    let binds = |log: &str| log.matches("bound the read-only view").count();
+    let before = binds(&w.agent_log());
+    node_sh(node, &format!("umount '{target}'"));
+    eventually("the bind redone", Duration::from_secs(120), || {
+        let log = w.agent_log();
+        async move { (binds(&log) > before).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", w.agent_log()));
+    check_bind(&w, &holder_name, &pv, &target, "redone").await;
+
+    // No reader left: unbound, the holder deleted, the directory kept.
+    w.pods
+        .delete("qwen3-long", &DeleteParams::default())
+        .await
+        .unwrap();
+    let holders = w.app.api::<Pod>();
+    eventually(
+        "the holder deleted and the directory unbound",
+        TIMEOUT,
+        || {
+            let (holders, holder_name) = (holders.clone(), holder_name.clone());
+            let mounted = top_mount(&node_mounts(node), std::path::Path::new(&target)).is_some();
+            async move {
+                let h = holders.get_opt(&holder_name).await.ok()?;
+                (h.is_none() && !mounted).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", w.agent_log()));
+    node_sh(node, &format!("test -d '{target}'"));
+    let log = w.agent_log();
+    assert!(
+        log.contains("no reader of the model is left on the node"),
+        "{log}"
     );
     w.finish().await;
 }
