@@ -751,6 +751,11 @@ pub fn start(
         readers: readers.clone(),
         metrics: metrics.clone(),
         lock: tokio::sync::Mutex::new(()),
+        recorder: warmcache_kube::EventRecorder::new(
+            runtime.client()?,
+            "warmcache-model-volume-controller",
+            Some(&settings.node),
+        ),
     });
     let agent = Agent {
         client: runtime.client()?,

@@ -15,12 +15,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
+use warmcache_kube::EventType;
 use warmcache_modelvolume::agent::{
     DoomedIn, HostBindObserved, HostBindStep, HostReader, HostReaderState, Unpend, bind_namespace,
     host_bind_step, host_reader, is_view_holder,
@@ -50,6 +51,19 @@ pub struct HostBinds {
     pub(crate) metrics: Metrics,
     /// One bind or unbind at a time.
     pub(crate) lock: tokio::sync::Mutex<()>,
+    /// Events on readers.
+    pub(crate) recorder: warmcache_kube::EventRecorder,
+}
+
+fn reader_ref(r: &HostReader) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        namespace: Some(r.namespace.clone()),
+        name: Some(r.name.clone()),
+        uid: Some(r.uid.clone()),
+        ..ObjectReference::default()
+    }
 }
 
 fn on_node(pod: &Pod, node: &str) -> bool {
@@ -57,6 +71,21 @@ fn on_node(pod: &Pod, node: &str) -> bool {
 }
 
 impl HostBinds {
+    /// A Warning on each live pending reader of `readers` (folded into a series when repeated).
+    async fn warn_readers(&self, readers: &[HostReader], reason: &str, note: &str) {
+        for r in readers.iter().filter(|r| r.live && r.pending) {
+            self.recorder
+                .publish(
+                    &reader_ref(r),
+                    EventType::Warning,
+                    reason,
+                    "BindReadOnlyView",
+                    Some(note),
+                )
+                .await;
+        }
+    }
+
     /// This node's hostPath readers of `hash`, by namespace and name.
     fn readers_of(&self, hash: &str) -> Vec<HostReader> {
         let mut out: Vec<HostReader> = self
@@ -264,6 +293,7 @@ impl HostBinds {
             }
             HostBindStep::Foreign(why) => {
                 tracing::warn!(%why, "not binding");
+                self.warn_readers(&readers, "ModelViewRefused", &why).await;
                 Ok(Action::requeue(RECHECK))
             }
             HostBindStep::CreateHolder(h) => {
@@ -308,6 +338,14 @@ impl HostBinds {
                     Err(e @ NodeError::Occupied { .. }) => {
                         self.metrics.bind("occupied");
                         tracing::warn!(error = %e, "not binding over data a pod wrote; the readers stay pending");
+                        self.warn_readers(
+                            &readers,
+                            "ModelDirectoryOccupied",
+                            &format!(
+                                "{e}: the read-only copy is bound only over an empty directory; the pod stays pending"
+                            ),
+                        )
+                        .await;
                         return Ok(Action::requeue(RECHECK_OCCUPIED));
                     }
                     Err(e) => {
@@ -330,6 +368,25 @@ impl HostBinds {
                 for u in &unpend {
                     if self.unpend(u).await? {
                         self.metrics.unpended();
+                        let reference = ObjectReference {
+                            api_version: Some("v1".to_owned()),
+                            kind: Some("Pod".to_owned()),
+                            namespace: Some(u.namespace.clone()),
+                            name: Some(u.name.clone()),
+                            uid: Some(u.uid.clone()),
+                            ..ObjectReference::default()
+                        };
+                        self.recorder
+                            .publish(
+                                &reference,
+                                EventType::Normal,
+                                "ModelViewBound",
+                                "Unpend",
+                                Some(&format!(
+                                    "{target} is a read-only bind of view {pv}, verified against the node's mount table"
+                                )),
+                            )
+                            .await;
                         tracing::info!(reader = %u.name, namespace = %u.namespace, "un-pended the reader: its bind is verified");
                     }
                 }

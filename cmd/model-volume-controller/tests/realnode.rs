@@ -854,6 +854,26 @@ async fn check_bind(w: &World, holder_name: &str, pv: &str, target: &str, why: &
     );
 }
 
+/// Waits for an Event with `reason` about pod `name` of the app namespace.
+async fn event_on(w: &World, name: &str, reason: &str) {
+    let events = w.app.api::<k8s_openapi::api::events::v1::Event>();
+    eventually(&format!("Event {reason} on {name}"), TIMEOUT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                })
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", w.agent_log()));
+}
+
 fn pending(pod: &Pod) -> bool {
     pod.labels().get(PENDING_LABEL).map(String::as_str) == Some("true")
 }
@@ -927,6 +947,7 @@ async fn a_host_path_reader_is_served_and_unpended_only_with_a_verified_bind() {
         "mine\n"
     );
     assert!(pending(&w.pods.get("qwen3-reader").await.unwrap()));
+    event_on(&w, "qwen3-reader", "ModelDirectoryOccupied").await;
 
     // Emptied: bound, and un-pended only with the bind in the node's mount table.
     node_sh(node, &format!("rm '{target}/own-download.bin'"));
@@ -943,6 +964,7 @@ async fn a_host_path_reader_is_served_and_unpended_only_with_a_verified_bind() {
     let holder_name = view_holder_name(&hash, node.name());
     let pv = view.persistent_volume_name.clone();
     check_bind(&w, &holder_name, &pv, &target, "after the un-pend").await;
+    event_on(&w, "qwen3-reader", "ModelViewBound").await;
 
     // The reader reads the copy through the bind and cannot write it.
     let done = wait_pod_finished(&w.pods, "qwen3-reader", TIMEOUT)
@@ -1019,7 +1041,13 @@ async fn a_host_path_reader_is_served_and_unpended_only_with_a_verified_bind() {
 
     // No reader left: unbound, the holder deleted, the directory kept.
     w.pods
-        .delete("qwen3-long", &DeleteParams::default())
+        .delete(
+            "qwen3-long",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
         .await
         .unwrap();
     let holders = w.app.api::<Pod>();
