@@ -19,11 +19,10 @@
 
 mod common;
 use common::{
-    HANDLE, Running, assert_settled, condition, job_pod, label_domain, population, reader_pod,
-    sample, scrape,
+    Crashing, HANDLE, Running, assert_never_backwards, assert_settled, condition, job_pod,
+    label_domain, population, reader_pod, record_versions, sample, scrape,
 };
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -64,14 +63,28 @@ async fn running_controller(
     control: &str,
     client: Option<Client>,
 ) -> Running {
-    let lifecycle = LifecycleConfig {
+    common::controller(plane, control, client, None, lifecycle()).await
+}
+
+/// The controller's settings in these tests (a staging Job is not retried).
+fn lifecycle() -> LifecycleConfig {
+    LifecycleConfig {
         writer: WriterOptions {
             backoff_limit: 0,
             ..WriterOptions::default()
         },
         ..LifecycleConfig::default()
-    };
-    common::controller(plane, control, client, None, lifecycle).await
+    }
+}
+
+/// How the controller runs through the block flow.
+enum Mode {
+    /// As the chart's ServiceAccount, restarted once while the primary is still attached.
+    Clean,
+    /// Every write of the flow fails once on the way (nothing stored).
+    Faults(FaultInjector),
+    /// Killed right after every write it makes (stored), a fresh instance each time.
+    Crashes,
 }
 
 /// A helmModelCache binding of `domain` on block storage, as the first admission (in `writer`)
@@ -137,55 +150,6 @@ fn attachment(name: &str, pv: &str) -> VolumeAttachment {
     .unwrap()
 }
 
-/// One stored version of the binding: (resourceVersion, population, Ready status and reason,
-/// Progressing reason).
-type Version = (String, Option<PopulationState>, String, String);
-
-/// Every version of binding `name` stored from `from` on, read by a chain of short watches
-/// (each from the last version seen, so none is missed), until `done` is cancelled.
-fn record_versions(
-    client: Client,
-    api: &Api<ModelCacheBinding>,
-    name: &str,
-    from: String,
-    done: tokio_util::sync::CancellationToken,
-) -> (Arc<Mutex<Vec<Version>>>, tokio::task::JoinHandle<()>) {
-    let seen: Arc<Mutex<Vec<Version>>> = Arc::new(Mutex::new(Vec::new()));
-    let url = api.resource_url().to_owned();
-    let selector = format!("metadata.name%3D{name}");
-    let out = Arc::clone(&seen);
-    let task = tokio::spawn(async move {
-        let mut rv = from;
-        loop {
-            let request = http::Request::get(format!(
-                "{url}?watch=true&fieldSelector={selector}&resourceVersion={rv}&timeoutSeconds=1"
-            ))
-            .body(Vec::new())
-            .unwrap();
-            let text = client.request_text(request).await.unwrap();
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                let event: serde_json::Value = serde_json::from_str(line).unwrap();
-                assert_ne!(event["type"], "ERROR", "the watch of the binding: {event}");
-                let b: ModelCacheBinding = serde_json::from_value(event["object"].clone()).unwrap();
-                rv = b.resource_version().unwrap();
-                let ready = condition(&b, "Ready")
-                    .map(|(s, r, _)| format!("{s}/{r}"))
-                    .unwrap_or_default();
-                let progressing = condition(&b, "Progressing")
-                    .map(|(_, r, _)| r.to_owned())
-                    .unwrap_or_default();
-                out.lock()
-                    .unwrap()
-                    .push((rv.clone(), population(&b), ready, progressing));
-            }
-            if done.is_cancelled() {
-                return;
-            }
-        }
-    });
-    (seen, task)
-}
-
 async fn binding_where(
     api: &Api<ModelCacheBinding>,
     name: &str,
@@ -204,9 +168,12 @@ async fn binding_where(
     })
 }
 
-/// The whole block flow in two namespaces of one domain; with `faults`, every write of the
-/// controller fails once on the way.
-async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
+/// The whole block flow in two namespaces of one domain, the controller run as `mode` says.
+async fn block_flow(prefix: &str, mode: Mode) {
+    let faults = match &mode {
+        Mode::Faults(f) => Some(f.clone()),
+        Mode::Clean | Mode::Crashes => None,
+    };
     let plane = ControlPlane::shared().await.unwrap();
     let client = plane.client().await.unwrap();
     let control = TestNamespace::new(&format!("{prefix}-ctl")).await.unwrap();
@@ -291,7 +258,15 @@ async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
         Some(f) => Some(plane.client_with_faults(f.clone()).await.unwrap()),
         None => None,
     };
-    let (mut stop, mut task, mut admin) = running_controller(plane, &control.name, faulty).await;
+    let mut crashing = None;
+    let mut running = None;
+    if matches!(mode, Mode::Crashes) {
+        crashing = Some(Crashing::start(plane, &control.name, lifecycle(), |_| {
+            Some(1)
+        }));
+    } else {
+        running = Some(running_controller(plane, &control.name, faulty).await);
+    }
     let fail_next_status = || {
         if let Some(f) = &faults {
             f.inject(http::Method::PUT, &status_path, Fault::ServerError, 1);
@@ -443,7 +418,7 @@ async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
     .await;
     released.unwrap();
     fail_next_status();
-    if faults.is_none() {
+    if let (Mode::Clean, Some((stop, task, admin))) = (&mode, running.take()) {
         // The first controller started one download and stored one completion; a new one
         // (fresh caches) takes over from what is stored, the attachment still there.
         let metrics = scrape(admin).await;
@@ -453,7 +428,7 @@ async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
         assert_eq!(m("views_created_total"), Some(0.0));
         stop.cancel();
         let _ = task.await;
-        (stop, task, admin) = running_controller(plane, &control.name, None).await;
+        running = Some(running_controller(plane, &control.name, None).await);
     }
     let held = Duration::from_secs(3);
     tokio::time::sleep(held).await;
@@ -634,17 +609,7 @@ async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
     done.cancel();
     recorder.await.unwrap();
     let versions = versions.lock().unwrap().clone();
-    let first_ready = versions
-        .iter()
-        .position(|(_, p, _, _)| *p == Some(PopulationState::Ready))
-        .unwrap();
-    for (rv, p, ready, progressing) in &versions[first_ready..] {
-        assert_eq!(
-            (*p, ready.as_str()),
-            (Some(PopulationState::Ready), "True/Downloaded"),
-            "version {rv} went back from Ready ({progressing}): {versions:?}"
-        );
-    }
+    assert_never_backwards(&versions);
     let waited = versions
         .iter()
         .position(|(_, _, _, pr)| pr == "WaitingForDetach")
@@ -655,14 +620,42 @@ async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
         .unwrap();
     assert!(waited < reconciled, "{versions:?}");
 
-    match &faults {
-        Some(f) => {
+    match &mode {
+        Mode::Faults(f) => {
             assert_eq!(f.pending(), 0, "every injected failure was met");
             assert!(f.injected() >= 13, "{}", f.injected());
         }
-        None => {
+        Mode::Crashes => {
+            // Every write was the last of its instance, and a fresh one found nothing to write.
+            let crashed = crashing.take().unwrap().finish().await;
+            let leases = format!("/namespaces/{}/leases", control.name);
+            common::assert_crashed_after(
+                &crashed,
+                &[
+                    ("PUT", status_path.as_str(), 4),
+                    ("POST", leases.as_str(), 1),
+                    ("PUT", &format!("{leases}/{lease_name}"), 1),
+                    ("POST", &format!("/namespaces/{}/jobs", a.name), 1),
+                    ("PUT", &format!("/persistentvolumes/{pv_name}"), 1),
+                    ("POST", "/api/v1/persistentvolumes", 2),
+                    (
+                        "POST",
+                        &format!("/namespaces/{}/persistentvolumeclaims", a.name),
+                        1,
+                    ),
+                    (
+                        "POST",
+                        &format!("/namespaces/{}/persistentvolumeclaims", b_ns.name),
+                        1,
+                    ),
+                ],
+                &[&format!("{ctl_claims}/{claim_name}")],
+            );
+        }
+        Mode::Clean => {
             // The restarted controller: no download, no completion, the two views.
-            let metrics = scrape(admin).await;
+            let (_, _, admin) = running.as_ref().unwrap();
+            let metrics = scrape(*admin).await;
             let m =
                 |series: &str| sample(&metrics, &format!("warmcache_binding_controller_{series}"));
             assert_eq!(m("downloads_started_total"), Some(0.0), "{metrics}");
@@ -672,8 +665,10 @@ async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
         }
     }
 
-    stop.cancel();
-    let _ = task.await;
+    if let Some((stop, task, _)) = running {
+        stop.cancel();
+        let _ = task.await;
+    }
     for ns in [&a, &b_ns] {
         let _ = ns
             .api::<Pod>()
@@ -690,7 +685,7 @@ async fn block_flow(prefix: &str, faults: Option<FaultInjector>) {
 /// attached; views only after the detach, one per namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_block_flow_gives_each_namespace_a_view_after_the_detach() {
-    block_flow("blk-ok", None).await;
+    block_flow("blk-ok", Mode::Clean).await;
 }
 
 /// Crash matrix of the block flow: every write fails once (the status at each stage, the
@@ -698,5 +693,16 @@ async fn the_block_flow_gives_each_namespace_a_view_after_the_detach() {
 /// the controller converges to the same end, one of each object, nothing else deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_after_any_write_of_the_block_flow_converges_without_duplicates() {
-    block_flow("blk-crash", Some(FaultInjector::new())).await;
+    block_flow("blk-crash", Mode::Faults(FaultInjector::new())).await;
+}
+
+/// Crash matrix of the block flow, as real crashes: the controller is killed right after every
+/// write it makes (the write stored, its caches and queues lost) and a fresh instance started:
+/// the status at each stage, the Lease's create and update, the staging Job, the completion
+/// update, the primary claim's release, each view PV and claim. It converges to the same end,
+/// one of each object, nothing else deleted, no stored version going back, and the last fresh
+/// instance finds nothing left to write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_any_write_of_the_block_flow_converges_without_duplicates() {
+    block_flow("blk-kill", Mode::Crashes).await;
 }

@@ -10,8 +10,9 @@
 
 mod common;
 use common::{
-    HANDLE, Running, assert_settled, binding_of_identity, condition, job_pod, label_domain,
-    population, reader_pod, sample, scrape,
+    Crashed, Crashing, HANDLE, Running, assert_crashed_after, assert_never_backwards,
+    assert_settled, binding_of_identity, condition, job_pod, label_domain, population, reader_pod,
+    record_versions, sample, scrape,
 };
 
 use std::time::Duration;
@@ -57,22 +58,20 @@ async fn running_controller_with(
     tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
     std::net::SocketAddr,
 ) {
-    running_controller_cfg(
-        plane,
-        control,
-        client,
-        catalog_namespace,
-        LifecycleConfig {
-            writer: WriterOptions {
-                backoff_limit: 0,
-                ..WriterOptions::default()
-            },
-            // Short, so the retry test does not wait an hour.
-            failure_record_seconds: 3,
-            ..LifecycleConfig::default()
+    running_controller_cfg(plane, control, client, catalog_namespace, test_lifecycle()).await
+}
+
+/// The controller's settings in most tests.
+fn test_lifecycle() -> LifecycleConfig {
+    LifecycleConfig {
+        writer: WriterOptions {
+            backoff_limit: 0,
+            ..WriterOptions::default()
         },
-    )
-    .await
+        // Short, so the retry test does not wait an hour.
+        failure_record_seconds: 3,
+        ..LifecycleConfig::default()
+    }
 }
 
 async fn running_controller_cfg(
@@ -1500,32 +1499,7 @@ async fn a_failure_after_any_write_converges_without_duplicates() {
         .set_phase(&app.name, &jp.name_any(), "Succeeded")
         .await
         .unwrap();
-    let view_claim = reader_pvc_name(&identity);
-    let app_pvcs: Api<PersistentVolumeClaim> = app.api();
-    let b = eventually(
-        "Ready with the view bound and the writer claim released",
-        Duration::from_secs(120),
-        || {
-            let api = bindings.clone();
-            let name = name.clone();
-            let app_pvcs = app_pvcs.clone();
-            let (view_claim, claim_name) = (view_claim.clone(), claim_name.clone());
-            async move {
-                let b = api.get(&name).await.ok()?;
-                if population(&b) != Some(PopulationState::Ready) {
-                    return None;
-                }
-                let view = app_pvcs.get_opt(&view_claim).await.ok()??;
-                (view.status?.phase.as_deref() == Some("Bound")).then_some(())?;
-                let writer = app_pvcs.get_opt(&claim_name).await.ok()?;
-                writer
-                    .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
-                    .then_some(b)
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let b = ready_with_the_view(&bindings, &name, &app, &identity).await;
     assert_eq!(faults.pending(), 0, "every injected failure was met");
     assert!(faults.injected() >= injected_rules);
     assert_eq!(realized_bytes(&b), Some(999));
@@ -1557,6 +1531,225 @@ async fn a_failure_after_any_write_converges_without_duplicates() {
     let _ = task.await;
     let _ = pods.delete("reader-0", &DeleteParams::default()).await;
     let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
+}
+
+/// The binding once Ready and `Reconciled`, the view claim in `app` Bound and the writer view
+/// claim released.
+async fn ready_with_the_view(
+    bindings: &Api<ModelCacheBinding>,
+    name: &str,
+    app: &TestNamespace,
+    identity: &BindingIdentity,
+) -> ModelCacheBinding {
+    let view_claim = reader_pvc_name(identity);
+    let claim_name = writer_pvc_name(identity);
+    let app_pvcs: Api<PersistentVolumeClaim> = app.api();
+    eventually(
+        "Ready and Reconciled, the view bound, the writer claim released",
+        Duration::from_secs(180),
+        || {
+            let api = bindings.clone();
+            let app_pvcs = app_pvcs.clone();
+            let (view_claim, claim_name) = (view_claim.clone(), claim_name.clone());
+            async move {
+                let b = api.get(name).await.ok()?;
+                if population(&b) != Some(PopulationState::Ready)
+                    || condition(&b, "Progressing")?.1 != "Reconciled"
+                {
+                    return None;
+                }
+                let view = app_pvcs.get_opt(&view_claim).await.ok()??;
+                (view.status?.phase.as_deref() == Some("Bound")).then_some(())?;
+                let writer = app_pvcs.get_opt(&claim_name).await.ok()?;
+                writer
+                    .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+                    .then_some(b)
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// The RWX flow of one binding read from one namespace, the controller run as a chain of
+/// instances killed right after their writes (`budget`, see [`Crashing`]); the Job's pod
+/// succeeds once it exists. Asserts the end state: Ready with the Job's bytes and Reconciled,
+/// the view bound, the writer claim released; exactly one Job (the first one's UID), one
+/// primary claim, the primary PV complete and retained, the writer view and the read-only view
+/// as the only PVs of the binding, the reader kept; no stored version of the binding going
+/// back; settled. Returns the crashes.
+async fn rwx_flow_with_crashes(
+    prefix: &str,
+    budget: impl Fn(usize) -> Option<usize> + Send + 'static,
+) -> (Crashed, Seeded) {
+    let plane = ControlPlane::shared().await.unwrap();
+    let s = seeded(plane, prefix).await;
+    let done = tokio_util::sync::CancellationToken::new();
+    let (versions, recorder) = record_versions(
+        s.client.clone(),
+        &s.bindings,
+        &s.name,
+        s.created.resource_version().unwrap(),
+        done.clone(),
+    );
+    let crashing = Crashing::start(plane, &s.control.name, test_lifecycle(), budget);
+    let pods: Api<Pod> = s.app.api();
+    pods.create(&PostParams::default(), &reader_pod("reader-0", &s.created))
+        .await
+        .unwrap();
+    let job_name = writer_job_name(&s.identity);
+    succeed_job(&s.client, &s.app.name, &job_name, "999").await;
+    let jobs: Api<Job> = s.app.api();
+    let job_uid = jobs.get(&job_name).await.unwrap().uid();
+    let b = ready_with_the_view(&s.bindings, &s.name, &s.app, &s.identity).await;
+    let crashed = crashing.finish().await;
+    assert_settled(&s.bindings, &s.name).await;
+    done.cancel();
+    recorder.await.unwrap();
+    assert_never_backwards(&versions.lock().unwrap());
+    assert_eq!(realized_bytes(&b), Some(999));
+
+    // Exactly one of each; nothing deleted but the writer claim.
+    let all_jobs = jobs.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(all_jobs.len(), 1, "one Job");
+    assert_eq!(all_jobs[0].uid(), job_uid, "the first Job");
+    let ctl = s
+        .control
+        .api::<PersistentVolumeClaim>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let ctl: Vec<String> = ctl.items.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(ctl, vec![s.claim_name.clone()], "one primary claim");
+    let primary = s.pvs.get(&s.pv_name).await.unwrap();
+    assert_eq!(
+        primary.labels().get(COMPLETE_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        primary
+            .spec
+            .as_ref()
+            .unwrap()
+            .persistent_volume_reclaim_policy
+            .as_deref(),
+        Some("Retain")
+    );
+    let ours = ListParams::default().labels(&format!(
+        "{}={}",
+        warmcache_modelvolume::volume_keys::BINDING_LABEL,
+        s.name
+    ));
+    let mut names: Vec<String> = s
+        .pvs
+        .list(&ours)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    names.sort_unstable();
+    let realized = b.status.as_ref().unwrap().realized.as_ref().unwrap();
+    let mut wanted: Vec<String> = realized
+        .views
+        .iter()
+        .map(|v| v.persistent_volume_name.clone())
+        .collect();
+    assert_eq!(wanted.len(), 1, "one read-only view: {:?}", realized.views);
+    let writer_view = names
+        .iter()
+        .find(|n| n.starts_with(&format!("{}-", s.claim_name)))
+        .cloned()
+        .unwrap_or_else(|| panic!("no writer view among {names:?}"));
+    wanted.push(writer_view);
+    wanted.sort_unstable();
+    assert_eq!(names, wanted, "the writer view and one read-only view");
+    let reader = pods.get("reader-0").await.unwrap();
+    assert!(
+        reader.metadata.deletion_timestamp.is_none(),
+        "the reader kept"
+    );
+    let _ = pods.delete("reader-0", &DeleteParams::default()).await;
+    let _ = s.pvs.delete(&s.pv_name, &DeleteParams::default()).await;
+    for pv in &names {
+        let _ = s.pvs.delete(pv, &DeleteParams::default()).await;
+    }
+    (crashed, s)
+}
+
+/// Crash matrix, as real crashes: the controller is killed right after every write it makes
+/// (the write reaches the server and is stored, the instance's caches, queues and memory are
+/// lost) and a fresh one started on a new client, until a fresh instance has nothing left to
+/// write. Every write of the flow is followed by a crash: the status at each stage, the primary
+/// claim, the writer view PV and claim, the Job, the completion update, the writer claim's
+/// release, the read-only view's PV and claim. The flow converges with one of each object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_every_write_converges_without_duplicates() {
+    let (crashed, s) = rwx_flow_with_crashes("mcb-kill", |_| Some(1)).await;
+    let app_claims = format!("/namespaces/{}/persistentvolumeclaims", s.app.name);
+    assert_crashed_after(
+        &crashed,
+        &[
+            ("PUT", &format!("/modelcachebindings/{}/status", s.name), 3),
+            (
+                "POST",
+                &format!("/namespaces/{}/persistentvolumeclaims", s.control.name),
+                1,
+            ),
+            ("POST", "/api/v1/persistentvolumes", 2),
+            ("POST", &app_claims, 2),
+            ("POST", &format!("/namespaces/{}/jobs", s.app.name), 1),
+            ("PUT", &format!("/persistentvolumes/{}", s.pv_name), 1),
+            ("DELETE", &format!("{app_claims}/{}", s.claim_name), 1),
+        ],
+        &[&format!("{app_claims}/{}", s.claim_name)],
+    );
+}
+
+/// Crash matrix, one crash per run: for every N, a controller makes the first N writes of the
+/// flow (its caches and memory warm from the writes before) and is killed right after the Nth
+/// is stored; a fresh controller finishes the flow. N runs from 1 until a controller makes all
+/// its writes without reaching N (the flow had fewer), four runs at a time. Each run converges
+/// with one of each object (see [`rwx_flow_with_crashes`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_nth_write_converges_for_every_n() {
+    let mut first = 1;
+    let mut covered = Vec::new();
+    loop {
+        let mut runs = tokio::task::JoinSet::new();
+        for n in first..first + 4 {
+            runs.spawn(async move {
+                let (crashed, _) =
+                    rwx_flow_with_crashes(&format!("mcb-kill{n}"), move |i| (i == 0).then_some(n))
+                        .await;
+                (n, crashed)
+            });
+        }
+        let mut finished = false;
+        while let Some(run) = runs.join_next().await {
+            let (n, crashed) = run.unwrap();
+            match crashed.crashes.as_slice() {
+                [] => finished = true,
+                [crash] => covered.push((n, crash.write.clone(), crash.answer.clone())),
+                more => panic!("run {n}: one crash expected, got {more:?}"),
+            }
+        }
+        if finished {
+            break;
+        }
+        first += 4;
+        assert!(first < 64, "the flow never ended: {covered:?}");
+    }
+    covered.sort();
+    eprintln!("crashed after write N: {covered:#?}");
+    let n_max = covered.iter().map(|(n, _, _)| *n).max().unwrap_or(0);
+    assert!(n_max >= 10, "every write of the flow: {covered:#?}");
+    assert_eq!(
+        covered.iter().map(|(n, _, _)| *n).collect::<Vec<_>>(),
+        (1..=n_max).collect::<Vec<_>>(),
+        "a crash after each write up to the last"
+    );
 }
 
 fn quick_takeover() -> LifecycleConfig {

@@ -176,11 +176,7 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let path = request
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_default();
+        let path = path_and_query(&request);
         match self.injector.take(request.method(), &path) {
             None => {
                 let future = self.inner.call(request);
@@ -205,6 +201,15 @@ where
             }),
         }
     }
+}
+
+/// The request's path and query, as the rules match them (`/api/v1/namespaces/n/pods?x=y`).
+pub(crate) fn path_and_query(request: &Request<Body>) -> String {
+    request
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default()
 }
 
 fn status_response(

@@ -52,7 +52,9 @@
 //! Helpers for pods there: [`tools_pod`], [`wait_pod_finished`], [`termination_message`].
 //!
 //! Client-side faults (409 conflicts, 500 errors, timeouts) come from [`FaultInjector`], a layer
-//! inside the test's `kube::Client`; the API server itself is never made to fail.
+//! inside the test's `kube::Client`; the API server itself is never made to fail. Crashes (a
+//! write stored, then every later request of that client refused, as if its process died) come
+//! from [`CrashSwitch`].
 //!
 //! # Using it
 //!
@@ -111,6 +113,7 @@
 
 mod account;
 mod component_image;
+mod crash;
 mod crd;
 mod csi;
 mod error;
@@ -130,6 +133,7 @@ use std::time::{Duration, Instant};
 
 pub use account::ComponentAccount;
 pub use component_image::{COMPONENT_BINARIES, NONROOT, component_image, shared_libraries};
+pub use crash::{CrashLayer, CrashService, CrashSwitch};
 pub use crd::{
     FIELD_MANAGER, LEADERWORKERSET_CRD, apply_crd, install_crds_from_dir,
     install_leaderworkerset_crd, parse_crds, wait_crd_established,

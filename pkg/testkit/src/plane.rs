@@ -14,6 +14,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::crash::CrashSwitch;
 use crate::faults::FaultInjector;
 use crate::pki::{Ca, base64, ecdsa_key_pair_pem};
 use crate::{TestkitError, crd};
@@ -207,6 +208,15 @@ impl ControlPlane {
         let builder = kube::client::ClientBuilder::try_from(config)
             .map_err(|e| TestkitError::kube("building a client", e))?;
         Ok(builder.with_layer(&faults.layer()).build())
+    }
+
+    /// An admin client whose process "crashes" as `crash` says: its writes reach the server
+    /// until the switch's last one, then every request fails (see [`CrashSwitch`]).
+    pub async fn client_with_crash(&self, crash: &CrashSwitch) -> Result<Client, TestkitError> {
+        let config = self.config().await?;
+        let builder = kube::client::ClientBuilder::try_from(config)
+            .map_err(|e| TestkitError::kube("building a client", e))?;
+        Ok(builder.with_layer(&crash.layer()).build())
     }
 
     /// The client configuration for the admin user (server URL, CA and bearer token).

@@ -1,9 +1,11 @@
 //! What the binding controller's API-server tests share (`controller.rs`, `block.rs`): the
 //! controller started in-process (as the chart's ServiceAccount unless the test brings a client,
-//! for fault injection), its metrics, the reading pod the webhook leaves, and the waits.
+//! for fault injection), the controller killed after its writes ([`Crashing`]), its metrics, the
+//! reading pod the webhook leaves, every stored version of a binding, and the waits.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -19,7 +21,7 @@ use warmcache_modelvolume::keys::{
     MODEL_LABEL, URI_ANNOTATION,
 };
 use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
-use warmcache_testkit::{ComponentAccount, ControlPlane, eventually};
+use warmcache_testkit::{ComponentAccount, ControlPlane, CrashSwitch, eventually};
 
 /// The model every test caches.
 pub const HANDLE: &str = "hf://Qwen/Qwen3-0.6B@v1";
@@ -229,4 +231,231 @@ pub async fn assert_settled(api: &Api<ModelCacheBinding>, name: &str) {
         "the binding keeps changing: {:?}\n{:?}",
         before.status, after.status
     );
+}
+
+/// One stored version of the binding: (resourceVersion, population, Ready status and reason,
+/// Progressing reason).
+pub type Version = (String, Option<PopulationState>, String, String);
+
+/// Every version of binding `name` stored from `from` on, read by a chain of short watches
+/// (each from the last version seen, so none is missed), until `done` is cancelled.
+pub fn record_versions(
+    client: Client,
+    api: &Api<ModelCacheBinding>,
+    name: &str,
+    from: String,
+    done: tokio_util::sync::CancellationToken,
+) -> (Arc<Mutex<Vec<Version>>>, tokio::task::JoinHandle<()>) {
+    let seen: Arc<Mutex<Vec<Version>>> = Arc::new(Mutex::new(Vec::new()));
+    let url = api.resource_url().to_owned();
+    let selector = format!("metadata.name%3D{name}");
+    let out = Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        let mut rv = from;
+        loop {
+            let request = http::Request::get(format!(
+                "{url}?watch=true&fieldSelector={selector}&resourceVersion={rv}&timeoutSeconds=1"
+            ))
+            .body(Vec::new())
+            .unwrap();
+            let text = client.request_text(request).await.unwrap();
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let event: serde_json::Value = serde_json::from_str(line).unwrap();
+                assert_ne!(event["type"], "ERROR", "the watch of the binding: {event}");
+                let b: ModelCacheBinding = serde_json::from_value(event["object"].clone()).unwrap();
+                rv = b.resource_version().unwrap();
+                let ready = condition(&b, "Ready")
+                    .map(|(s, r, _)| format!("{s}/{r}"))
+                    .unwrap_or_default();
+                let progressing = condition(&b, "Progressing")
+                    .map(|(_, r, _)| r.to_owned())
+                    .unwrap_or_default();
+                out.lock()
+                    .unwrap()
+                    .push((rv.clone(), population(&b), ready, progressing));
+            }
+            if done.is_cancelled() {
+                return;
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Rank of a population state along the flow (`Failed` is not part of a successful one).
+fn rank(p: Option<PopulationState>) -> u8 {
+    match p {
+        None => 0,
+        Some(PopulationState::Pending) => 1,
+        Some(PopulationState::Populating) => 2,
+        Some(PopulationState::Ready) => 3,
+        Some(PopulationState::Failed) => u8::MAX,
+    }
+}
+
+/// The stored versions of a successful flow never go backwards: the population only moves
+/// forward (none → Pending → Populating → Ready, never Failed), and once Ready the binding
+/// stays `Ready`/`Downloaded`. Returns the index of the first Ready version.
+pub fn assert_never_backwards(versions: &[Version]) -> usize {
+    for pair in versions.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert!(
+            rank(after.1) >= rank(before.1) && rank(after.1) != u8::MAX,
+            "version {} went from {:?} back to {:?}: {versions:?}",
+            after.0,
+            before.1,
+            after.1
+        );
+    }
+    let first_ready = versions
+        .iter()
+        .position(|(_, p, _, _)| *p == Some(PopulationState::Ready))
+        .unwrap_or_else(|| panic!("never Ready: {versions:?}"));
+    for (rv, p, ready, progressing) in &versions[first_ready..] {
+        assert_eq!(
+            (*p, ready.as_str()),
+            (Some(PopulationState::Ready), "True/Downloaded"),
+            "version {rv} went back from Ready ({progressing}): {versions:?}"
+        );
+    }
+    first_ready
+}
+
+/// One crash of a [`Crashing`] controller: the stored write after which its instance died
+/// (`METHOD path`) and the server's answer to it.
+#[derive(Clone, Debug)]
+pub struct Crash {
+    /// The last write the instance sent.
+    pub write: String,
+    /// The HTTP status the server answered (the instance never saw it).
+    pub answer: String,
+}
+
+/// How a [`Crashing`] controller ended: each crash, in order, and the writes of the last
+/// instance, which was stopped after it had been idle.
+#[derive(Debug)]
+pub struct Crashed {
+    /// Every crash, in order.
+    pub crashes: Vec<Crash>,
+    /// The stored writes of the instance running when [`Crashing::finish`] was called.
+    pub last_writes: Vec<String>,
+}
+
+/// How long the last instance must make no write before [`Crashing::finish`] stops it.
+const IDLE: Duration = Duration::from_secs(3);
+
+/// The controller run as a chain of processes that die right after a write: instance `i`
+/// runs on a client whose [`CrashSwitch`] lets `budget(i)` writes be stored (Events and writes
+/// the server refuses do not count) and then refuses every request; once that last write is
+/// stored the instance is
+/// stopped (its caches and queues are lost) and instance `i + 1` starts on a new client and
+/// fresh caches. `budget(i) == None` runs a controller that never crashes.
+pub struct Crashing {
+    finish: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Crashed>,
+}
+
+impl Crashing {
+    /// Starts instance 0 on `control` (the admin's rights: fault clients bypass the roles).
+    pub fn start(
+        plane: &'static ControlPlane,
+        control: &str,
+        lifecycle: LifecycleConfig,
+        budget: impl Fn(usize) -> Option<usize> + Send + 'static,
+    ) -> Self {
+        let finish = tokio_util::sync::CancellationToken::new();
+        let finishing = finish.clone();
+        let control = control.to_owned();
+        let task = tokio::spawn(async move {
+            let mut crashes = Vec::new();
+            for instance in 0_usize.. {
+                let switch = budget(instance)
+                    .map_or_else(CrashSwitch::never, CrashSwitch::after_writes)
+                    .ignoring("/events");
+                let client = plane.client_with_crash(&switch).await.unwrap();
+                let (stop, task, _) =
+                    controller(plane, &control, Some(client), None, lifecycle.clone()).await;
+                let answer = tokio::select! {
+                    answer = switch.crashed() => Some(answer),
+                    () = idle_after(&finishing, &switch) => None,
+                };
+                stop.cancel();
+                task.abort();
+                let _ = task.await;
+                let Some(answer) = answer else {
+                    return Crashed {
+                        crashes,
+                        last_writes: switch.stored(),
+                    };
+                };
+                let skipped = switch.writes().len() - 1;
+                eprintln!(
+                    "instance {instance} of {control}: killed after {answer} ({skipped} refused writes before)"
+                );
+                let (write, answer) = answer.rsplit_once(" -> ").unwrap_or((&answer, ""));
+                crashes.push(Crash {
+                    write: write.to_owned(),
+                    answer: answer.to_owned(),
+                });
+            }
+            unreachable!("more instances than a usize counts")
+        });
+        Self { finish, task }
+    }
+
+    /// Stops the chain once the running instance has made no write for a few seconds (it has
+    /// nothing left to do), and says how it went.
+    pub async fn finish(self) -> Crashed {
+        self.finish.cancel();
+        self.task.await.unwrap()
+    }
+}
+
+/// Returns once `finish` is cancelled and `switch`'s instance then made no write for [`IDLE`].
+async fn idle_after(finish: &tokio_util::sync::CancellationToken, switch: &CrashSwitch) {
+    finish.cancelled().await;
+    loop {
+        let before = switch.writes().len();
+        tokio::time::sleep(IDLE).await;
+        if switch.writes().len() == before && !switch.is_dead() {
+            return;
+        }
+    }
+}
+
+/// What a crash chain must have covered: for each `(method, path part, n)`, at least `n`
+/// crashes right after such a write; every crash after a DELETE deleted one of `deletable`
+/// (nothing else is deleted); the last instance stored nothing.
+pub fn assert_crashed_after(crashed: &Crashed, wanted: &[(&str, &str, usize)], deletable: &[&str]) {
+    let list: Vec<String> = crashed
+        .crashes
+        .iter()
+        .map(|c| format!("{} -> {}", c.write, c.answer))
+        .collect();
+    assert!(
+        crashed.last_writes.is_empty(),
+        "the last instance still stored writes: {:?}; crashes: {list:#?}",
+        crashed.last_writes
+    );
+    for (method, path, n) in wanted {
+        let seen = crashed
+            .crashes
+            .iter()
+            .filter(|c| c.write.starts_with(&format!("{method} ")) && c.write.contains(path))
+            .count();
+        assert!(
+            seen >= *n,
+            "{seen} crashes after {method} {path}, wanted at least {n}: {list:#?}"
+        );
+    }
+    for c in &crashed.crashes {
+        if let Some(path) = c.write.strip_prefix("DELETE ") {
+            let path = path.split('?').next().unwrap_or_default();
+            assert!(
+                deletable.iter().any(|d| path.ends_with(d)),
+                "deleted {path}, not one of {deletable:?}: {list:#?}"
+            );
+        }
+    }
+    eprintln!("{} crashes, each after one write: {list:#?}", list.len());
 }
