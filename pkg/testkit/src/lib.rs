@@ -122,10 +122,12 @@ mod helm;
 mod https;
 mod image;
 mod kubelet;
+mod model_clients;
 mod namespace;
 mod node;
 mod pki;
 mod plane;
+mod podnet;
 mod pods;
 mod webhook;
 
@@ -146,10 +148,12 @@ pub use https::{HttpsClient, HttpsReply};
 pub use image::{ImageArchive, ImageBuilder, PAUSE_IMAGE, TOOLS_IMAGE};
 pub use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
 pub use kubelet::Kubelet;
+pub use model_clients::{ENV_MODEL_CLIENTS, hf_client_image, model_clients_dir};
 pub use namespace::{TESTKIT_NAMESPACE_LABEL, TestNamespace};
 pub use node::{ENV_NODE_BIN_DIR, KUBELET_SYSCTLS, RealNode};
 pub use pki::WebhookPki;
 pub use plane::{ControlPlane, ENV_AUDIT_DIR, ENV_BIN_DIR, ENV_CRD_DIR, ENV_OLDEST_APISERVER_BIN};
+pub use podnet::{PodNetwork, pod_dirs};
 pub use pods::{
     on_test_node, termination_message, tools_container, tools_pod, wait_pod, wait_pod_finished,
     wait_pod_running,

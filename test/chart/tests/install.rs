@@ -26,14 +26,13 @@
 //!    finalizer is released, the control namespace is gone (nothing Terminating), a retained PV
 //!    of model data is still there, the CRDs are kept.
 //!
-//! The test node has no pod network (see `podnet`): this test bridges pod IPs and the
+//! The test node has no pod network (see the kit's `PodNetwork`): this test bridges pod IPs and the
 //! `kubernetes` Service into the pods, and the kit's API server runs with
 //! `--enable-aggregator-routing` so Service-registered webhooks are called at pod IPs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-mod podnet;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -50,7 +49,6 @@ use kube::api::{
     PostParams,
 };
 use kube::{Client, ResourceExt};
-use podnet::PodNetwork;
 use serde_json::{Value, json};
 use warmcache_api_modelcache::v2beta1::{
     BindingDecision, BindingIdentity, BindingResources, BindingStorageClass, ModelCacheBinding,
@@ -62,7 +60,8 @@ use warmcache_api_modelcache::{
 use warmcache_chart_tests::NAMESPACE;
 use warmcache_kvcache::vectors;
 use warmcache_testkit::{
-    COMPONENT_BINARIES, ControlPlane, PAUSE_IMAGE, RealNode, TOOLS_IMAGE, component_image,
+    COMPONENT_BINARIES, ControlPlane, PAUSE_IMAGE, PodNetwork, RealNode, TOOLS_IMAGE,
+    component_image, pod_dirs,
 };
 
 const CONTROL: &str = "nvca-modelcache-init";
@@ -433,7 +432,7 @@ fn container_pid(node: &RealNode, pod: &Pod) -> u32 {
         .unwrap();
     let id = id.rsplit("://").next().unwrap().to_owned();
     let mut dirs = BTreeMap::new();
-    podnet::pod_dirs(&node.cgroups()[0], 4, &mut dirs);
+    pod_dirs(&node.cgroups()[0], 4, &mut dirs);
     let dir = dirs
         .get(&uid)
         .unwrap_or_else(|| panic!("no cgroup of pod {uid} under {:?}", node.cgroups()[0]));

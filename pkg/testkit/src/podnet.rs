@@ -1,11 +1,11 @@
-//! A pod network for the real test node, for the install test: the chart's pods run as
-//! shipped (no hostNetwork, HTTP probes, Service-registered webhooks, in-cluster API access),
-//! which a real cluster's pod network and kube-proxy make work. The test node has neither: its
+//! A pod network for the real test node: pods run as shipped (no hostNetwork, HTTP probes,
+//! Service-registered webhooks, in-cluster API access, downloads from a model source), which a
+//! real cluster's pod network and kube-proxy make work. The test node has neither: its
 //! CNI gives every pod an `eth0` with a loopback-range address (127.201.X.Y) whose other end
 //! stays in the pod, so the pod reaches nothing and, from the host, its address is the host's
 //! own loopback. The kit's Service CIDR is a loopback /24 (see `service_range` in the kit's
-//! `plane.rs`), so ClusterIPs are host addresses too. This bridge supplies the paths the chart's
-//! pods need, and nothing else:
+//! `plane.rs`), so ClusterIPs are host addresses too. This bridge supplies the paths pods
+//! need, and nothing else:
 //!
 //! - **pod IPs**: for every TCP `containerPort` of a pod, a listener on the host at the pod's IP
 //!   and that port, each connection relayed to the same address inside the pod's network
@@ -20,13 +20,18 @@
 //!   port (what `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` name, and what the API
 //!   server's certificate names; a loopback address, so already local to the pod's `lo`), each
 //!   connection relayed to the API server on the host: in-cluster clients work unchanged.
+//! - **egress** ([`PodNetwork::start_with_egress`]): inside every pod, a listener at each given
+//!   host loopback address (for example a simulated model source at `127.0.0.1:PORT`), each
+//!   connection relayed to the same address on the host, so a client in a pod reaches the
+//!   source at the address it has on the host.
 //!
 //! Sockets inside a pod are opened by a thread of this process that joined the pod's network
 //! namespace (`setns`), as soon as the pod's sandbox has a process (the node's `pod<uid>`
 //! cgroups are watched every 20 ms): before its containers start, as a CNI sets the network up
-//! first on a cluster, so a one-shot container's first API call does not race the bridge. Nothing is added to any network namespace but listening sockets on
-//! loopback addresses. Every relayed connection is counted per pod and port, so a test can tell
-//! that the API server really connected to a pod.
+//! first on a cluster, so a one-shot container's first call does not race the bridge. Nothing
+//! is added to any network namespace but listening sockets on loopback addresses. Every relayed
+//! connection is counted per pod and port, so a test can tell that the API server really
+//! connected to a pod.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -74,7 +79,8 @@ struct State {
     /// "namespace/pod:port" -> connections relayed into the pod (to its IP or through a
     /// Service).
     inbound: BTreeMap<String, u64>,
-    /// Pod UID -> connections relayed from the pod to the API server.
+    /// "pod UID->host address" -> connections relayed from the pod to the API server or an
+    /// egress address.
     outbound: BTreeMap<String, u64>,
     log: Vec<String>,
 }
@@ -134,6 +140,22 @@ impl PodNetwork {
         cgroup_root: PathBuf,
         apiserver: SocketAddr,
     ) -> Result<PodNetwork, String> {
+        Self::start_with_egress(client, cgroup_root, apiserver, &[]).await
+    }
+
+    /// [`start`](Self::start), and inside every pod a listener at each address of `egress`
+    /// (loopback addresses of this host) relaying to the same address on the host.
+    pub async fn start_with_egress(
+        client: Client,
+        cgroup_root: PathBuf,
+        apiserver: SocketAddr,
+        egress: &[SocketAddr],
+    ) -> Result<PodNetwork, String> {
+        if let Some(addr) = egress.iter().find(|a| !a.ip().is_loopback()) {
+            return Err(format!(
+                "egress address {addr} is not a loopback address of this host"
+            ));
+        }
         let services: Api<Service> = Api::namespaced(client.clone(), "default");
         let mut cluster_api = None;
         for _ in 0..300 {
@@ -168,6 +190,7 @@ impl PodNetwork {
                 cgroup_root,
                 apiserver,
                 cluster_api,
+                egress.to_vec(),
                 state.clone(),
             )),
             tokio::spawn(run(client, state.clone())),
@@ -195,6 +218,21 @@ impl PodNetwork {
             .sum()
     }
 
+    /// Connections relayed from pods to `target` on the host (the API server, or an egress
+    /// address).
+    pub fn outbound_to(&self, target: SocketAddr) -> u64 {
+        let Ok(state) = self.state.lock() else {
+            return 0;
+        };
+        let suffix = format!("->{target}");
+        state
+            .outbound
+            .iter()
+            .filter(|(key, _)| key.ends_with(&suffix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// What the bridge did: pods and Services bridged, failures, connection counts.
     pub fn report(&self) -> String {
         let Ok(state) = self.state.lock() else {
@@ -208,7 +246,7 @@ impl PodNetwork {
             out.push_str(&format!("  FAILED {what}: {why}\n"));
         }
         out.push_str(&format!(
-            "  inbound {:?}\n  to the API server {:?}\n",
+            "  inbound {:?}\n  outbound {:?}\n",
             state.inbound, state.outbound
         ));
         out
@@ -233,6 +271,7 @@ async fn attach_loop(
     cgroup_root: PathBuf,
     apiserver: SocketAddr,
     cluster_api: SocketAddr,
+    egress: Vec<SocketAddr>,
     state: Arc<Mutex<State>>,
 ) {
     let own_netns = std::fs::read_link("/proc/self/ns/net").ok();
@@ -270,7 +309,7 @@ async fn attach_loop(
             if own_netns.is_some() && std::fs::read_link(&netns_path).ok() == own_netns {
                 continue;
             }
-            match attach(&uid, &netns_path, apiserver, cluster_api, &state) {
+            match attach(&uid, &netns_path, apiserver, cluster_api, &egress, &state) {
                 Ok((connect, tasks)) => {
                     if let Ok(mut s) = state.lock() {
                         s.log.push(format!(
@@ -611,10 +650,13 @@ fn first_pid(dir: &Path) -> Option<u32> {
     None
 }
 
-/// A thread inside the pod's network namespace: listens at `listen` there, then opens
-/// connections there on request until every [`Connector`] is dropped.
-fn netns_thread(netns: File, listen: SocketAddr) -> Result<(StdListener, Connector), String> {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<StdListener, String>>();
+/// A thread inside the pod's network namespace: listens at each address of `listen` there,
+/// then opens connections there on request until every [`Connector`] is dropped.
+fn netns_thread(
+    netns: File,
+    listen: Vec<SocketAddr>,
+) -> Result<(Vec<StdListener>, Connector), String> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Vec<StdListener>, String>>();
     let (tx, rx) = std::sync::mpsc::channel::<ConnectRequest>();
     std::thread::Builder::new()
         .name("podnet-netns".into())
@@ -626,11 +668,16 @@ fn netns_thread(netns: File, listen: SocketAddr) -> Result<(StdListener, Connect
                 let _ = ready_tx.send(Err(format!("setns: {e}")));
                 return;
             }
-            let listener = StdListener::bind(listen)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .map_err(|e| format!("listening on {listen} in the pod: {e}"));
-            let ok = listener.is_ok();
-            let _ = ready_tx.send(listener);
+            let listeners: Result<Vec<StdListener>, String> = listen
+                .iter()
+                .map(|addr| {
+                    StdListener::bind(addr)
+                        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                        .map_err(|e| format!("listening on {addr} in the pod: {e}"))
+                })
+                .collect();
+            let ok = listeners.is_ok();
+            let _ = ready_tx.send(listeners);
             if !ok {
                 return;
             }
@@ -641,44 +688,52 @@ fn netns_thread(netns: File, listen: SocketAddr) -> Result<(StdListener, Connect
             }
         })
         .map_err(|e| format!("spawning the netns thread: {e}"))?;
-    let listener = ready_rx
+    let listeners = ready_rx
         .recv()
         .map_err(|_| "the netns thread ended".to_owned())??;
-    Ok((listener, tx))
+    Ok((listeners, tx))
 }
 
 /// Joins the pod's network namespace (a thread) and relays its connections to the
-/// `kubernetes` Service to the API server.
+/// `kubernetes` Service to the API server, and those to each egress address to the same
+/// address on the host.
 fn attach(
     uid: &str,
     netns_path: &str,
     apiserver: SocketAddr,
     cluster_api: SocketAddr,
+    egress: &[SocketAddr],
     state: &Arc<Mutex<State>>,
 ) -> Result<(Connector, Vec<JoinHandle<()>>), String> {
     let netns = File::open(netns_path).map_err(|e| format!("opening {netns_path}: {e}"))?;
-    let (api_listener, connect) = netns_thread(netns, cluster_api)?;
-    let api_listener =
-        TcpListener::from_std(api_listener).map_err(|e| format!("API listener: {e}"))?;
-    let (st, k) = (state.clone(), uid.to_owned());
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((inner, _)) = api_listener.accept().await else {
-                return;
-            };
-            if let Ok(mut s) = st.lock() {
-                *s.outbound.entry(k.clone()).or_default() += 1;
-            }
-            let (st, k) = (st.clone(), k.clone());
-            tokio::spawn(async move {
-                match TcpStream::connect(apiserver).await {
-                    Ok(outer) => relay(inner, outer).await,
-                    Err(e) => note(&st, format!("pod {k}: connecting to the API server: {e}")),
+    let mut listen = vec![cluster_api];
+    listen.extend_from_slice(egress);
+    let (listeners, connect) = netns_thread(netns, listen)?;
+    let targets = std::iter::once(apiserver).chain(egress.iter().copied());
+    let mut tasks = Vec::new();
+    for (listener, target) in listeners.into_iter().zip(targets) {
+        let listener =
+            TcpListener::from_std(listener).map_err(|e| format!("listener for {target}: {e}"))?;
+        let (st, k) = (state.clone(), uid.to_owned());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((inner, _)) = listener.accept().await else {
+                    return;
+                };
+                if let Ok(mut s) = st.lock() {
+                    *s.outbound.entry(format!("{k}->{target}")).or_default() += 1;
                 }
-            });
-        }
-    });
-    Ok((connect, vec![task]))
+                let (st, k) = (st.clone(), k.clone());
+                tokio::spawn(async move {
+                    match TcpStream::connect(target).await {
+                        Ok(outer) => relay(inner, outer).await,
+                        Err(e) => note(&st, format!("pod {k}: connecting to {target}: {e}")),
+                    }
+                });
+            }
+        }));
+    }
+    Ok((connect, tasks))
 }
 
 /// Listens on the host at the pod's IP for each of its container ports.
