@@ -143,6 +143,27 @@ fn for_the_test_node(rendered: &Pod, engine: &str, landing: &str, download: &str
     pod
 }
 
+/// The engine's report: it read the copied config and the whole shard (the symlink into
+/// `blobs/` copied as a link and resolving), and every write was refused with EROFS.
+fn assert_reads_read_only(report: &str) {
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("read=")),
+        Some(CONFIG_JSON),
+        "{report}"
+    );
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("shard=")),
+        Some("300000"),
+        "the symlink into blobs/ was copied as a link and resolves: {report}"
+    );
+    for line in report.lines().filter(|l| l.contains(" rc=")) {
+        assert!(
+            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
+            "a write was not refused with EROFS: {line}\n{report}"
+        );
+    }
+}
+
 /// Puts namespace `ns` in sharing domain `domain`.
 async fn label_domain(client: &kube::Client, ns: &str, domain: &str) {
     Api::<Namespace>::all(client.clone())
@@ -654,26 +675,12 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
     );
     let report = termination_message(&done, &w.engine).unwrap();
     eprintln!("reader report:\n{report}");
-    assert_eq!(
-        report.lines().find_map(|l| l.strip_prefix("read=")),
-        Some(CONFIG_JSON)
-    );
-    assert_eq!(
-        report.lines().find_map(|l| l.strip_prefix("shard=")),
-        Some("300000"),
-        "the symlink into blobs/ was copied as a link and resolves"
-    );
+    assert_reads_read_only(&report);
     let mount = report
         .lines()
         .find_map(|l| l.strip_prefix("mount="))
         .unwrap();
     assert!(mount.split(',').any(|o| o == "ro"), "{mount}");
-    for line in report.lines().filter(|l| l.contains(" rc=")) {
-        assert!(
-            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
-            "a write was not refused with EROFS: {line}\n{report}"
-        );
-    }
 
     // A second namespace of the sharing domain: the same pod joins the binding, gets its own
     // view (the block driver refuses a handle whose namespace segment is not the pod's), and
@@ -681,16 +688,7 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
     let second = w.second_reader().await;
     let report = termination_message(&second, &w.engine).unwrap();
     eprintln!("second namespace's reader report:\n{report}");
-    assert_eq!(
-        report.lines().find_map(|l| l.strip_prefix("read=")),
-        Some(CONFIG_JSON)
-    );
-    for line in report.lines().filter(|l| l.contains(" rc=")) {
-        assert!(
-            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
-            "a write was not refused with EROFS: {line}\n{report}"
-        );
-    }
+    assert_reads_read_only(&report);
     let b = w.bindings.get(&w.binding_name).await.unwrap();
     let views = &b.status.as_ref().unwrap().realized.as_ref().unwrap().views;
     assert_eq!(views.len(), 2, "{views:?}");
@@ -978,20 +976,7 @@ async fn a_host_path_reader_is_served_and_unpended_only_with_a_verified_bind() {
     );
     let report = termination_message(&done, &w.engine).unwrap();
     eprintln!("hostPath reader report:\n{report}");
-    assert_eq!(
-        report.lines().find_map(|l| l.strip_prefix("read=")),
-        Some(CONFIG_JSON)
-    );
-    assert_eq!(
-        report.lines().find_map(|l| l.strip_prefix("shard=")),
-        Some("300000")
-    );
-    for line in report.lines().filter(|l| l.contains(" rc=")) {
-        assert!(
-            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
-            "a write was not refused with EROFS: {line}\n{report}"
-        );
-    }
+    assert_reads_read_only(&report);
 
     // A long-running reader of the same model: served again; a bind removed by hand is redone.
     let mut long = Pod {
