@@ -18,6 +18,7 @@
 //! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces, the download step |
 //! | `pods` | get | writer namespace | literal secrets a derived step copies from its pod |
 //! | `pods` | list | writer namespace, label `batch.kubernetes.io/job-name` | the writer's last words and bytes |
+//! | `pods` | list | control namespace | roxReadOnly: the pods that keep a released primary claim (`kubernetes.io/pvc-protection`), named in `ReleasingPrimary` and `PrimaryClaimHeld` |
 //! | `pods` | list, delete | reader namespaces, label `nvsnap.io/model=<hash>` | after a failed download, while the failure record holds: readers still waiting, not Ready and controlled by a ReplicaSet, StatefulSet, DaemonSet or LeaderWorkerSet are deleted (UID and resourceVersion preconditions) |
 //! | `namespaces` | list, watch (metadata) | cluster | sharing-domain labels (tenancy check) |
 //! | `persistentvolumeclaims` | list, watch | all, label `app.kubernetes.io/managed-by=warmcache` | primary, writer view, views |
@@ -627,6 +628,38 @@ impl Bindings {
             }
         }
         Ok(None)
+    }
+
+    /// roxReadOnly: the pods of `namespace`, not finished, whose volumes name claim `claim`
+    /// (`kubernetes.io/pvc-protection` keeps a deleted claim while they exist), as
+    /// `namespace/name`.
+    async fn claim_holders(&self, namespace: &str, claim: &str) -> Result<Vec<String>, Failure> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pods = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| api_error("list", "pods", namespace, e))?;
+        Ok(pods
+            .items
+            .iter()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .filter(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.volumes.as_ref())
+                    .is_some_and(|vs| {
+                        vs.iter().any(|v| {
+                            v.persistent_volume_claim
+                                .as_ref()
+                                .is_some_and(|c| c.claim_name == claim)
+                        })
+                    })
+            })
+            .map(|p| format!("{namespace}/{}", p.name_any()))
+            .collect())
     }
 
     async fn job_pods(&self, job: &Job) -> Result<Vec<Pod>, Failure> {
@@ -1344,6 +1377,14 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                     }
                 }
             }
+            // roxReadOnly: a released primary claim still there: the pods that keep it.
+            let primary_claim_holders = match &primary_claim {
+                Some(c) if c.metadata.deletion_timestamp.is_some() => {
+                    self.claim_holders(&self.settings.control_namespace, &c.name_any())
+                        .await?
+                }
+                _ => Vec::new(),
+            };
             let writer_view_claim = self.claim(&writer_ns, &writer_pvc_name(identity));
             let job = self
                 .jobs
@@ -1399,6 +1440,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 foreign,
                 retained,
                 attachments,
+                primary_claim_holders,
             ))
         }
         .instrument(tracing::info_span!("dereference"))
@@ -1423,6 +1465,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             foreign,
             retained,
             attachments,
+            primary_claim_holders,
         ) = observed;
 
         // Decide (pure).
@@ -1455,6 +1498,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                     .and_then(|e| e.get(&b.uid().unwrap_or_default()).cloned()),
                 retained: retained.iter().map(AsRef::as_ref).collect(),
                 attachments,
+                primary_claim_holders,
                 config: &self.settings.lifecycle,
             })
         };
@@ -1469,6 +1513,17 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             .and_then(|s| s.realized.as_ref())
             .and_then(|r| r.population_state)
             == Some(warmcache_api_modelcache::v2beta1::PopulationState::Failed);
+
+        let held = lifecycle::Reason::PrimaryClaimHeld.as_str();
+        let held_now = step
+            .conditions
+            .iter()
+            .any(|c| c.type_ == lifecycle::DEGRADED && c.status && c.reason.as_str() == held);
+        let held_before = b
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .any(|c| c.type_ == lifecycle::DEGRADED && c.status == "True" && c.reason == held);
 
         let mut step = step;
         if let Some(drift) = &self.drift {
@@ -1490,6 +1545,25 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                     .map(|c| c.message.clone());
                 recorder
                     .warning(b, "DownloadFailed", "WatchWriterJob", message.as_deref())
+                    .await;
+            }
+        }
+
+        if held_now && !held_before {
+            self.metrics.primary_claim_held();
+            if let Some(recorder) = &self.recorder {
+                let message = step
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == lifecycle::DEGRADED)
+                    .map(|c| c.message.clone());
+                recorder
+                    .warning(
+                        b,
+                        "PrimaryClaimHeld",
+                        "ReleasePrimaryClaim",
+                        message.as_deref(),
+                    )
                     .await;
             }
         }

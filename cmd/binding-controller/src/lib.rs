@@ -282,6 +282,8 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
             writer,
             takeover_grace_seconds: args.writer_takeover_grace_seconds,
             failure_record_seconds: args.failure_record_seconds,
+            primary_release_grace_seconds:
+                warmcache_modelvolume::lifecycle::DEFAULT_PRIMARY_RELEASE_GRACE_SECONDS,
         },
     })
 }

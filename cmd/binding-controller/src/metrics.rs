@@ -13,6 +13,7 @@
 //! | `actions_total` | `action` (the fixed [`warmcache_modelvolume::Action`] kinds) | writes the lifecycle asked for |
 //! | `time_to_ready_seconds` | | from a binding's creation to its primary stored complete (buckets up to 12 h) |
 //! | `waiting_readers_deleted_total` | | reading pods still waiting for a failed download, deleted so their controllers recreate them |
+//! | `primary_claims_held_total` | | roxReadOnly: bindings whose released primary claim was still kept (a pod mounting it) past the grace period (`Degraded` / `PrimaryClaimHeld`) |
 //! | `writer_lease_writes_total` | `result` (`created`, `updated`, `taken_over`, `lost`) | writes of the writer Lease: the first writer recorded, bookkeeping (Job UID, gone), a takeover by another namespace, a write another controller won |
 //!
 //! Every label value is a fixed word; no binding, namespace or model is a label.
@@ -62,6 +63,7 @@ pub struct Metrics {
     time_to_ready: Histogram,
     lease_writes: IntCounterVec,
     waiting_readers_deleted: IntCounter,
+    primary_claims_held: IntCounter,
 }
 
 impl Metrics {
@@ -139,6 +141,14 @@ impl Metrics {
                 "Reading pods still waiting for a failed download, deleted.",
             ),
         )?;
+        let primary_claims_held = register_metric(
+            registry,
+            "primary_claims_held_total",
+            IntCounter::new(
+                "primary_claims_held_total",
+                "Released primary claims still kept by a pod past the grace period.",
+            ),
+        )?;
         for r in LEASE_WRITES {
             lease_writes.with_label_values(&[r]);
         }
@@ -158,6 +168,7 @@ impl Metrics {
             time_to_ready,
             lease_writes,
             waiting_readers_deleted,
+            primary_claims_held,
         })
     }
 
@@ -195,6 +206,11 @@ impl Metrics {
     /// A reader waiting for a failed download was deleted.
     pub fn waiting_reader_deleted(&self) {
         self.waiting_readers_deleted.inc();
+    }
+
+    /// A binding started reporting its released primary claim held (`PrimaryClaimHeld`).
+    pub fn primary_claim_held(&self) {
+        self.primary_claims_held.inc();
     }
 
     /// The lifecycle asked for `action`.

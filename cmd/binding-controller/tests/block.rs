@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -62,20 +62,29 @@ async fn running_controller(
     plane: &'static ControlPlane,
     control: &str,
     client: Option<Client>,
+    mode: &Mode,
 ) -> Running {
-    common::controller(plane, control, client, None, lifecycle()).await
+    common::controller(plane, control, client, None, lifecycle(mode)).await
 }
 
-/// The controller's settings in these tests (a staging Job is not retried).
-fn lifecycle() -> LifecycleConfig {
-    LifecycleConfig {
+/// The controller's settings in these tests (a staging Job is not retried; with a held
+/// primary claim, a short grace period).
+fn lifecycle(mode: &Mode) -> LifecycleConfig {
+    let mut config = LifecycleConfig {
         writer: WriterOptions {
             backoff_limit: 0,
             ..WriterOptions::default()
         },
         ..LifecycleConfig::default()
+    };
+    if matches!(mode, Mode::Held) {
+        config.primary_release_grace_seconds = 3;
     }
+    config
 }
+
+/// The pod of the control namespace that keeps the primary claim in [`Mode::Held`].
+const HOLDER: &str = "mount-holder-left";
 
 /// How the controller runs through the block flow.
 enum Mode {
@@ -85,6 +94,9 @@ enum Mode {
     Faults(FaultInjector),
     /// Killed right after every write it makes (stored), a fresh instance each time.
     Crashes,
+    /// As the chart's ServiceAccount, with a pod of the control namespace (a mount holder the
+    /// agent did not delete) still mounting the primary claim when the controller releases it.
+    Held,
 }
 
 /// A helmModelCache binding of `domain` on block storage, as the first admission (in `writer`)
@@ -172,7 +184,7 @@ async fn binding_where(
 async fn block_flow(prefix: &str, mode: Mode) {
     let faults = match &mode {
         Mode::Faults(f) => Some(f.clone()),
-        Mode::Clean | Mode::Crashes => None,
+        Mode::Clean | Mode::Crashes | Mode::Held => None,
     };
     let plane = ControlPlane::shared().await.unwrap();
     let client = plane.client().await.unwrap();
@@ -261,11 +273,14 @@ async fn block_flow(prefix: &str, mode: Mode) {
     let mut crashing = None;
     let mut running = None;
     if matches!(mode, Mode::Crashes) {
-        crashing = Some(Crashing::start(plane, &control.name, lifecycle(), |_| {
-            Some(1)
-        }));
+        crashing = Some(Crashing::start(
+            plane,
+            &control.name,
+            lifecycle(&mode),
+            |_| Some(1),
+        ));
     } else {
-        running = Some(running_controller(plane, &control.name, faulty).await);
+        running = Some(running_controller(plane, &control.name, faulty, &mode).await);
     }
     let fail_next_status = || {
         if let Some(f) = &faults {
@@ -351,6 +366,38 @@ async fn block_flow(prefix: &str, mode: Mode) {
     })
     .await
     .unwrap();
+    if matches!(mode, Mode::Held) {
+        // A mount holder of the agent's left behind: a pod bound to a node (pvc-protection
+        // counts only scheduled pods) mounting the primary claim.
+        let node = format!("{}-node", control.name);
+        Api::<Node>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Node", "metadata": { "name": node },
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        let holder: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": HOLDER },
+            "spec": {
+                "nodeName": node,
+                "containers": [{ "name": "hold", "image": "tools:1",
+                    "volumeMounts": [{ "name": "primary", "mountPath": "/primary" }] }],
+                "volumes": [{ "name": "primary",
+                    "persistentVolumeClaim": { "claimName": claim_name } }],
+            },
+        }))
+        .unwrap();
+        control
+            .api::<Pod>()
+            .create(&PostParams::default(), &holder)
+            .await
+            .unwrap();
+    }
     // The holder's attach (kept by the driver until the volume detaches).
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     vas.create(&PostParams::default(), &attachment(&va_name, &pv_name))
@@ -396,6 +443,74 @@ async fn block_flow(prefix: &str, mode: Mode) {
         .await
         .unwrap();
 
+    if let (Mode::Held, Some((_, _, admin))) = (&mode, &running) {
+        // The claim is released but the holder keeps it (pvc-protection): the binding names
+        // the pod, and past the grace period says so in Degraded, an Event and a metric;
+        // nothing is deleted, no view is made.
+        let held = binding_where(&bindings, &name, "PrimaryClaimHeld", |b| {
+            condition(b, "Degraded").is_some_and(|(s, r, _)| (s, r) == ("True", "PrimaryClaimHeld"))
+        })
+        .await;
+        let holder = format!("{}/{HOLDER}", control.name);
+        let (_, _, degraded) = condition(&held, "Degraded").unwrap();
+        assert!(degraded.contains(&holder), "{degraded}");
+        let (_, reason, progressing) = condition(&held, "Progressing").unwrap();
+        assert_eq!(reason, "ReleasingPrimary");
+        assert!(
+            progressing.contains(&holder) && progressing.contains("kubernetes.io/pvc-protection"),
+            "{progressing}"
+        );
+        assert_eq!(
+            condition(&held, "Ready").map(|(s, r, _)| (s, r)),
+            Some(("True", "Downloaded"))
+        );
+        let claim = ctl_pvcs.get(&claim_name).await.unwrap();
+        assert!(claim.metadata.deletion_timestamp.is_some(), "released");
+        let pod = control.api::<Pod>().get(HOLDER).await.unwrap();
+        assert!(pod.metadata.deletion_timestamp.is_none(), "the holder kept");
+        let ours = ListParams::default().labels(&format!("{BINDING_LABEL}={name}"));
+        assert!(pvs.list(&ours).await.unwrap().items.is_empty(), "no view");
+        let events: Api<k8s_openapi::api::events::v1::Event> = control.api();
+        let note = eventually("the PrimaryClaimHeld Event", WAIT, || {
+            let events = events.clone();
+            async move {
+                events
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("PrimaryClaimHeld"))?
+                    .note
+            }
+        })
+        .await
+        .unwrap();
+        assert!(note.contains(&holder), "{note}");
+        let metrics = scrape(*admin).await;
+        assert_eq!(
+            sample(
+                &metrics,
+                "warmcache_binding_controller_primary_claims_held_total"
+            ),
+            Some(1.0),
+            "{metrics}"
+        );
+        // The operator deletes the holder (force: no kubelet confirms): the claim goes, the
+        // flow goes on.
+        control
+            .api::<Pod>()
+            .delete(
+                HOLDER,
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+
     // 5. Complete and Retain, the claim released, the PV Released; the attachment holds the
     // views back.
     let waiting = binding_where(&bindings, &name, "WaitingForDetach", |b| {
@@ -428,7 +543,7 @@ async fn block_flow(prefix: &str, mode: Mode) {
         assert_eq!(m("views_created_total"), Some(0.0));
         stop.cancel();
         let _ = task.await;
-        running = Some(running_controller(plane, &control.name, None).await);
+        running = Some(running_controller(plane, &control.name, None, &mode).await);
     }
     let held = Duration::from_secs(3);
     tokio::time::sleep(held).await;
@@ -652,6 +767,10 @@ async fn block_flow(prefix: &str, mode: Mode) {
                 &[&format!("{ctl_claims}/{claim_name}")],
             );
         }
+        Mode::Held => {
+            let (degraded, reason, _) = condition(&done_binding, "Degraded").unwrap();
+            assert_eq!((degraded, reason), ("False", "AsExpected"), "cleared");
+        }
         Mode::Clean => {
             // The restarted controller: no download, no completion, the two views.
             let (_, _, admin) = running.as_ref().unwrap();
@@ -677,6 +796,11 @@ async fn block_flow(prefix: &str, mode: Mode) {
     }
     for pv in wanted_pvs {
         let _ = pvs.delete(&pv, &DeleteParams::default()).await;
+    }
+    if matches!(mode, Mode::Held) {
+        let _ = Api::<Node>::all(client.clone())
+            .delete(&format!("{}-node", control.name), &DeleteParams::default())
+            .await;
     }
 }
 
@@ -705,4 +829,14 @@ async fn a_failure_after_any_write_of_the_block_flow_converges_without_duplicate
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_any_write_of_the_block_flow_converges_without_duplicates() {
     block_flow("blk-kill", Mode::Crashes).await;
+}
+
+/// A mount holder the agent did not delete keeps the released primary claim
+/// (`kubernetes.io/pvc-protection`): the binding stays Ready, `ReleasingPrimary` names the pod,
+/// and past the grace period `Degraded` / `PrimaryClaimHeld` (an Event, a metric) says so too;
+/// the controller deletes nothing and makes no view. Once the pod is deleted the flow goes on to
+/// one view per namespace and Degraded clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_claim_held_by_a_pod_is_reported_and_nothing_is_deleted() {
+    block_flow("blk-held", Mode::Held).await;
 }

@@ -119,6 +119,10 @@ pub enum Reason {
     /// roxReadOnly: a VolumeAttachment still attaches the complete primary (read-write);
     /// read-only views wait until it is gone.
     WaitingForDetach,
+    /// roxReadOnly: the released primary claim is still kept by its finalizers
+    /// (`kubernetes.io/pvc-protection`: a pod mounts it) past
+    /// [`LifecycleConfig::primary_release_grace_seconds`]; the message names the pods.
+    PrimaryClaimHeld,
 }
 
 impl Reason {
@@ -149,6 +153,7 @@ impl Reason {
             Self::Copying => "Copying",
             Self::ReleasingPrimary => "ReleasingPrimary",
             Self::WaitingForDetach => "WaitingForDetach",
+            Self::PrimaryClaimHeld => "PrimaryClaimHeld",
         }
     }
 }
@@ -290,7 +295,14 @@ pub struct LifecycleConfig {
     /// Seconds a failure record holds (admission leaves new pods on their own download, waiting
     /// readers are deleted, no retry starts).
     pub failure_record_seconds: i64,
+    /// roxReadOnly: seconds the released primary claim may stay (kept by its finalizers, a pod
+    /// still mounting it) before the binding reports `Degraded` / [`Reason::PrimaryClaimHeld`].
+    pub primary_release_grace_seconds: i64,
 }
+
+/// Default of [`LifecycleConfig::primary_release_grace_seconds`]: five minutes (the node agent
+/// deletes its mount holder as soon as the copy is recorded).
+pub const DEFAULT_PRIMARY_RELEASE_GRACE_SECONDS: i64 = 300;
 
 /// Default validity of a failure record: one hour (nvsnap's failed-record TTL).
 pub const DEFAULT_FAILURE_RECORD_SECONDS: i64 = 3600;
@@ -312,6 +324,7 @@ impl Default for LifecycleConfig {
             writer: WriterOptions::default(),
             takeover_grace_seconds: crate::lease::DEFAULT_TAKEOVER_GRACE_SECONDS,
             failure_record_seconds: DEFAULT_FAILURE_RECORD_SECONDS,
+            primary_release_grace_seconds: DEFAULT_PRIMARY_RELEASE_GRACE_SECONDS,
         }
     }
 }
@@ -377,6 +390,10 @@ pub struct Observed<'a> {
     /// none: a block driver such as NVMesh refuses a read-only attach while the volume is
     /// attached read-write anywhere, even by a finished pod.
     pub attachments: BTreeMap<String, Vec<String>>,
+    /// roxReadOnly: the pods (`namespace/name`, not finished) that mount the primary claim,
+    /// read once the claim is being deleted: `kubernetes.io/pvc-protection` keeps it while they
+    /// do. Empty otherwise.
+    pub primary_claim_holders: Vec<String>,
     /// Settings.
     pub config: &'a LifecycleConfig,
 }
@@ -1054,22 +1071,25 @@ fn rox(
         if let Some(claim) = obs.primary_claim {
             // Bound to the complete PV (else `complete` would be a retained PV and the claim
             // would be absent): released so the volume detaches.
-            if claim.metadata.deletion_timestamp.is_none()
-                && let (Some(name), Some(uid)) = (&claim.metadata.name, &claim.metadata.uid)
-            {
-                out.actions.push(Action::ReleasePrimaryClaim {
-                    name: name.clone(),
-                    uid: uid.clone(),
-                });
+            match &claim.metadata.deletion_timestamp {
+                None => {
+                    if let (Some(name), Some(uid)) = (&claim.metadata.name, &claim.metadata.uid) {
+                        out.actions.push(Action::ReleasePrimaryClaim {
+                            name: name.clone(),
+                            uid: uid.clone(),
+                        });
+                    }
+                    out.set(
+                        PROGRESSING,
+                        true,
+                        Reason::ReleasingPrimary,
+                        format!(
+                            "releasing the primary claim {claim_name} so PersistentVolume {pv_name} detaches before read-only views attach it"
+                        ),
+                    );
+                }
+                Some(deleted) => held_primary_claim(obs, out, claim, deleted, &pv_name),
             }
-            out.set(
-                PROGRESSING,
-                true,
-                Reason::ReleasingPrimary,
-                format!(
-                    "releasing the primary claim {claim_name} so PersistentVolume {pv_name} detaches before read-only views attach it"
-                ),
-            );
             out.actions.extend(record);
             return;
         }
@@ -1472,6 +1492,55 @@ pub fn adoptable<'p>(
     retained: &[&'p PersistentVolume],
 ) -> Option<&'p PersistentVolume> {
     retained_candidate(b, retained, false)
+}
+
+/// roxReadOnly: the complete primary's claim was released (`deleted`) but is still there, kept
+/// by its finalizers: `kubernetes.io/pvc-protection` while a pod mounts it (a mount holder the
+/// node agent did not delete). Progressing names the pods; past the grace period Degraded says
+/// so too (`PrimaryClaimHeld`), else the step asks to look again at its end. Nothing is deleted:
+/// the pods are someone else's to remove.
+fn held_primary_claim(
+    obs: &Observed<'_>,
+    out: &mut Builder,
+    claim: &PersistentVolumeClaim,
+    deleted: &Time,
+    pv_name: &str,
+) {
+    let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let finalizers = claim
+        .metadata
+        .finalizers
+        .as_ref()
+        .map(|f| f.join(", "))
+        .unwrap_or_default();
+    let holders = if obs.primary_claim_holders.is_empty() {
+        "no running pod of the control namespace mounts it".to_owned()
+    } else {
+        format!(
+            "pods still mount it: {}",
+            obs.primary_claim_holders.join(", ")
+        )
+    };
+    let words = format!(
+        "the primary claim {claim_name} was released at {} and is kept by its finalizers ({finalizers}); {holders}; PersistentVolume {pv_name} stays attached and read-only views wait until it is gone",
+        deleted.0
+    );
+    out.set(PROGRESSING, true, Reason::ReleasingPrimary, words.clone());
+    let grace = obs.config.primary_release_grace_seconds;
+    let deadline = deleted
+        .0
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(grace))
+        .unwrap_or(Timestamp::MAX);
+    if obs.now.0 >= deadline {
+        out.set(
+            DEGRADED,
+            true,
+            Reason::PrimaryClaimHeld,
+            format!("{words} (for more than {grace} s); delete those pods (the node agent's mount holder, or a workload mounting the primary by hand) so the volume detaches"),
+        );
+    } else {
+        out.recheck_at = Some(deadline);
+    }
 }
 
 /// roxReadOnly: the complete primary whose claim was released ([`Action::ReleasePrimaryClaim`]),
@@ -1903,6 +1972,7 @@ mod tests {
             completion_error: None,
             retained: Vec::new(),
             attachments: BTreeMap::new(),
+            primary_claim_holders: Vec::new(),
             config,
         }
     }
@@ -3264,6 +3334,50 @@ mod tests {
         assert!(condition(&s, READY).status);
         assert_eq!(condition(&s, PROGRESSING).reason, Reason::ReleasingPrimary);
         assert_eq!(population(&s), Some(PopulationState::Ready));
+
+        // Released, but kept by pvc-protection: a pod still mounts it. No second delete;
+        // Progressing names the pod, and past the grace period Degraded says so too. Nothing
+        // is deleted.
+        let mut held = done.clone();
+        let deleted_at = now();
+        held.metadata.deletion_timestamp = Some(deleted_at.clone());
+        held.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into()]);
+        o.primary_claim = Some(&held);
+        o.primary_claim_holders = vec!["nvca-modelcache-init/holder-0".into()];
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        let progressing = condition(&s, PROGRESSING);
+        assert_eq!(progressing.reason, Reason::ReleasingPrimary);
+        assert!(
+            progressing
+                .message
+                .contains("nvca-modelcache-init/holder-0")
+                && progressing.message.contains("kubernetes.io/pvc-protection"),
+            "{}",
+            progressing.message
+        );
+        assert!(!condition(&s, DEGRADED).status);
+        let grace = config.primary_release_grace_seconds;
+        assert_eq!(
+            s.recheck_at.map(|t| t.as_second()),
+            Some(deleted_at.0.as_second() + grace),
+            "looked at again when the grace period ends"
+        );
+        o.now = Time(Timestamp::from_second(deleted_at.0.as_second() + grace).unwrap());
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        let degraded = condition(&s, DEGRADED);
+        assert!(degraded.status);
+        assert_eq!(degraded.reason, Reason::PrimaryClaimHeld);
+        assert!(degraded.message.contains("nvca-modelcache-init/holder-0"));
+        assert!(
+            condition(&s, READY).status,
+            "still Ready: the copy is complete"
+        );
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::ReleasingPrimary);
+        o.now = now();
+        o.primary_claim = Some(&done);
+        o.primary_claim_holders.clear();
 
         // The claim is gone, the PV Released; still attached: no view yet.
         let mut released = complete.clone();
