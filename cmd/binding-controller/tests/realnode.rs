@@ -18,7 +18,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, Pod, ResourceRequirements};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ResourceRequirements,
+};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Api;
@@ -27,7 +30,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
 use warmcache_api_modelcache::v2beta1::{
-    ModelCacheBinding, PopulationState, Transition, WriterIdentity,
+    ModelCacheBinding, PopulationState, Transition, Workflow, WriterIdentity,
 };
 use warmcache_binding_controller::controller::{Settings, start};
 use warmcache_catalog::{CatalogInput, CatalogSnapshot, Gates};
@@ -178,6 +181,24 @@ async fn a_reader_reads_what_the_controllers_writer_job_wrote_and_cannot_write_i
         None,
         WriterIdentity::FsGroup,
         Some("65532"),
+        1,
+    )
+    .await;
+}
+
+/// helmModelCache on the shared filesystem: two namespaces of one sharing domain (the label
+/// `nvca.nvcf.nvidia.io/model-cache-sharing-domain`) each admit a reader; one writer Job runs
+/// (in the first namespace, none in the second), and each namespace's reader reads the bytes
+/// that Job wrote through its own read-only view (its own claim and PV) and gets EROFS on every
+/// write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_in_two_namespaces_of_a_domain_read_one_download_through_their_own_views() {
+    end_to_end(
+        TestCsiDriver::SharedFs,
+        None,
+        WriterIdentity::FsGroup,
+        Some("65532"),
+        2,
     )
     .await;
 }
@@ -193,6 +214,7 @@ async fn a_root_writer_fills_a_root_owned_export() {
         None,
         WriterIdentity::Root,
         Some("0"),
+        1,
     )
     .await;
 }
@@ -207,23 +229,46 @@ async fn a_non_root_writer_on_a_root_owned_export_fails_with_its_last_words() {
         Some("fsGroup"),
         WriterIdentity::FsGroup,
         None,
+        1,
     )
     .await;
 }
 
 /// `writer_uid`: the uid the writer must run as and succeed; `None`: the download must fail.
+/// `namespaces`: how many namespaces read the model; more than one share a sharing domain
+/// (helmModelCache), the first admits first.
 async fn end_to_end(
     driver: TestCsiDriver,
     catalog_identity: Option<&str>,
     identity: WriterIdentity,
     writer_uid: Option<&str>,
+    namespaces: usize,
 ) {
     let _one = ONE_CLASS.lock().await;
     let node = RealNode::shared().await.unwrap();
     let plane = ControlPlane::shared().await.unwrap();
-    let app = TestNamespace::new("mcb-node-app").await.unwrap();
     let control = TestNamespace::new("mcb-node-ctl").await.unwrap();
+    let mut apps = Vec::new();
+    for _ in 0..namespaces {
+        apps.push(TestNamespace::new("mcb-node-app").await.unwrap());
+    }
+    let app = &apps[0];
     let client = app.client.clone();
+    if namespaces > 1 {
+        let domain = format!("domain-{}", control.name);
+        for ns in &apps {
+            Api::<Namespace>::all(client.clone())
+                .patch(
+                    &ns.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "labels": {
+                        warmcache_api_modelcache::SHARING_DOMAIN_LABEL: domain,
+                    } } })),
+                )
+                .await
+                .unwrap();
+        }
+    }
 
     // nvcf-sc on the test driver (created here unless another test left one of the same
     // provisioner), its CSIDriver and a catalog entry: the decision is rwxReadOnly, fsGroup.
@@ -303,56 +348,78 @@ async fn end_to_end(
     let stop = runtime.shutdown_token();
     let task = tokio::spawn(runtime.run());
 
-    // The first admission creates the binding (what the webhook stores); the reader is the
-    // rewrite of the next admission, which joins it.
+    // The first admission creates the binding (what the webhook stores); each reader is the
+    // rewrite of a later admission in its namespace, which joins it.
     let source: Pod = serde_saphyr::from_str(VLLM_POD).unwrap();
-    let namespace_labels: BTreeMap<String, String> = Api::<Namespace>::all(client.clone())
-        .get(&app.name)
-        .await
-        .unwrap()
-        .metadata
-        .labels
-        .unwrap_or_default();
     let options = Options {
         control_namespace: control.name.clone(),
         ..Options::default()
     };
-    let req = Request {
-        pod: &source,
-        namespace: &app.name,
-        namespace_labels: &namespace_labels,
-        leader_worker_set: None,
-        traceparent: None,
-        options: &options,
-    };
-    let Verdict::Rewrite(first) = admit(&req, |_, _| None, &storage) else {
-        panic!("the vLLM pod was not rewritten");
-    };
-    assert_eq!(first.transition, Transition::RwxReadOnly);
-    if let BindingAction::Create(b) = &first.binding {
-        assert_eq!(b.spec.decision.writer_identity, Some(identity));
+    let mut stored = None;
+    let mut readers = Vec::new();
+    for ns in &apps {
+        let namespace_labels: BTreeMap<String, String> = Api::<Namespace>::all(client.clone())
+            .get(&ns.name)
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default();
+        let req = Request {
+            pod: &source,
+            namespace: &ns.name,
+            namespace_labels: &namespace_labels,
+            leader_worker_set: None,
+            traceparent: None,
+            options: &options,
+        };
+        let binding = match stored.take() {
+            Some(b) => b,
+            None => {
+                let Verdict::Rewrite(first) = admit(&req, |_, _| None, &storage) else {
+                    panic!("the vLLM pod was not rewritten");
+                };
+                assert_eq!(first.transition, Transition::RwxReadOnly);
+                let BindingAction::Create(wanted) = first.binding.clone() else {
+                    panic!("no binding exists yet");
+                };
+                assert_eq!(wanted.spec.decision.writer_identity, Some(identity));
+                let workflow = if namespaces > 1 {
+                    Workflow::HelmModelCache
+                } else {
+                    Workflow::RegularModelCache
+                };
+                assert_eq!(wanted.spec.identity.workflow, workflow);
+                control
+                    .api::<ModelCacheBinding>()
+                    .create(&PostParams::default(), &wanted)
+                    .await
+                    .unwrap()
+            }
+        };
+        let Verdict::Rewrite(reader) = admit(&req, |_, _| Some(&binding), &storage) else {
+            panic!("the reader in {} was not rewritten", ns.name);
+        };
+        assert!(
+            matches!(&reader.binding, BindingAction::Join { name, .. } if *name == binding.name_any()),
+            "the reader in {} joins the binding: {:?}",
+            ns.name,
+            reader.binding
+        );
+        let engine = reader.pod.spec.as_ref().unwrap().containers[reader.plan.main_container()]
+            .name
+            .clone();
+        let mut pod = for_the_test_node(&reader.pod, &engine, reader.plan.landing());
+        pod.metadata.name = Some("qwen3-reader".into());
+        ns.api::<Pod>()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        readers.push((reader.pod, engine));
+        stored = Some(binding);
     }
-    let BindingAction::Create(wanted) = first.binding.clone() else {
-        panic!("no binding exists yet");
-    };
     let bindings: Api<ModelCacheBinding> = control.api();
-    let stored = bindings
-        .create(&PostParams::default(), &wanted)
-        .await
-        .unwrap();
-    let binding_name = stored.name_any();
-    let Verdict::Rewrite(reader) = admit(&req, |_, _| Some(&stored), &storage) else {
-        panic!("the reader was not rewritten");
-    };
-    let rendered = reader.pod.clone();
-    let engine = rendered.spec.as_ref().unwrap().containers[reader.plan.main_container()]
-        .name
-        .clone();
-    let landing = reader.plan.landing().to_owned();
-    let pods = app.api::<Pod>();
-    let mut pod = for_the_test_node(&rendered, &engine, &landing);
-    pod.metadata.name = Some("qwen3-reader".into());
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let binding_name = stored.unwrap().name_any();
 
     // The controller does the rest: Ready, with the bytes the writer measured.
     let ready = eventually("the binding Ready", TIMEOUT, || {
@@ -411,7 +478,7 @@ async fn end_to_end(
             &binding_name,
             &classes,
             created_class,
-            app,
+            apps,
             control,
         )
         .await;
@@ -461,64 +528,95 @@ async fn end_to_end(
         "the writer runs as uid {writer_uid}:\n{log}"
     );
 
-    // The reader: the wait exits 0 on the marker, the engine reads the Job's bytes, and every
-    // write through the landing fails with EROFS.
-    let done = wait_pod_finished(&pods, "qwen3-reader", TIMEOUT)
-        .await
-        .unwrap();
-    assert_eq!(
-        state_exit(&done, WAIT_CONTAINER),
-        Some(0),
-        "{:?}",
-        done.status
-    );
-    let report = termination_message(&done, &engine).unwrap();
-    eprintln!("reader report:\n{report}");
-    let read = report
-        .lines()
-        .find_map(|l| l.strip_prefix("read="))
-        .unwrap();
-    assert_eq!(
-        read, CONFIG_JSON,
-        "the engine reads what the writer Job wrote"
-    );
-    let mount = report
-        .lines()
-        .find_map(|l| l.strip_prefix("mount="))
-        .unwrap();
-    assert!(mount.split(',').any(|o| o == "ro"), "{mount}");
-    let attempts: Vec<&str> = report.lines().filter(|l| l.contains(" rc=")).collect();
-    assert_eq!(attempts.len(), 6, "{report}");
-    for line in attempts {
-        assert!(
-            !line.contains(" rc=0 ") && line.contains("Read-only file system"),
-            "a write through the landing was not refused with EROFS: {line}\n{report}"
-        );
+    // One download: one writer Job, in the first namespace; none in the others.
+    for (i, ns) in apps.iter().enumerate() {
+        let jobs = ns
+            .api::<Job>()
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap();
+        assert_eq!(jobs.items.len(), usize::from(i == 0), "Jobs in {}", ns.name);
     }
+
+    // Each reader: the wait exits 0 on the marker, the engine reads the Job's bytes through its
+    // namespace's own view, and every write through the landing fails with EROFS.
+    let mut view_pvs = Vec::new();
+    for (ns, (rendered, engine)) in apps.iter().zip(&readers) {
+        let done = wait_pod_finished(&ns.api::<Pod>(), "qwen3-reader", TIMEOUT)
+            .await
+            .unwrap();
+        assert_eq!(
+            state_exit(&done, WAIT_CONTAINER),
+            Some(0),
+            "{:?}",
+            done.status
+        );
+        let report = termination_message(&done, engine).unwrap();
+        eprintln!("reader report in {}:\n{report}", ns.name);
+        let read = report
+            .lines()
+            .find_map(|l| l.strip_prefix("read="))
+            .unwrap();
+        assert_eq!(
+            read, CONFIG_JSON,
+            "the engine in {} reads what the writer Job wrote",
+            ns.name
+        );
+        let mount = report
+            .lines()
+            .find_map(|l| l.strip_prefix("mount="))
+            .unwrap();
+        assert!(mount.split(',').any(|o| o == "ro"), "{mount}");
+        let attempts: Vec<&str> = report.lines().filter(|l| l.contains(" rc=")).collect();
+        assert_eq!(attempts.len(), 6, "{report}");
+        for line in attempts {
+            assert!(
+                !line.contains(" rc=0 ") && line.contains("Read-only file system"),
+                "a write through the landing was not refused with EROFS: {line}\n{report}"
+            );
+        }
+        let claim = rendered
+            .spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == MODEL_VOLUME)
+            .and_then(|v| v.persistent_volume_claim.clone())
+            .unwrap();
+        let view = realized
+            .views
+            .iter()
+            .find(|v| v.namespace == ns.name)
+            .unwrap_or_else(|| panic!("no view of {} in {:?}", ns.name, realized.views));
+        assert_eq!(
+            claim.claim_name, view.persistent_volume_claim_name,
+            "the pod reads the view the controller recorded for its namespace"
+        );
+        let bound = ns
+            .api::<PersistentVolumeClaim>()
+            .get(&claim.claim_name)
+            .await
+            .unwrap();
+        assert_eq!(
+            bound.spec.unwrap().volume_name.as_deref(),
+            Some(view.persistent_volume_name.as_str()),
+            "the claim in {} is bound to its own view",
+            ns.name
+        );
+        view_pvs.push(view.persistent_volume_name.clone());
+    }
+    view_pvs.sort_unstable();
+    view_pvs.dedup();
+    assert_eq!(view_pvs.len(), namespaces, "one view PV per namespace");
+    assert_eq!(realized.views.len(), namespaces, "{:?}", realized.views);
     assert!(!volume_dir.join("written-by-reader").exists());
     assert_eq!(
         std::fs::read_to_string(volume_dir.join("config.json"))
             .unwrap()
             .trim_end(),
         CONFIG_JSON
-    );
-    let claim = rendered
-        .spec
-        .as_ref()
-        .unwrap()
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.name == MODEL_VOLUME)
-        .and_then(|v| v.persistent_volume_claim.clone())
-        .unwrap();
-    assert_eq!(
-        Some(&claim.claim_name),
-        realized
-            .views
-            .first()
-            .map(|v| &v.persistent_volume_claim_name),
-        "the pod reads the view the controller recorded"
     );
 
     finish(
@@ -528,7 +626,7 @@ async fn end_to_end(
         &binding_name,
         &classes,
         created_class,
-        app,
+        apps,
         control,
     )
     .await;
@@ -542,7 +640,7 @@ async fn finish(
     binding_name: &str,
     classes: &Api<StorageClass>,
     created_class: bool,
-    app: TestNamespace,
+    apps: Vec<TestNamespace>,
     control: TestNamespace,
 ) {
     stop.cancel();
@@ -560,6 +658,8 @@ async fn finish(
             .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
             .await;
     }
-    app.cleanup().await;
+    for app in apps {
+        app.cleanup().await;
+    }
     control.cleanup().await;
 }
