@@ -129,6 +129,7 @@ mod pki;
 mod plane;
 mod podnet;
 mod pods;
+mod report;
 mod webhook;
 
 use std::time::{Duration, Instant};
@@ -158,6 +159,7 @@ pub use pods::{
     on_test_node, termination_message, tools_container, tools_pod, wait_pod, wait_pod_finished,
     wait_pod_running,
 };
+pub use report::namespace_report;
 pub use webhook::{
     WebhookRegistration, delete_mutating_webhook, delete_validating_webhook, register_mutating,
     register_mutating_webhook, register_validating, register_validating_webhook, wait_for_webhook,

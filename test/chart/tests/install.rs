@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use common::{Helm, RELEASE};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams,
@@ -61,7 +61,7 @@ use warmcache_chart_tests::NAMESPACE;
 use warmcache_kvcache::vectors;
 use warmcache_testkit::{
     COMPONENT_BINARIES, ControlPlane, PAUSE_IMAGE, PodNetwork, RealNode, TOOLS_IMAGE,
-    component_image, pod_dirs,
+    component_image, namespace_report, pod_dirs,
 };
 
 const CONTROL: &str = "nvca-modelcache-init";
@@ -115,75 +115,7 @@ impl Cluster {
 
     /// Everything a failure needs: pods, their containers' logs, events, the bridge.
     async fn report(&self, namespace: &str) -> String {
-        let mut out = format!("--- namespace {namespace}\n");
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        for pod in pods
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            let name = pod.name_any();
-            let status = pod.status.clone().unwrap_or_default();
-            out.push_str(&format!(
-                "pod {name}: phase {:?}, ip {:?}, conditions {:?}\n",
-                status.phase,
-                status.pod_ip,
-                status
-                    .conditions
-                    .iter()
-                    .flatten()
-                    .map(|c| format!(
-                        "{}={} {}",
-                        c.type_,
-                        c.status,
-                        c.message.clone().unwrap_or_default()
-                    ))
-                    .collect::<Vec<_>>()
-            ));
-            for c in status.container_statuses.iter().flatten() {
-                out.push_str(&format!(
-                    "  container {}: ready {}, restarts {}, state {:?}, last {:?}\n",
-                    c.name, c.ready, c.restart_count, c.state, c.last_state
-                ));
-                for previous in [false, true] {
-                    let log = pods
-                        .logs(
-                            &name,
-                            &LogParams {
-                                container: Some(c.name.clone()),
-                                previous,
-                                tail_lines: Some(25),
-                                ..LogParams::default()
-                            },
-                        )
-                        .await
-                        .unwrap_or_default();
-                    if !log.is_empty() {
-                        out.push_str(&format!(
-                            "  --- log{}:\n{log}\n",
-                            if previous { " (previous)" } else { "" }
-                        ));
-                    }
-                }
-            }
-        }
-        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
-        let mut events = events
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        events.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
-        for e in events.iter().rev().take(40).rev() {
-            out.push_str(&format!(
-                "event {} {}: {} {}\n",
-                e.involved_object.name.clone().unwrap_or_default(),
-                e.type_.clone().unwrap_or_default(),
-                e.reason.clone().unwrap_or_default(),
-                e.message.clone().unwrap_or_default()
-            ));
-        }
+        let mut out = namespace_report(&self.client, namespace).await;
         out.push_str(&self.net.report());
         out
     }
