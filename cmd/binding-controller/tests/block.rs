@@ -94,6 +94,8 @@ enum Mode {
     Faults(FaultInjector),
     /// Killed right after every write it makes (stored), a fresh instance each time.
     Crashes,
+    /// Killed right after its `n`th stored write; a fresh instance finishes.
+    CrashAfter(usize),
     /// As the chart's ServiceAccount, with a pod of the control namespace (a mount holder the
     /// agent did not delete) still mounting the primary claim when the controller releases it.
     Held,
@@ -180,11 +182,12 @@ async fn binding_where(
     })
 }
 
-/// The whole block flow in two namespaces of one domain, the controller run as `mode` says.
-async fn block_flow(prefix: &str, mode: Mode) {
+/// The whole block flow in two namespaces of one domain, the controller run as `mode` says;
+/// with crashes, how they went.
+async fn block_flow(prefix: &str, mode: Mode) -> Option<common::Crashed> {
     let faults = match &mode {
         Mode::Faults(f) => Some(f.clone()),
-        Mode::Clean | Mode::Crashes | Mode::Held => None,
+        Mode::Clean | Mode::Crashes | Mode::CrashAfter(_) | Mode::Held => None,
     };
     let plane = ControlPlane::shared().await.unwrap();
     let client = plane.client().await.unwrap();
@@ -272,12 +275,19 @@ async fn block_flow(prefix: &str, mode: Mode) {
     };
     let mut crashing = None;
     let mut running = None;
-    if matches!(mode, Mode::Crashes) {
+    if let Mode::Crashes | Mode::CrashAfter(_) = mode {
+        let n = match mode {
+            Mode::CrashAfter(n) => Some(n),
+            _ => None,
+        };
         crashing = Some(Crashing::start(
             plane,
             &control.name,
             lifecycle(&mode),
-            |_| Some(1),
+            move |i| match n {
+                Some(n) => (i == 0).then_some(n),
+                None => Some(1),
+            },
         ));
     } else {
         running = Some(running_controller(plane, &control.name, faulty, &mode).await);
@@ -735,17 +745,19 @@ async fn block_flow(prefix: &str, mode: Mode) {
         .unwrap();
     assert!(waited < reconciled, "{versions:?}");
 
+    let mut crashed = None;
     match &mode {
+        Mode::CrashAfter(_) => crashed = Some(crashing.take().unwrap().finish().await),
         Mode::Faults(f) => {
             assert_eq!(f.pending(), 0, "every injected failure was met");
             assert!(f.injected() >= 13, "{}", f.injected());
         }
         Mode::Crashes => {
             // Every write was the last of its instance, and a fresh one found nothing to write.
-            let crashed = crashing.take().unwrap().finish().await;
+            let chain = crashing.take().unwrap().finish().await;
             let leases = format!("/namespaces/{}/leases", control.name);
             common::assert_crashed_after(
-                &crashed,
+                &chain,
                 &[
                     ("PUT", status_path.as_str(), 4),
                     ("POST", leases.as_str(), 1),
@@ -802,6 +814,7 @@ async fn block_flow(prefix: &str, mode: Mode) {
             .delete(&format!("{}-node", control.name), &DeleteParams::default())
             .await;
     }
+    crashed
 }
 
 /// The block flow as the chart's ServiceAccount: staged, copied by the (played) agent,
@@ -829,6 +842,20 @@ async fn a_failure_after_any_write_of_the_block_flow_converges_without_duplicate
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_any_write_of_the_block_flow_converges_without_duplicates() {
     block_flow("blk-kill", Mode::Crashes).await;
+}
+
+/// Crash matrix of the block flow, one crash per run: for every N, a controller makes the first
+/// N writes (its caches warm from the writes before) and dies right after the Nth is stored; a
+/// fresh one finishes. Each run ends as the others (one of each object, nothing else deleted,
+/// no stored version going back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_nth_write_of_the_block_flow_converges_for_every_n() {
+    common::crash_after_every_n(15, |n| async move {
+        block_flow(&format!("blk-kill{n}"), Mode::CrashAfter(n))
+            .await
+            .unwrap()
+    })
+    .await;
 }
 
 /// A mount holder the agent did not delete keeps the released primary claim

@@ -1710,46 +1710,16 @@ async fn a_crash_after_every_write_converges_without_duplicates() {
 /// Crash matrix, one crash per run: for every N, a controller makes the first N writes of the
 /// flow (its caches and memory warm from the writes before) and is killed right after the Nth
 /// is stored; a fresh controller finishes the flow. N runs from 1 until a controller makes all
-/// its writes without reaching N (the flow had fewer), four runs at a time. Each run converges
-/// with one of each object (see [`rwx_flow_with_crashes`]).
+/// its writes without reaching N (the flow had fewer). Each run converges with one of each
+/// object (see [`rwx_flow_with_crashes`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_the_nth_write_converges_for_every_n() {
-    let mut first = 1;
-    let mut covered = Vec::new();
-    loop {
-        let mut runs = tokio::task::JoinSet::new();
-        for n in first..first + 4 {
-            runs.spawn(async move {
-                let (crashed, _) =
-                    rwx_flow_with_crashes(&format!("mcb-kill{n}"), move |i| (i == 0).then_some(n))
-                        .await;
-                (n, crashed)
-            });
-        }
-        let mut finished = false;
-        while let Some(run) = runs.join_next().await {
-            let (n, crashed) = run.unwrap();
-            match crashed.crashes.as_slice() {
-                [] => finished = true,
-                [crash] => covered.push((n, crash.write.clone(), crash.answer.clone())),
-                more => panic!("run {n}: one crash expected, got {more:?}"),
-            }
-        }
-        if finished {
-            break;
-        }
-        first += 4;
-        assert!(first < 64, "the flow never ended: {covered:?}");
-    }
-    covered.sort();
-    eprintln!("crashed after write N: {covered:#?}");
-    let n_max = covered.iter().map(|(n, _, _)| *n).max().unwrap_or(0);
-    assert!(n_max >= 10, "every write of the flow: {covered:#?}");
-    assert_eq!(
-        covered.iter().map(|(n, _, _)| *n).collect::<Vec<_>>(),
-        (1..=n_max).collect::<Vec<_>>(),
-        "a crash after each write up to the last"
-    );
+    common::crash_after_every_n(10, |n| async move {
+        rwx_flow_with_crashes(&format!("mcb-kill{n}"), move |i| (i == 0).then_some(n))
+            .await
+            .0
+    })
+    .await;
 }
 
 fn quick_takeover() -> LifecycleConfig {

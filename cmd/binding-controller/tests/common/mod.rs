@@ -388,9 +388,10 @@ impl Crashing {
                         last_writes: switch.stored(),
                     };
                 };
-                let skipped = switch.writes().len() - 1;
+                let refused = switch.writes().len() - switch.stored().len();
                 eprintln!(
-                    "instance {instance} of {control}: killed after {answer} ({skipped} refused writes before)"
+                    "instance {instance} of {control}: killed after {answer} (stored write {}, {refused} refused)",
+                    switch.stored().len()
                 );
                 let (write, answer) = answer.rsplit_once(" -> ").unwrap_or((&answer, ""));
                 crashes.push(Crash {
@@ -458,4 +459,52 @@ pub fn assert_crashed_after(crashed: &Crashed, wanted: &[(&str, &str, usize)], d
         }
     }
     eprintln!("{} crashes, each after one write: {list:#?}", list.len());
+}
+
+/// How many runs of [`crash_after_every_n`] share the API server at a time.
+const RUNS_AT_A_TIME: usize = 4;
+
+/// The crash matrix one crash per run: `run(n)` (a whole flow whose controller dies right after
+/// its `n`th stored write, a fresh one finishing) for N = 1, 2, ..., a few at a time, until a
+/// run ends without a crash (its flow stored fewer writes than N). Asserts one crash in each
+/// run before, a crash after each N from 1 to the last, and at least `min` of them. Returns the
+/// write after which each run crashed, by N.
+pub async fn crash_after_every_n<F, Fut>(min: usize, run: F) -> Vec<(usize, String)>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Crashed> + Send + 'static,
+{
+    let mut covered = Vec::new();
+    let mut first = 1;
+    loop {
+        let mut runs = tokio::task::JoinSet::new();
+        for n in first..first + RUNS_AT_A_TIME {
+            let running = run(n);
+            runs.spawn(async move { (n, running.await) });
+        }
+        let mut finished = false;
+        while let Some(done) = runs.join_next().await {
+            let (n, crashed) = done.unwrap();
+            match crashed.crashes.as_slice() {
+                [] => finished = true,
+                [crash] => covered.push((n, format!("{} -> {}", crash.write, crash.answer))),
+                more => panic!("run {n}: one crash expected, got {more:?}"),
+            }
+        }
+        if finished {
+            break;
+        }
+        first += RUNS_AT_A_TIME;
+        assert!(first < 100, "the flow never ended: {covered:?}");
+    }
+    covered.sort();
+    eprintln!("crashed after write N: {covered:#?}");
+    let last = covered.last().map_or(0, |(n, _)| *n);
+    assert!(last >= min, "every write of the flow: {covered:#?}");
+    assert_eq!(
+        covered.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        (1..=last).collect::<Vec<_>>(),
+        "a crash after each write up to the last"
+    );
+    covered
 }
