@@ -414,7 +414,13 @@ async fn a_binding_becomes_one_download_and_a_read_only_view() {
     assert_eq!(m("views_created_total"), Some(1.0));
     assert_eq!(m("bindings{population=\"Ready\"}"), Some(1.0));
     assert_eq!(m("time_to_ready_seconds_count"), Some(1.0));
-    assert_eq!(m("actions_total{action=\"create_job\"}"), Some(1.0));
+    // Asks, not creations: a reconcile that runs before the Job reaches the controller's cache
+    // asks again and meets AlreadyExists (the create is atomic), so under load this can be 2;
+    // exactly one Job is what downloads_started_total (creations) proves above.
+    assert!(
+        m("actions_total{action=\"create_job\"}") >= Some(1.0),
+        "{metrics}"
+    );
     for line in metrics
         .lines()
         .filter(|l| l.starts_with("warmcache_binding_controller_"))
