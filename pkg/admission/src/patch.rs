@@ -434,13 +434,7 @@ where
         path,
         message,
     })?;
-    let reread = serde_json::to_value(&reread).map_err(RawPatchError::Serialize)?;
-    if reread != new {
-        let path = json_patch::diff(&new, &reread)
-            .0
-            .first()
-            .map(|op| op.path().to_string())
-            .unwrap_or_default();
+    if let Some(path) = reread_differs(&reread, mutated, &new)? {
         return Err(RawPatchError::Mismatch { path });
     }
     keeps_residue(
@@ -452,6 +446,35 @@ where
     )
     .map_err(|path| RawPatchError::FieldsNotKept { path })?;
     Ok(patch)
+}
+
+/// Whether `reread` (the patched raw object read as `K`) does not serialize as `new`, the
+/// handler's object `mutated` as a JSON value: the JSON pointer of the first difference.
+///
+/// The same JSON text is the same JSON value, so when `reread` and `mutated` serialize to the
+/// same text they are the same value, found without building a third tree (the common case:
+/// the patch is right). Otherwise their values are compared, and where those are equal too
+/// (the same value written differently, such as a map in another order) nothing differs.
+fn reread_differs<K: Serialize>(
+    reread: &K,
+    mutated: &K,
+    new: &Value,
+) -> Result<Option<String>, RawPatchError> {
+    let text = |object: &K| serde_json::to_vec(object).map_err(RawPatchError::Serialize);
+    if text(reread)? == text(mutated)? {
+        return Ok(None);
+    }
+    let reread = serde_json::to_value(reread).map_err(RawPatchError::Serialize)?;
+    if reread == *new {
+        return Ok(None);
+    }
+    Ok(Some(
+        json_patch::diff(new, &reread)
+            .0
+            .first()
+            .map(|op| op.path().to_string())
+            .unwrap_or_default(),
+    ))
 }
 
 /// Appends the operations turning `old` into `new` at `path`, shaped to apply to `raw` (the

@@ -84,6 +84,15 @@ pub(crate) fn split_shell(s: &str) -> Vec<String> {
     out
 }
 
+/// The elements of `c`'s `command` and `args`, as given.
+fn argv(c: &Container) -> impl Iterator<Item = &str> {
+    c.command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .map(String::as_str)
+}
+
 /// Every word of `c`'s `command` and `args`. An element holding blanks, quotes or operators is
 /// a shell string and is split; an element that looks like JSON (`{...}`, `[...]`) is one word,
 /// as the program receives it.
@@ -168,6 +177,11 @@ pub(crate) fn has_flag(words: &[String], names: &[&str]) -> bool {
 /// Assignments `NAME=value` of any of `names` in the words of `c` (a script's `export
 /// NAME=value`, `NAME=value cmd`, or the `env NAME=value` launcher), in order.
 pub(crate) fn script_assignments(c: &Container, names: &[&str]) -> Vec<(String, String)> {
+    // Splitting never makes a `=` (it only drops quotes, backslashes and blanks), so without
+    // one in `command` and `args` there is no assignment, and no words need splitting.
+    if !argv(c).any(|e| e.contains('=')) {
+        return Vec::new();
+    }
     container_words(c)
         .into_iter()
         .filter_map(|w| {
@@ -251,28 +265,23 @@ pub(crate) fn literal_env(c: &Container) -> Vec<(String, String)> {
 /// Whether anything in `c` refers to variable `name` at run time: `$(NAME)` in `env`, `command`
 /// or `args`, or `$NAME` / `${NAME` in a shell string.
 pub(crate) fn references(c: &Container, name: &str) -> bool {
+    // Every form starts with `$`: without one anywhere, nothing refers to any variable.
+    let env_values = || c.env.iter().flatten().filter_map(|e| e.value.as_deref());
+    if !env_values().chain(argv(c)).any(|v| v.contains('$')) {
+        return false;
+    }
     let k8s = format!("$({name})");
     let sh = format!("${name}");
     let braced = format!("${{{name}");
-    let in_env = c
-        .env
-        .iter()
-        .flatten()
-        .filter_map(|e| e.value.as_deref())
-        .any(|v| v.contains(&k8s));
-    let in_argv = c
-        .command
-        .iter()
-        .flatten()
-        .chain(c.args.iter().flatten())
-        .any(|s| {
-            s.contains(&k8s)
-                || s.contains(&braced)
-                || s.match_indices(&sh).any(|(i, _)| {
-                    let next = s[i + sh.len()..].chars().next();
-                    !next.is_some_and(|ch| ch.is_ascii_alphanumeric() || ch == '_')
-                })
-        });
+    let in_env = env_values().any(|v| v.contains(&k8s));
+    let in_argv = argv(c).any(|s| {
+        s.contains(&k8s)
+            || s.contains(&braced)
+            || s.match_indices(&sh).any(|(i, _)| {
+                let next = s[i + sh.len()..].chars().next();
+                !next.is_some_and(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+            })
+    });
     in_env || in_argv
 }
 
