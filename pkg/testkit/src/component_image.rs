@@ -66,6 +66,19 @@ pub fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, TestkitError> {
     Ok(libraries)
 }
 
+/// Where cargo put the workspace's binaries for the running test binary
+/// (`target/<profile>/deps/<test>` -> `target/<profile>`): the component binaries when the test
+/// run built them (`cargo test --workspace`, or `cargo build --bins` first).
+pub fn built_binaries_dir() -> Result<PathBuf, TestkitError> {
+    let exe = std::env::current_exe().map_err(|e| TestkitError::io("finding this test", e))?;
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| {
+            TestkitError::InvalidArgument(format!("{} has no grandparent", exe.display()))
+        })
+}
+
 /// The image named `reference` with `binaries` (each `<bin_dir>/<name>`, all required) and the
 /// libraries they link.
 pub fn component_image(

@@ -135,7 +135,9 @@ mod webhook;
 use std::time::{Duration, Instant};
 
 pub use account::ComponentAccount;
-pub use component_image::{COMPONENT_BINARIES, NONROOT, component_image, shared_libraries};
+pub use component_image::{
+    COMPONENT_BINARIES, NONROOT, built_binaries_dir, component_image, shared_libraries,
+};
 pub use crash::{CrashLayer, CrashService, CrashSwitch};
 pub use crd::{
     FIELD_MANAGER, LEADERWORKERSET_CRD, apply_crd, install_crds_from_dir,

@@ -143,6 +143,27 @@ impl PodNetwork {
         Self::start_with_egress(client, cgroup_root, apiserver, &[]).await
     }
 
+    /// [`start_with_egress`](Self::start_with_egress) for the kit's `plane` and its real
+    /// `node` (its first cgroup directory, the plane's API server).
+    pub async fn on_node(
+        plane: &crate::ControlPlane,
+        node: &crate::RealNode,
+        egress: &[SocketAddr],
+    ) -> Result<PodNetwork, String> {
+        let client = plane.client().await.map_err(|e| e.to_string())?;
+        let apiserver: SocketAddr = plane
+            .server_url()
+            .trim_start_matches("https://")
+            .parse()
+            .map_err(|e| format!("the API server's address {}: {e}", plane.server_url()))?;
+        let cgroup = node
+            .cgroups()
+            .first()
+            .cloned()
+            .ok_or("the real node has no cgroup directory")?;
+        Self::start_with_egress(client, cgroup, apiserver, egress).await
+    }
+
     /// [`start`](Self::start), and inside every pod a listener at each address of `egress`
     /// (loopback addresses of this host) relaying to the same address on the host.
     pub async fn start_with_egress(

@@ -5,22 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{LogParams, PostParams};
 use serde_json::json;
 use warmcache_testkit::{
-    COMPONENT_BINARIES, RealNode, TestNamespace, component_image, wait_pod_finished,
+    COMPONENT_BINARIES, RealNode, TestNamespace, built_binaries_dir, component_image,
+    wait_pod_finished,
 };
-
-/// The component binaries `cargo test --workspace` built next to this test (target/<profile>).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/image-<hash>
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_component_binary_runs_from_the_image_as_the_chart_runs_it() {
@@ -28,7 +21,7 @@ async fn every_component_binary_runs_from_the_image_as_the_chart_runs_it() {
     let dir = tempfile::tempdir().unwrap();
     let image = component_image(
         "warmcache.test/warmcache:test",
-        &bin_dir(),
+        &built_binaries_dir().unwrap(),
         &COMPONENT_BINARIES,
     )
     .unwrap_or_else(|e| panic!("{e} (run `cargo build --bins` or the workspace tests)"))

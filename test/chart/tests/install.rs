@@ -35,7 +35,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -61,7 +60,7 @@ use warmcache_chart_tests::NAMESPACE;
 use warmcache_kvcache::vectors;
 use warmcache_testkit::{
     COMPONENT_BINARIES, ControlPlane, PAUSE_IMAGE, PodNetwork, RealNode, TOOLS_IMAGE,
-    component_image, namespace_report, pod_dirs,
+    built_binaries_dir, component_image, namespace_report, pod_dirs,
 };
 
 const CONTROL: &str = "nvca-modelcache-init";
@@ -92,12 +91,6 @@ const NEW_GPU: &str = "example.com/gpu";
 const READY_TIMEOUT: Duration = Duration::from_secs(360);
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
 const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// The component binaries `cargo test` (or `cargo build --bins`) built next to this test.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
 
 struct Cluster {
     client: Client,
@@ -828,7 +821,7 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
     let dir = tempfile::tempdir().unwrap();
     let image = component_image(
         &format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}"),
-        &bin_dir(),
+        &built_binaries_dir().unwrap(),
         &COMPONENT_BINARIES,
     )
     .unwrap_or_else(|e| panic!("{e} (run `cargo build --bins` for the component crates)"))
@@ -837,14 +830,7 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
     node.import_image(&image).await.unwrap();
     eprintln!("image imported after {:.1?}", started.elapsed());
 
-    let apiserver: SocketAddr = plane
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()
-        .unwrap();
-    let net = PodNetwork::start(client.clone(), node.cgroups()[0].clone(), apiserver)
-        .await
-        .unwrap();
+    let net = PodNetwork::on_node(plane, node, &[]).await.unwrap();
     let cluster = Cluster {
         client: client.clone(),
         helm: Helm::new().unwrap(),

@@ -17,8 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -32,7 +30,8 @@ use serde_json::json;
 use warmcache_test_sources::hub::{Hub, HubOptions, model_files};
 use warmcache_testkit::{
     COMPONENT_BINARIES, ControlPlane, PodNetwork, RealNode, TestCsiDriver, TestNamespace,
-    chart_dir, component_image, helm_binary, hf_client_image, model_clients_dir, namespace_report,
+    built_binaries_dir, chart_dir, component_image, eventually, helm_binary, hf_client_image,
+    model_clients_dir, namespace_report,
 };
 
 const RELEASE: &str = "warmcache";
@@ -47,12 +46,6 @@ const BINDING_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
 const REPO: &str = "org/llm";
 const READY_TIMEOUT: Duration = Duration::from_secs(420);
 
-/// The component binaries `cargo test` (or `cargo build --bins`) built next to this test.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
-
 fn helm(kubeconfig: &str, args: &[&str]) -> String {
     let out = Command::new(helm_binary().unwrap())
         .args(args)
@@ -66,24 +59,6 @@ fn helm(kubeconfig: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Polls `probe` every second until it returns `Some`, at most `timeout`.
-async fn wait_for<T, F, Fut>(timeout: Duration, mut probe: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe().await {
-            return Some(v);
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }
 
 fn ready(pod: &Pod) -> bool {
@@ -187,9 +162,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     let files = model_files(REPO, "1", 24 << 20, 3);
     hub.publish(REPO, files.clone()).unwrap();
     let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hub_addr = listener.local_addr().unwrap();
-    tokio::spawn(hub.clone().serve(listener, std::future::pending()));
+    let hub_addr = hub.serve_loopback().await.unwrap();
     let endpoint = format!("http://{hub_addr}");
     // `sha256sum -c` lines, without a trailing empty line (busybox counts it as a mismatch).
     let sums = files
@@ -198,25 +171,13 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         .collect::<Vec<_>>()
         .join("\n");
 
-    let apiserver: SocketAddr = plane
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()
-        .unwrap();
-    let net = PodNetwork::start_with_egress(
-        client.clone(),
-        node.cgroups()[0].clone(),
-        apiserver,
-        &[hub_addr],
-    )
-    .await
-    .unwrap();
+    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
 
     // The product's image and the client's, on the node.
     let work = tempfile::tempdir().unwrap();
     let image = component_image(
         &format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}"),
-        &bin_dir(),
+        &built_binaries_dir().unwrap(),
         &COMPONENT_BINARIES,
     )
     .unwrap_or_else(|e| panic!("{e} (run `cargo build --bins` for the component crates)"))
@@ -289,7 +250,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     }
     helm(&kubeconfig, &args);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let up = wait_for(READY_TIMEOUT, || {
+    let up = eventually("the components Ready", READY_TIMEOUT, || {
         let deployments = deployments.clone();
         async move {
             let mut all = true;
@@ -302,7 +263,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         }
     })
     .await;
-    if up.is_none() {
+    if up.is_err() {
         panic!(
             "the components did not become Ready\n{}",
             report(&client, &[NAMESPACE], &net).await
@@ -333,7 +294,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     }))
     .unwrap();
     let a_pods = a.api::<Pod>();
-    let serving = wait_for(Duration::from_secs(120), || {
+    let serving = eventually("a dry-run pod rewritten", Duration::from_secs(120), || {
         let (pods, pod) = (a_pods.clone(), probe_pod.clone());
         async move {
             let admitted = pods
@@ -350,7 +311,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         }
     })
     .await;
-    if serving.is_none() {
+    if serving.is_err() {
         panic!(
             "the webhook never rewrote a dry-run pod\n{}",
             report(&client, &[NAMESPACE], &net).await
@@ -368,7 +329,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
             .unwrap();
     }
     let names = [a.name.clone(), b.name.clone(), c.name.clone()];
-    let all_ready = wait_for(READY_TIMEOUT, || {
+    let all_ready = eventually("every pod Ready", READY_TIMEOUT, || {
         let client = client.clone();
         let names = names.clone();
         async move {
@@ -385,7 +346,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         }
     })
     .await;
-    if all_ready.is_none() {
+    if all_ready.is_err() {
         let namespaces = [
             a.name.as_str(),
             b.name.as_str(),

@@ -273,6 +273,14 @@ impl Hub {
             .await
     }
 
+    /// Serves the API on a free port of 127.0.0.1 until the runtime ends; returns the address.
+    pub async fn serve_loopback(&self) -> std::io::Result<std::net::SocketAddr> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(self.clone().serve(listener, std::future::pending()));
+        Ok(addr)
+    }
+
     fn count_bytes(&self, repo: &str, n: u64) {
         self.inner
             .counters

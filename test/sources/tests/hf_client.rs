@@ -34,22 +34,12 @@ fn clients() -> PathBuf {
 struct Served {
     hub: Hub,
     endpoint: String,
-    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 async fn serve(options: HubOptions) -> Served {
     let hub = Hub::new(options);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(hub.clone().serve(listener, async {
-        let _ = stopped.await;
-    }));
-    Served {
-        hub,
-        endpoint,
-        _stop: stop,
-    }
+    let endpoint = format!("http://{}", hub.serve_loopback().await.unwrap());
+    Served { hub, endpoint }
 }
 
 /// The path `hf download` prints on its last line (`path: <dir>` since huggingface_hub 2).

@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
@@ -25,28 +24,12 @@ const IMAGE: &str = "warmcache.test/hf-client:1";
 async fn hf_download_in_a_pod_fetches_the_model_from_the_simulated_hub() {
     let plane = ControlPlane::shared().await.unwrap();
     let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
 
     let hub = Hub::new(HubOptions::default());
     let files = model_files("org/llm", "1", 8 << 20, 2);
     let commit = hub.publish("org/llm", files.clone()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hub_addr = listener.local_addr().unwrap();
-    tokio::spawn(hub.clone().serve(listener, std::future::pending()));
-
-    let apiserver: SocketAddr = plane
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()
-        .unwrap();
-    let net = PodNetwork::start_with_egress(
-        client.clone(),
-        node.cgroups()[0].clone(),
-        apiserver,
-        &[hub_addr],
-    )
-    .await
-    .unwrap();
+    let hub_addr = hub.serve_loopback().await.unwrap();
+    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
 
     let work = tempfile::tempdir().unwrap();
     let image = hf_client_image(IMAGE, &model_clients_dir().unwrap(), work.path())
