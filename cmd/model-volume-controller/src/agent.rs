@@ -8,8 +8,7 @@
 //!
 //! | resource | verbs | where | why |
 //! |---|---|---|---|
-//! | `pods` | list, watch | cluster, field `spec.nodeName=<node>`, label `app.kubernetes.io/managed-by=warmcache` | this node's staging pods and mount holders |
-//! | `pods` | list, watch | cluster, field `spec.nodeName=<node>`, label `nvsnap.io/model-role=reader` | this node's readers: hostPath readers ([`crate::host`]) |
+//! | `pods` | list, watch | cluster, field `spec.nodeName=<node>` | this node's staging pods, mount holders and readers (hostPath readers: [`crate::host`]) |
 //! | `pods` | create, delete | control namespace; hostPath readers' namespaces | mount holders of the primary and view holders (delete with a UID precondition) |
 //! | `pods` | patch | hostPath readers' namespaces | un-pending a reader once its bind is verified (UID in the merge patch) |
 //! | `persistentvolumeclaims`, `persistentvolumes` | get | hostPath readers' namespaces; cluster | the view claim and PV, read afresh before a bind |
@@ -558,6 +557,15 @@ impl Reconciler<Pod> for Agent {
                 None => Ok(Action::await_change()),
             };
         }
+        // A hostPath reader: its model's binds.
+        match host_reader(&pod, &self.settings.bind_root) {
+            HostReaderState::Reader(r) => return self.host.reconcile(&r.hash, &pod).await,
+            HostReaderState::Refused(why) => {
+                tracing::warn!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), %why, "not serving a hostPath reader");
+                return Ok(Action::await_change());
+            }
+            HostReaderState::NotHostReader => {}
+        }
         let staged = match staging_state(&pod) {
             StagingState::Staged(s) => s,
             _ => return Ok(Action::await_change()),
@@ -721,22 +729,17 @@ pub fn start(
 ) -> Result<(), warmcache_runtime::RuntimeError> {
     let control = settings.control_namespace.clone();
     let ours = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+    // Every pod of this node (staging pods, mount holders, readers): ONE cache and ONE
+    // controller. Two controllers waiting for one cache's first list can miss its wake-up (the
+    // store's readiness wakes only the last task that polled it), leaving one never started.
     let pods = runtime.watch::<Pod>(
         None,
-        WatcherConfig::default()
-            .labels(&ours)
-            .fields(&format!("spec.nodeName={}", settings.node)),
+        WatcherConfig::default().fields(&format!("spec.nodeName={}", settings.node)),
     )?;
     let claims = runtime
         .watch::<PersistentVolumeClaim>(Some(&control), WatcherConfig::default().labels(&ours))?;
     let bindings = runtime.watch::<ModelCacheBinding>(Some(&control), WatcherConfig::default())?;
-    // This node's reader pods (hostPath readers among them; they carry no managed-by label).
-    let readers = runtime.watch::<Pod>(
-        None,
-        WatcherConfig::default()
-            .labels(&format!("{ROLE_LABEL}={ROLE_READER}"))
-            .fields(&format!("spec.nodeName={}", settings.node)),
-    )?;
+
     let metrics = Metrics::register(runtime.metrics().registry()).map_err(|err| {
         warmcache_runtime::RuntimeError::Task {
             task: "agent metrics".to_owned(),
@@ -748,7 +751,7 @@ pub fn start(
         settings: settings.clone(),
         bindings: bindings.clone(),
         pods: pods.clone(),
-        readers: readers.clone(),
+        readers: pods.clone(),
         metrics: metrics.clone(),
         lock: tokio::sync::Mutex::new(()),
         recorder: warmcache_kube::EventRecorder::new(
@@ -769,15 +772,26 @@ pub fn start(
     let (p1, p2) = (pods.clone(), pods.clone());
     let controller = runtime
         .controller("staged-copy", &pods, agent)
-        // A holder or claim changed: the staging pods of its binding.
-        .watches(&pods, move |p: &Pod| {
-            if p.labels().get(COMPONENT_LABEL).map(String::as_str) != Some(MOUNT_HOLDER) {
-                return Vec::new();
+        // A holder changed: the staging pods of its binding; a view holder, the readers of its
+        // model. A reader changed or went: its model's view holders (the last reader gone
+        // unbinds through its holder's reconcile).
+        .watches(&pods, {
+            let host = Arc::clone(&host);
+            move |p: &Pod| {
+                if is_view_holder(p) {
+                    return host.readers_of_holder(p);
+                }
+                if p.labels().get(ROLE_LABEL).map(String::as_str) == Some(ROLE_READER) {
+                    return host.holders_of_reader(p);
+                }
+                if p.labels().get(COMPONENT_LABEL).map(String::as_str) != Some(MOUNT_HOLDER) {
+                    return Vec::new();
+                }
+                p.labels()
+                    .get(BINDING_LABEL)
+                    .map(|b| staging_pods_of(&p1, b))
+                    .unwrap_or_default()
             }
-            p.labels()
-                .get(BINDING_LABEL)
-                .map(|b| staging_pods_of(&p1, b))
-                .unwrap_or_default()
         })
         .watches(&claims, move |c: &PersistentVolumeClaim| {
             c.labels()
@@ -785,56 +799,14 @@ pub fn start(
                 .map(|b| staging_pods_of(&p2, b))
                 .unwrap_or_default()
         })
-        // A reader changed or went: its model's view holders (the last reader gone unbinds).
-        .watches(&readers, {
-            let host = Arc::clone(&host);
-            move |p: &Pod| host.holders_of_reader(p)
-        })
-        .concurrency(settings.concurrency);
-    runtime.start_controller(controller);
-    let readers_controller = runtime
-        .controller("host-readers", &readers, HostReaders(Arc::clone(&host)))
-        // A view holder changed: the readers of its model.
-        .watches(&pods, {
-            let host = Arc::clone(&host);
-            move |p: &Pod| {
-                if is_view_holder(p) {
-                    host.readers_of_holder(p)
-                } else {
-                    Vec::new()
-                }
-            }
-        })
         // The binding recorded a view or its completion: the readers of its model.
         .watches(&bindings, {
             let host = Arc::clone(&host);
             move |b: &ModelCacheBinding| host.readers_of_binding(b)
-        });
-    runtime.start_controller(readers_controller);
+        })
+        .concurrency(settings.concurrency);
+    runtime.start_controller(controller);
     Ok(())
-}
-
-/// The reconciler of this node's reader pods: a hostPath reader's model's binds.
-struct HostReaders(Arc<HostBinds>);
-
-impl Reconciler<Pod> for HostReaders {
-    type Error = Failure;
-
-    async fn reconcile(&self, pod: Arc<Pod>) -> Result<Action, Failure> {
-        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
-            != Some(self.0.settings.node.as_str())
-        {
-            return Ok(Action::await_change());
-        }
-        match host_reader(&pod, &self.0.settings.bind_root) {
-            HostReaderState::Reader(r) => self.0.reconcile(&r.hash, &pod).await,
-            HostReaderState::NotHostReader => Ok(Action::await_change()),
-            HostReaderState::Refused(why) => {
-                tracing::warn!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), %why, "not serving a hostPath reader");
-                Ok(Action::await_change())
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -39,14 +39,14 @@ pub const RECHECK: Duration = Duration::from_secs(30);
 /// Look again this often when the directory holds data a pod wrote.
 pub const RECHECK_OCCUPIED: Duration = Duration::from_secs(60);
 
-/// The hostPath-reader part of the agent, shared by its two controllers.
+/// The hostPath-reader part of the agent (its controller reconciles readers and view holders here).
 pub struct HostBinds {
     pub(crate) client: Client,
     pub(crate) settings: Settings,
     pub(crate) bindings: Cache<ModelCacheBinding>,
-    /// This node's warmcache pods (view holders among them).
+    /// This node's pods (view holders among them).
     pub(crate) pods: Cache<Pod>,
-    /// This node's reader pods.
+    /// This node's pods, readers among them (the same cache as `pods`).
     pub(crate) readers: Cache<Pod>,
     pub(crate) metrics: Metrics,
     /// One bind or unbind at a time.

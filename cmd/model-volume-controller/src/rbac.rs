@@ -21,7 +21,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "watch"],
         scope: Scope::Cluster,
         names: &[],
-        why: "this node's staging pods and mount holders (field spec.nodeName, label app.kubernetes.io/managed-by=warmcache), and its reader pods (label nvsnap.io/model-role=reader): hostPath readers",
+        why: "this node's pods (field spec.nodeName): staging pods, mount holders and hostPath readers",
     },
     Permission {
         group: "",
