@@ -1538,11 +1538,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
         if failed_now && !failed_before {
             self.metrics.download_failed();
             if let Some(recorder) = &self.recorder {
-                let message = step
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == lifecycle::DEGRADED)
-                    .map(|c| c.message.clone());
+                let message = degraded_message(&step);
                 recorder
                     .warning(b, "DownloadFailed", "WatchWriterJob", message.as_deref())
                     .await;
@@ -1552,11 +1548,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
         if held_now && !held_before {
             self.metrics.primary_claim_held();
             if let Some(recorder) = &self.recorder {
-                let message = step
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == lifecycle::DEGRADED)
-                    .map(|c| c.message.clone());
+                let message = degraded_message(&step);
                 recorder
                     .warning(
                         b,
@@ -1631,6 +1623,14 @@ impl Bindings {
 
 /// The admission trace context of a reading pod per namespace (pods in name order; one whose
 /// download step the writer may run is preferred).
+/// The message of the step's Degraded condition, for the Event that reports it.
+fn degraded_message(step: &lifecycle::Step) -> Option<String> {
+    step.conditions
+        .iter()
+        .find(|c| c.type_ == lifecycle::DEGRADED)
+        .map(|c| c.message.clone())
+}
+
 fn traceparents(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, (bool, String)> = BTreeMap::new();
     for pod in pods {
