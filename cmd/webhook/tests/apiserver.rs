@@ -23,7 +23,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use warmcache_api_modelcache::SHARING_DOMAIN_LABEL;
-use warmcache_api_modelcache::v2beta1::Workflow;
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Workflow};
 use warmcache_modelvolume::keys::{
     BINDING_ANNOTATION, BINDING_UID_ANNOTATION, MODEL_VOLUME, SKIP_REASON_ANNOTATION,
 };
@@ -249,6 +249,54 @@ async fn a_namespace_outside_a_domain_never_gets_its_binding() {
         .unwrap();
     assert_eq!(list.items.len(), 3);
     served.stop(&client).await;
+}
+
+/// Two replicas admitting a model's first pods at once both find no binding in their caches and
+/// both create it; the one whose create loses reads the winner back (`create_or_get`'s get on
+/// AlreadyExists) and records the winner's UID. Which replica loses is a race the API server
+/// tests above only sometimes hit, so the losing call is made here, as the webhook's
+/// ServiceAccount with its generated roles, with the webhook's own decision and completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_create_loses_records_the_winner_under_its_roles() {
+    let client = client().await;
+    let plane = warmcache_testkit::ControlPlane::shared().await.unwrap();
+    ensure_storage_class(&client).await;
+    let control = namespace(&client, "pw-control", &[]).await;
+    let home = namespace(&client, "pw-home", &[]).await;
+    let reader = namespace(&client, "pw-race", &[]).await;
+    let account =
+        warmcache_testkit::ComponentAccount::create(plane, &client, "webhook", &home, &control)
+            .await
+            .unwrap();
+    let as_webhook: Api<ModelCacheBinding> =
+        Api::namespaced(account.client().await.unwrap(), &control);
+    let (rewrite, wanted) = first_admission(&client, &reader, &control).await;
+    let winner = as_webhook
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    let lost = warmcache_kube::create_or_get(&as_webhook, &wanted)
+        .await
+        .unwrap();
+    assert!(!lost.was_created(), "the second create found the first");
+    assert_eq!(lost.object().uid(), winner.uid());
+    assert_eq!(
+        lost.object().metadata.resource_version,
+        winner.metadata.resource_version,
+        "nothing was overwritten"
+    );
+    let pod = rewrite.complete(lost.object()).unwrap();
+    assert_eq!(
+        pod.annotations()
+            .get(BINDING_UID_ANNOTATION)
+            .map(String::as_str),
+        winner.uid().as_deref()
+    );
+    let stored = Api::<ModelCacheBinding>::namespaced(client.clone(), &control)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(stored.items.len(), 1, "one binding: {:?}", stored.items);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

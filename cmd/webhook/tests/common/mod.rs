@@ -108,6 +108,18 @@ pub async fn namespace(client: &Client, prefix: &str, labels: &[(&str, &str)]) -
 /// webhook allows for it, see `API_CALL_TIMEOUT`); a dry-run create pays that once per
 /// process, so the tests measure the webhook rather than the API server's first write.
 async fn warm_binding_writes(client: &Client, control: &str) {
+    let binding = first_admission(client, "default", control).await.1;
+    let api: Api<ModelCacheBinding> = Api::namespaced(client.clone(), control);
+    api.create(&dry_run(), &binding).await.unwrap();
+}
+
+/// The first admission of `engine_pod("warm")` in `namespace` (no sharing label) as the
+/// webhook's pure decision makes it, and the binding it creates in `control`.
+pub async fn first_admission(
+    client: &Client,
+    namespace: &str,
+    control: &str,
+) -> (warmcache_modelvolume::Rewrite, ModelCacheBinding) {
     use std::collections::BTreeMap;
     use warmcache_catalog::CatalogInput;
     use warmcache_modelvolume::{BindingAction, Options, Request, StorageInputs, Verdict, admit};
@@ -120,7 +132,7 @@ async fn warm_binding_writes(client: &Client, control: &str) {
     let pod = engine_pod("warm");
     let req = Request {
         pod: &pod,
-        namespace: "default",
+        namespace,
         namespace_labels: &labels,
         leader_worker_set: None,
         traceparent: None,
@@ -135,11 +147,11 @@ async fn warm_binding_writes(client: &Client, control: &str) {
     let Verdict::Rewrite(rewrite) = admit(&req, |_, _| None, &storage) else {
         panic!("the warm-up pod is rewritten");
     };
-    let BindingAction::Create(binding) = rewrite.binding else {
+    let BindingAction::Create(binding) = &rewrite.binding else {
         panic!("the warm-up pod creates a binding");
     };
-    let api: Api<ModelCacheBinding> = Api::namespaced(client.clone(), control);
-    api.create(&dry_run(), &binding).await.unwrap();
+    let binding = binding.as_ref().clone();
+    (*rewrite, binding)
 }
 
 /// A plain HTTP GET on loopback (the admin server).
