@@ -1149,7 +1149,8 @@ impl Bindings {
         if !lifecycle::is_complete(binding, &stored) {
             return Err(Failure::CompletionNotStored { pv: pv.to_owned() });
         }
-        self.metrics.download_succeeded(binding);
+        self.metrics
+            .download_succeeded(binding, lifecycle::recorded_bytes(&stored));
         tracing::info!(pv, "the primary is complete and retained");
         if let Some(recorder) = &self.recorder {
             recorder

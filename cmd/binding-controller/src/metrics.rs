@@ -6,8 +6,11 @@
 //! | metric | labels | what |
 //! |---|---|---|
 //! | `bindings` | `population` (`Unknown`, `Pending`, `Populating`, `Ready`, `Failed`) | bindings of the control namespace per `status.realized.populationState`, counted from the watch cache after each reconcile |
+//! | `bindings_by_phase` | `phase` (`Unknown`, `Active`, `Retiring`) | the same bindings per `status.phase` (`Unknown`: no status written yet) |
+//! | `cached_bytes` | | the model bytes (`status.realized.bytes`) of the bindings whose population is Ready |
 //! | `downloads_started_total` | | writer Jobs this controller created |
 //! | `downloads_succeeded_total` | | primaries labelled complete and Retain (re-read) |
+//! | `downloaded_bytes_total` | | the bytes those primaries record (the download's measured size) |
 //! | `downloads_failed_total` | | bindings that went to population Failed |
 //! | `views_created_total` | | read-only view claims created |
 //! | `actions_total` | `action` (the fixed [`warmcache_modelvolume::Action`] kinds) | writes the lifecycle asked for |
@@ -19,10 +22,10 @@
 //! Every label value is a fixed word; no binding, namespace or model is a label.
 
 use k8s_openapi::jiff::Timestamp;
-use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState};
+use warmcache_api_modelcache::v2beta1::{BindingPhase, ModelCacheBinding, PopulationState};
 use warmcache_runtime::Cache;
 use warmcache_telemetry::prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use warmcache_telemetry::register_metric;
 
@@ -45,6 +48,9 @@ pub const ACTIONS: [&str; 12] = [
     "delete_waiting_readers",
 ];
 
+/// Label values of `bindings_by_phase`.
+pub const PHASES: [&str; 3] = ["Unknown", "Active", "Retiring"];
+
 /// Label values of `writer_lease_writes_total`.
 pub const LEASE_WRITES: [&str; 4] = ["created", "updated", "taken_over", "lost"];
 
@@ -55,8 +61,11 @@ pub use warmcache_telemetry::MetricError as MetricsError;
 #[derive(Clone)]
 pub struct Metrics {
     bindings: IntGaugeVec,
+    phases: IntGaugeVec,
+    cached_bytes: IntGauge,
     started: IntCounter,
     succeeded: IntCounter,
+    downloaded_bytes: IntCounter,
     failed: IntCounter,
     views: IntCounter,
     actions: IntCounterVec,
@@ -77,6 +86,25 @@ impl Metrics {
                 &["population"],
             ),
         )?;
+        let phases = register_metric(
+            registry,
+            "bindings_by_phase",
+            IntGaugeVec::new(
+                Opts::new(
+                    "bindings_by_phase",
+                    "ModelCacheBindings by lifecycle phase.",
+                ),
+                &["phase"],
+            ),
+        )?;
+        let cached_bytes = register_metric(
+            registry,
+            "cached_bytes",
+            IntGauge::new(
+                "cached_bytes",
+                "Model bytes of the bindings whose population is Ready.",
+            ),
+        )?;
         let started = register_metric(
             registry,
             "downloads_started_total",
@@ -88,6 +116,14 @@ impl Metrics {
             IntCounter::new(
                 "downloads_succeeded_total",
                 "Primary volumes stored complete and retained.",
+            ),
+        )?;
+        let downloaded_bytes = register_metric(
+            registry,
+            "downloaded_bytes_total",
+            IntCounter::new(
+                "downloaded_bytes_total",
+                "Bytes of the primary volumes stored complete.",
             ),
         )?;
         let failed = register_metric(
@@ -155,13 +191,19 @@ impl Metrics {
         for p in POPULATIONS {
             bindings.with_label_values(&[p]);
         }
+        for p in PHASES {
+            phases.with_label_values(&[p]);
+        }
         for a in ACTIONS {
             actions.with_label_values(&[a]);
         }
         Ok(Self {
             bindings,
+            phases,
+            cached_bytes,
             started,
             succeeded,
+            downloaded_bytes,
             failed,
             views,
             actions,
@@ -177,9 +219,12 @@ impl Metrics {
         self.started.inc();
     }
 
-    /// A primary was stored complete; `binding` gives the creation time.
-    pub fn download_succeeded(&self, binding: &ModelCacheBinding) {
+    /// A primary recording `bytes` was stored complete; `binding` gives the creation time.
+    pub fn download_succeeded(&self, binding: &ModelCacheBinding, bytes: Option<u64>) {
         self.succeeded.inc();
+        if let Some(bytes) = bytes {
+            self.downloaded_bytes.inc_by(bytes);
+        }
         if let Some(created) = &binding.metadata.creation_timestamp {
             let seconds = Timestamp::now().duration_since(created.0).as_secs_f64();
             if seconds >= 0.0 {
@@ -218,16 +263,15 @@ impl Metrics {
         self.actions.with_label_values(&[action]).inc();
     }
 
-    /// Counts the bindings of `cache` by population state.
+    /// Counts the bindings of `cache` by population state and by phase, and sums the bytes of
+    /// the Ready ones.
     pub fn observe_bindings(&self, cache: &Cache<ModelCacheBinding>) {
         let mut counts = [0_i64; 5];
+        let mut phases = [0_i64; 3];
+        let mut cached: i64 = 0;
         for b in cache.store().state() {
-            let index = match b
-                .status
-                .as_ref()
-                .and_then(|s| s.realized.as_ref())
-                .and_then(|r| r.population_state)
-            {
+            let realized = b.status.as_ref().and_then(|s| s.realized.as_ref());
+            let index = match realized.and_then(|r| r.population_state) {
                 None => 0,
                 Some(PopulationState::Pending) => 1,
                 Some(PopulationState::Populating) => 2,
@@ -235,9 +279,23 @@ impl Metrics {
                 Some(PopulationState::Failed) => 4,
             };
             counts[index] += 1;
+            if index == 3 {
+                let bytes = realized.and_then(|r| r.bytes).unwrap_or(0).max(0);
+                cached = cached.saturating_add(bytes);
+            }
+            let phase = match b.phase() {
+                None => 0,
+                Some(BindingPhase::Active) => 1,
+                Some(BindingPhase::Retiring) => 2,
+            };
+            phases[phase] += 1;
         }
         for (p, n) in POPULATIONS.iter().zip(counts) {
             self.bindings.with_label_values(&[p]).set(n);
         }
+        for (p, n) in PHASES.iter().zip(phases) {
+            self.phases.with_label_values(&[p]).set(n);
+        }
+        self.cached_bytes.set(cached);
     }
 }

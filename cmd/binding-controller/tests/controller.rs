@@ -413,6 +413,11 @@ async fn a_binding_becomes_one_download_and_a_read_only_view() {
     assert_eq!(m("downloads_failed_total"), Some(0.0));
     assert_eq!(m("views_created_total"), Some(1.0));
     assert_eq!(m("bindings{population=\"Ready\"}"), Some(1.0));
+    assert_eq!(m("bindings_by_phase{phase=\"Active\"}"), Some(1.0));
+    assert_eq!(m("bindings_by_phase{phase=\"Retiring\"}"), Some(0.0));
+    // The bytes the Job measured: downloaded once, and now held by a Ready cache.
+    assert_eq!(m("downloaded_bytes_total"), Some(12345.0), "{metrics}");
+    assert_eq!(m("cached_bytes"), Some(12345.0), "{metrics}");
     assert_eq!(m("time_to_ready_seconds_count"), Some(1.0));
     // Asks, not creations: a reconcile that runs before the Job reaches the controller's cache
     // asks again and meets AlreadyExists (the create is atomic), so under load this can be 2;
@@ -513,6 +518,25 @@ async fn a_failed_download_reports_its_last_words_and_keeps_the_primary() {
     assert!(message.contains("401 Client Error"), "{message}");
     let (ready, _, _) = condition(&b, "Ready").unwrap();
     assert_eq!(ready, "False");
+    // Counted once as a failed download, nothing as downloaded or cached.
+    let metrics = eventually("the failure counted", WAIT, || {
+        let admin = s.admin;
+        async move {
+            let metrics = scrape(admin).await;
+            (sample(
+                &metrics,
+                "warmcache_binding_controller_downloads_failed_total",
+            ) == Some(1.0))
+            .then_some(metrics)
+        }
+    })
+    .await
+    .unwrap();
+    let m = |series: &str| sample(&metrics, &format!("warmcache_binding_controller_{series}"));
+    assert_eq!(m("downloads_succeeded_total"), Some(0.0), "{metrics}");
+    assert_eq!(m("downloaded_bytes_total"), Some(0.0), "{metrics}");
+    assert_eq!(m("cached_bytes"), Some(0.0), "{metrics}");
+    assert_eq!(m("bindings{population=\"Failed\"}"), Some(1.0), "{metrics}");
     // The primary claim is kept for a retry and never labelled complete; the writer view claim
     // is retired.
     let primary_claims: Api<PersistentVolumeClaim> = s.control.api();
