@@ -736,6 +736,134 @@ fn the_reaper_and_the_node_agent_alone_render_exactly_their_objects() {
     );
 }
 
+/// The uninstall hook's Job (templates/uninstall-hook.yaml, docs/uninstall.md#the-job).
+const HOOK: &str = "warmcache-uninstall-hook";
+
+#[test]
+fn the_uninstall_hook_is_a_pre_delete_job_whose_flags_follow_the_values() {
+    // Every object of the hook is a pre-delete hook deleted once it succeeded (and replaced by
+    // the next run when it failed); the account and its role come first (-20), the Job after.
+    let assert_hook = |object: &Value, weight: &str| {
+        let annotations = &object["metadata"]["annotations"];
+        assert_eq!(annotations["helm.sh/hook"], "pre-delete", "{}", key(object));
+        assert_eq!(
+            annotations["helm.sh/hook-weight"],
+            weight,
+            "{}",
+            key(object)
+        );
+        assert_eq!(
+            annotations["helm.sh/hook-delete-policy"],
+            "before-hook-creation,hook-succeeded",
+            "{}",
+            key(object)
+        );
+    };
+    let job = |objects: &[Value]| -> Value { find(objects, "Job", HOOK).unwrap().clone() };
+    let args = |job: &Value| -> Vec<String> {
+        job["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // Defaults: the backends are the release's (it runs their operator) and the namespace is
+    // deleted (the chart created it); the deadline is both timeouts plus 60 s.
+    let objects = helm().template(&[]).unwrap();
+    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
+        assert_hook(find(&objects, kind, HOOK).unwrap(), "-20");
+    }
+    let defaults = job(&objects);
+    assert_hook(&defaults, "-10");
+    assert_eq!(defaults["spec"]["backoffLimit"], 0);
+    assert_eq!(defaults["spec"]["activeDeadlineSeconds"], 120 + 90 + 60);
+    let spec = &defaults["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], HOOK);
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_eq!(
+        spec["containers"][0]["command"],
+        serde_json::json!(["/usr/local/bin/uninstall-hook"])
+    );
+    assert_eq!(
+        args(&defaults),
+        [
+            "--control-namespace=nvca-modelcache-init",
+            "--kvcache-backends=true",
+            "--delete-namespace=true",
+            "--backend-timeout=120s",
+            "--namespace-timeout=90s",
+        ]
+    );
+
+    // Other timeouts move the default deadline; --force only when asked for.
+    let forced = job(&helm()
+        .template(&[
+            "uninstallHook.backendTimeoutSeconds=300",
+            "uninstallHook.namespaceTimeoutSeconds=45",
+            "uninstallHook.force=true",
+        ])
+        .unwrap());
+    assert_eq!(forced["spec"]["activeDeadlineSeconds"], 300 + 45 + 60);
+    assert_eq!(
+        args(&forced),
+        [
+            "--control-namespace=nvca-modelcache-init",
+            "--kvcache-backends=true",
+            "--delete-namespace=true",
+            "--backend-timeout=300s",
+            "--namespace-timeout=45s",
+            "--force",
+        ]
+    );
+    // A deadline given is taken as it is.
+    let given = job(&helm()
+        .template(&[
+            "uninstallHook.activeDeadlineSeconds=250",
+            "uninstallHook.backendTimeoutSeconds=300",
+        ])
+        .unwrap());
+    assert_eq!(given["spec"]["activeDeadlineSeconds"], 250);
+    assert!(!args(&given).contains(&"--force".to_owned()));
+
+    // Alone (every other toggle off): exactly the hook's account, role, binding and Job, all
+    // restricted and least privileged. Without the operator the backends are not the release's,
+    // and a namespace the chart did not create is not deleted.
+    let mut sets = all_off();
+    sets.retain(|s| *s != "uninstallHook.enabled=false");
+    let objects = helm().template(&sets).unwrap();
+    assert_common(&objects);
+    assert_eq!(
+        objects.iter().map(key).collect::<BTreeSet<String>>(),
+        BTreeSet::from([
+            format!("ServiceAccount/{NAMESPACE}/{HOOK}"),
+            format!("ClusterRole//{HOOK}"),
+            format!("ClusterRoleBinding//{HOOK}"),
+            format!("Job/{NAMESPACE}/{HOOK}"),
+        ])
+    );
+    for object in &objects {
+        let weight = if object["kind"] == "Job" {
+            "-10"
+        } else {
+            "-20"
+        };
+        assert_hook(object, weight);
+    }
+    let alone = job(&objects);
+    assert_eq!(
+        args(&alone),
+        [
+            "--control-namespace=nvca-modelcache-init",
+            "--kvcache-backends=false",
+            "--delete-namespace=false",
+            "--backend-timeout=120s",
+            "--namespace-timeout=90s",
+        ]
+    );
+}
+
 #[test]
 fn the_node_agent_daemon_set_runs_on_every_gpu_node_with_the_hosts_paths() {
     let objects = helm()
@@ -852,6 +980,7 @@ fn values_reach_the_components() {
             "kvcacheOperator.storeImageUsers={lmcache/=1000}",
             "controlNamespace.name=models-control",
             "otel.endpoint=http://collector:4317",
+            "otel.env.OTEL_TRACES_SAMPLER_ARG=0.1",
             "image.repository=registry.example/warmcache",
             "image.tag=1.2.3",
             "reaper.interval=30m",
@@ -974,6 +1103,140 @@ fn values_reach_the_components() {
         env.iter()
             .any(|e| e["name"] == "OTEL_SERVICE_NAME" && e["value"] == "webhook")
     );
+    // The protocol is the only one the components export (grpc), and the extra variables of
+    // otel.env reach every component, the uninstall hook's Job included.
+    for (kind, name) in [
+        ("Deployment", "warmcache-webhook"),
+        ("Deployment", "warmcache-reaper"),
+        ("DaemonSet", AGENT),
+        ("Job", "warmcache-uninstall-hook"),
+    ] {
+        let workload = find(&objects, kind, name).unwrap();
+        let env = workload["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap();
+        for (variable, value) in [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+        ] {
+            assert_eq!(
+                env.iter().filter(|e| e["name"] == variable).count(),
+                1,
+                "{name}: {variable} in {env:?}"
+            );
+            assert!(
+                env.iter()
+                    .any(|e| e["name"] == variable && e["value"] == value),
+                "{name}: {variable}={value} in {env:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_deployment_and_the_uninstall_hook_take_their_own_scheduling_and_resources() {
+    // Values prefix, workload, whether it has replicas. The KVCacheBackend webhook has its own
+    // replicas and resources (kvcacheOperator.webhook) and is scheduled like the operator.
+    let workloads = [
+        ("webhook", "Deployment", "warmcache-webhook", true),
+        (
+            "bindingController",
+            "Deployment",
+            "warmcache-binding-controller",
+            true,
+        ),
+        (
+            "kvcacheOperator",
+            "Deployment",
+            "warmcache-kvcache-operator",
+            true,
+        ),
+        (
+            "kvcacheOperator.webhook",
+            "Deployment",
+            "warmcache-kvcache-operator-webhook",
+            true,
+        ),
+        ("reaper", "Deployment", "warmcache-reaper", true),
+        ("uninstallHook", "Job", HOOK, false),
+    ];
+    // Distinctive values per workload: its index in the CPU request, memory limit and replicas,
+    // its values prefix in the node selector, toleration and affinity.
+    let pool = |prefix: &str| prefix.replace('.', "-").to_lowercase();
+    fn scheduled_by(prefix: &str) -> &str {
+        if prefix == "kvcacheOperator.webhook" {
+            "kvcacheOperator"
+        } else {
+            prefix
+        }
+    }
+    let mut sets: Vec<String> = Vec::new();
+    for (i, (prefix, _, _, replicas)) in workloads.iter().enumerate() {
+        sets.push(format!("{prefix}.resources.requests.cpu={}m", 101 + i));
+        sets.push(format!("{prefix}.resources.limits.memory={}Mi", 301 + i));
+        if *replicas {
+            sets.push(format!("{prefix}.replicas={}", 3 + i));
+        }
+        if scheduled_by(prefix) != *prefix {
+            continue;
+        }
+        let pool = pool(prefix);
+        sets.push(format!("{prefix}.nodeSelector.example\\.com/pool={pool}"));
+        sets.push(format!("{prefix}.tolerations[0].key=example.com/{pool}"));
+        sets.push(format!("{prefix}.tolerations[0].operator=Exists"));
+        sets.push(format!("{prefix}.tolerations[0].effect=NoSchedule"));
+        let term = format!(
+            "{prefix}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution\
+             .nodeSelectorTerms[0].matchExpressions[0]"
+        );
+        sets.push(format!("{term}.key=example.com/zone"));
+        sets.push(format!("{term}.operator=In"));
+        sets.push(format!("{term}.values[0]={pool}"));
+    }
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let objects = helm().template(&sets).unwrap();
+    assert_common(&objects);
+    for (i, (prefix, kind, name, replicas)) in workloads.iter().enumerate() {
+        let workload = find(&objects, kind, name).unwrap_or_else(|| panic!("{kind} {name}"));
+        if *replicas {
+            assert_eq!(workload["spec"]["replicas"], 3 + i, "{name}");
+        }
+        let spec = &workload["spec"]["template"]["spec"];
+        let resources = &spec["containers"][0]["resources"];
+        assert_eq!(
+            resources["requests"]["cpu"],
+            format!("{}m", 101 + i),
+            "{name}: {resources}"
+        );
+        assert_eq!(
+            resources["limits"]["memory"],
+            format!("{}Mi", 301 + i),
+            "{name}: {resources}"
+        );
+        let pool = pool(scheduled_by(prefix));
+        assert_eq!(
+            spec["nodeSelector"],
+            serde_json::json!({"example.com/pool": pool}),
+            "{name}"
+        );
+        assert_eq!(
+            spec["tolerations"],
+            serde_json::json!([
+                {"key": format!("example.com/{pool}"), "operator": "Exists", "effect": "NoSchedule"}
+            ]),
+            "{name}"
+        );
+        assert_eq!(
+            spec["affinity"],
+            serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "example.com/zone", "operator": "In", "values": [pool]}
+                ]}]
+            }}}),
+            "{name}"
+        );
+    }
 }
 
 #[test]
@@ -1031,6 +1294,9 @@ fn the_schema_refuses_bad_values_naming_the_field() {
             "/storageClass/volumeBindingMode",
         ),
         ("otel.env.NOT_OTEL=1", "/otel/env"),
+        // The components export OTLP over gRPC only: any other protocol would be warned about
+        // and exported over gRPC anyway, to a collector that does not receive it.
+        ("otel.protocol=http/protobuf", "/otel/protocol"),
         (
             "certManager.issuerRef.kind=Vault",
             "/certManager/issuerRef/kind",
@@ -1223,6 +1489,82 @@ fn the_dashboard_is_valid_json_and_queries_only_documented_metrics() {
             "no panel on {metric} by rule: {exprs:?}"
         );
     }
+    // What the issue asks the dashboard to show: downloads, bindings by phase, time to Ready,
+    // webhook latency and skips, reaper actions, KV tier capacity and usage; and the bytes the
+    // model cache holds and downloads. Each is some query holding every one of its parts.
+    for (what, parts) in [
+        (
+            "downloads started",
+            &["warmcache_binding_controller_downloads_started_total"][..],
+        ),
+        (
+            "downloads failed",
+            &["warmcache_binding_controller_downloads_failed_total"],
+        ),
+        (
+            "bindings by phase",
+            &[
+                "warmcache_binding_controller_bindings_by_phase",
+                "by (phase)",
+            ],
+        ),
+        (
+            "time to Ready",
+            &[
+                "histogram_quantile",
+                "warmcache_binding_controller_time_to_ready_seconds_bucket",
+            ],
+        ),
+        (
+            "cached bytes",
+            &["warmcache_binding_controller_cached_bytes"],
+        ),
+        (
+            "downloaded bytes",
+            &["rate(warmcache_binding_controller_downloaded_bytes_total"],
+        ),
+        (
+            "webhook admission latency",
+            &[
+                "histogram_quantile",
+                "warmcache_webhook_pod_admission_duration_seconds_bucket",
+            ],
+        ),
+        (
+            "webhook skips",
+            &[
+                "warmcache_webhook_pod_admissions_total",
+                "outcome=\"skipped\"",
+                "by (reason)",
+            ],
+        ),
+        ("reaper actions", &["warmcache_reaper_actions_total"]),
+        (
+            "KV tier capacity and usage",
+            &["warmcache_kvcache_operator_tier_bytes", "by (measure)"],
+        ),
+    ] {
+        assert!(
+            exprs.iter().any(|e| parts.iter().all(|p| e.contains(p))),
+            "no query of {what} ({parts:?}): {exprs:?}"
+        );
+    }
+    // Bindings by phase sit next to bindings by population state.
+    let panel = |title: &str| {
+        dashboard["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["title"] == title)
+            .unwrap_or_else(|| panic!("no panel {title}"))
+    };
+    let population = &panel("Bindings by population state")["gridPos"];
+    let phase = &panel("Bindings by phase")["gridPos"];
+    assert_eq!(phase["y"], population["y"]);
+    assert_eq!(
+        phase["x"].as_u64().unwrap(),
+        population["x"].as_u64().unwrap() + population["w"].as_u64().unwrap()
+    );
     // Panel ids are unique and panels do not overlap.
     let panels = dashboard["panels"].as_array().unwrap();
     let ids: BTreeSet<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
