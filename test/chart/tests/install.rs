@@ -1159,8 +1159,9 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
             cluster.report(NAMESPACE).await
         ),
     }
-    // The hook's first calls found the API: a failed first list of KVCacheBackends is today
-    // reported as "0 found" (cmd/uninstall-hook), which would make the line below meaningless.
+    // The hook's first calls found the API. A failed list of KVCacheBackends is retried until
+    // one succeeds, and reported as not listed if none does, never as "0 found"
+    // (cmd/uninstall-hook/src/steps.rs), so "0 found" below is an answer the API gave.
     assert!(
         !log.contains("client error (Connect)"),
         "the uninstall hook could not reach the API server at first:\n{log}\n{}",
