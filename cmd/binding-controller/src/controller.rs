@@ -167,6 +167,8 @@ pub struct Settings {
     /// every binding's decision is compared with what the current storage gives
     /// (`DecisionDrift`).
     pub catalog_namespace: Option<String>,
+    /// The feature gates drift decides with (the webhook's).
+    pub gates: warmcache_catalog::Gates,
 }
 
 /// What the reconciler reads and writes with.
@@ -205,6 +207,7 @@ struct DriftCaches {
     drivers: Cache<k8s_openapi::api::storage::v1::CSIDriver>,
     catalogs: Cache<k8s_openapi::api::core::v1::ConfigMap>,
     namespace: String,
+    gates: warmcache_catalog::Gates,
 }
 
 impl DriftCaches {
@@ -226,6 +229,7 @@ impl DriftCaches {
                 storage_class: class.as_deref(),
                 csi_driver: driver.as_deref(),
                 catalog: catalog.as_deref(),
+                gates: self.gates,
             },
         );
         match drift {
@@ -1814,6 +1818,7 @@ pub fn start(
                 )),
             )?,
             namespace: namespace.clone(),
+            gates: settings.gates,
         }),
         None => None,
     };

@@ -88,6 +88,11 @@ pub struct ControllerArgs {
     /// the catalog give today, reported as the DecisionDrift condition (never acted on).
     #[arg(long, value_name = "NAMESPACE")]
     pub catalog_namespace: Option<String>,
+    /// Feature gates, `Name=true|false,...`, as the webhook is given them (CachingSupport,
+    /// HelmModelCaching: default true; ModelCacheEncryption: default false): decision drift
+    /// compares each binding with the decision these gates give today.
+    #[arg(long = "feature-gates", value_name = "k=v,...", value_parser = warmcache_catalog::Gates::parse, default_value = "")]
+    pub feature_gates: warmcache_catalog::Gates,
 }
 
 /// `catalog` subcommands.
@@ -276,6 +281,7 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
         control_namespace: ns.clone(),
         concurrency: args.concurrency,
         catalog_namespace: args.catalog_namespace.clone(),
+        gates: args.feature_gates,
         lifecycle: warmcache_modelvolume::LifecycleConfig {
             primary_size: size,
             extra_mount_options: args.view_mount_option.clone(),
@@ -325,6 +331,18 @@ mod tests {
         assert_eq!(s.lifecycle.writer.active_deadline_seconds, 6 * 3600);
         assert_eq!(s.lifecycle.takeover_grace_seconds, 120);
         assert_eq!(s.lifecycle.failure_record_seconds, 3600);
+        assert_eq!(s.gates, warmcache_catalog::Gates::DEFAULT);
+        let s = settings(&args(&["--feature-gates", "CachingSupport=false"])).unwrap();
+        assert!(!s.gates.caching_support && s.gates.helm_model_caching);
+        let refused = Cli::try_parse_from([
+            "binding-controller",
+            "controller",
+            "--feature-gates",
+            "Caching=true",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains("unknown feature gate"), "{refused}");
         let s = settings(&args(&[
             "--writer-takeover-grace-seconds",
             "30",

@@ -8,6 +8,8 @@
 //! - `tenant-fs` (a multi-tenant file service): must FAIL, naming `reader-identical-bytes`: the
 //!   reader in another namespace binds and mounts the writer's very handle but sees its own,
 //!   empty tenant.
+//! - `root-owned-fs` (seed 002's root-owned fresh export, no fsGroup on ReadWriteMany): must
+//!   FAIL, naming `writer-populates` with the writer's `Permission denied`.
 //!
 //! The namespaces enforce Pod Security "restricted". After every run nothing labelled with the
 //! run remains (pods, Jobs, claims, PVs), and the provisioned volumes are gone from the driver.
@@ -390,6 +392,39 @@ async fn tenant_fs_fails_qualification_naming_the_cross_namespace_read() {
     let text = String::from_utf8_lossy(&run.output.stdout);
     assert!(text.contains("NOT QUALIFIED"), "{text}");
     assert!(text.contains("FAIL    reader-identical-bytes"), "{text}");
+    assert_clean(&run, node, driver).await;
+    run.a.cleanup().await;
+    run.b.cleanup().await;
+}
+
+/// `root-owned-fs` (seed 002's storage: every fresh export is root-owned 0755 and the CSIDriver's
+/// `fsGroupPolicy` hands nothing to the pod's group on ReadWriteMany): the non-root writer cannot
+/// write, so the class does not qualify for a non-root writer. The claim bound, so `auto` does not
+/// go on to ReadWriteOnce (only a mode the provisioner refuses does): the writer's own words are
+/// the verdict, and nothing of the run is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_owned_fs_fails_qualification_for_a_non_root_writer() {
+    let _one = ONE_RUN.lock().await;
+    let node = start().await;
+    let driver = TestCsiDriver::RootOwnedFs;
+    let run = qualify(driver, &[]).await;
+    let r = &run.report;
+    assert_eq!(run.output.status.code(), Some(1), "{r:#}");
+    assert_eq!(r["qualified"], false);
+    assert_eq!(r["catalogEntry"], Value::Null);
+    assert_eq!(failed(r), ["writer-populates"], "{r:#}");
+    let writer = check(r, "writer-populates");
+    assert!(
+        writer["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
+        "{writer}"
+    );
+    assert_eq!(r["writer"]["accessMode"], "ReadWriteMany", "{r:#}");
+    let text = String::from_utf8_lossy(&run.output.stdout);
+    assert!(text.contains("NOT QUALIFIED"), "{text}");
+    assert!(text.contains("FAIL    writer-populates"), "{text}");
     assert_clean(&run, node, driver).await;
     run.a.cleanup().await;
     run.b.cleanup().await;

@@ -333,6 +333,7 @@ async fn end_to_end(
             control_namespace: control.name.clone(),
             concurrency: 2,
             catalog_namespace: None,
+            gates: warmcache_catalog::Gates::DEFAULT,
             lifecycle: LifecycleConfig {
                 primary_size: Quantity("64Mi".into()),
                 writer: WriterOptions {

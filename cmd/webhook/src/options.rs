@@ -3,7 +3,6 @@
 
 use clap::{Args, ValueEnum};
 use warmcache_catalog::Gates;
-use warmcache_cli::text;
 use warmcache_modelvolume::{
     DEFAULT_GPU_RESOURCE, DEFAULT_POLL_SECONDS, DEFAULT_WAIT_DEADLINE_SECONDS, Options,
     OptionsError, ReaderMode,
@@ -24,36 +23,10 @@ pub enum ReaderModeArg {
 pub struct GatesArg(pub Gates);
 
 /// The gates when none is given: caching on, sharing domains on, encryption off.
-pub const DEFAULT_GATES: Gates = Gates {
-    caching_support: true,
-    helm_model_caching: true,
-    model_cache_encryption: false,
-};
+pub const DEFAULT_GATES: Gates = Gates::DEFAULT;
 
 fn parse_gates(s: &str) -> Result<GatesArg, String> {
-    let mut g = DEFAULT_GATES;
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| format!("{} is not Name=true|false", text::shown(part)))?;
-        let value = match v.trim() {
-            "true" => true,
-            "false" => false,
-            other => return Err(format!("{}: expected true or false", text::shown(other))),
-        };
-        match k.trim() {
-            "CachingSupport" => g.caching_support = value,
-            "HelmModelCaching" => g.helm_model_caching = value,
-            "ModelCacheEncryption" => g.model_cache_encryption = value,
-            other => {
-                return Err(format!(
-                    "unknown feature gate {} (known: CachingSupport, HelmModelCaching, ModelCacheEncryption)",
-                    text::shown(other)
-                ));
-            }
-        }
-    }
-    Ok(GatesArg(g))
+    Gates::parse(s).map(GatesArg)
 }
 
 /// What the rewrite does: which pods are in scope, how readers reach block storage, the wait
@@ -103,34 +76,5 @@ impl RewriteArgs {
         };
         options.validate()?;
         Ok(options)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gates_default_and_override() {
-        assert_eq!(parse_gates("").unwrap().0, DEFAULT_GATES);
-        let g = parse_gates("CachingSupport=false, ModelCacheEncryption=true")
-            .unwrap()
-            .0;
-        assert!(!g.caching_support && g.helm_model_caching && g.model_cache_encryption);
-        assert!(
-            parse_gates("Caching=true")
-                .unwrap_err()
-                .contains("unknown feature gate")
-        );
-        assert!(
-            parse_gates("CachingSupport=yes")
-                .unwrap_err()
-                .contains("expected true or false")
-        );
-        assert!(
-            parse_gates("CachingSupport")
-                .unwrap_err()
-                .contains("Name=true|false")
-        );
     }
 }

@@ -39,6 +39,48 @@ pub struct Gates {
     pub model_cache_encryption: bool,
 }
 
+impl Gates {
+    /// The gates when none is given: caching on, sharing domains on, encryption off.
+    pub const DEFAULT: Gates = Gates {
+        caching_support: true,
+        helm_model_caching: true,
+        model_cache_encryption: false,
+    };
+
+    /// Parses `Name=true|false,...` (the `--feature-gates` flag of the components that decide
+    /// or re-decide storage) over [`Gates::DEFAULT`]; an empty text is the defaults.
+    ///
+    /// # Errors
+    ///
+    /// The part that is not `Name=true|false`, or an unknown gate, in words.
+    pub fn parse(s: &str) -> Result<Gates, String> {
+        use warmcache_cli::text;
+        let mut g = Gates::DEFAULT;
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{} is not Name=true|false", text::shown(part)))?;
+            let value = match v.trim() {
+                "true" => true,
+                "false" => false,
+                other => return Err(format!("{}: expected true or false", text::shown(other))),
+            };
+            match k.trim() {
+                "CachingSupport" => g.caching_support = value,
+                "HelmModelCaching" => g.helm_model_caching = value,
+                "ModelCacheEncryption" => g.model_cache_encryption = value,
+                other => {
+                    return Err(format!(
+                        "unknown feature gate {} (known: CachingSupport, HelmModelCaching, ModelCacheEncryption)",
+                        text::shown(other)
+                    ));
+                }
+            }
+        }
+        Ok(g)
+    }
+}
+
 /// The catalog input of a decision.
 #[derive(Clone, Copy, Debug)]
 pub enum CatalogInput<'a> {

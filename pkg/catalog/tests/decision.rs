@@ -901,3 +901,26 @@ fn every_durable_decision_passes_the_crd_structural_schema() {
         Value::String(warmcache_catalog::catalog_revision("x"));
     assert!(!validator.is_valid(&wrong));
 }
+
+#[test]
+fn feature_gates_parse_over_the_defaults_and_refuse_what_they_do_not_know() {
+    assert_eq!(Gates::parse("").unwrap(), Gates::DEFAULT);
+    assert_eq!(
+        Gates::DEFAULT,
+        Gates {
+            caching_support: true,
+            helm_model_caching: true,
+            model_cache_encryption: false,
+        }
+    );
+    let g = Gates::parse("CachingSupport=false, ModelCacheEncryption=true").unwrap();
+    assert!(!g.caching_support && g.helm_model_caching && g.model_cache_encryption);
+    for (text, why) in [
+        ("Caching=true", "unknown feature gate"),
+        ("CachingSupport=yes", "expected true or false"),
+        ("CachingSupport", "Name=true|false"),
+    ] {
+        let err = Gates::parse(text).unwrap_err();
+        assert!(err.contains(why), "{text}: {err}");
+    }
+}

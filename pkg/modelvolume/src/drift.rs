@@ -2,8 +2,10 @@
 //! binding froze. Drift never changes a binding and never authorizes a deletion; it is reported
 //! (`DecisionDrift` condition) so an operator knows why a new cache would be decided differently.
 //!
-//! The feature gates are the webhook's, not visible here: the decision is taken again with
-//! caching on (and encryption as the binding recorded it), so a gate switched off is not drift.
+//! The decision is taken again with the feature gates the components run with now (the
+//! webhook's `--feature-gates`, which the chart gives the binding controller too): a gate
+//! switched off (no durable cache would be decided) or encryption switched on or off is drift
+//! like any storage change.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
@@ -22,6 +24,8 @@ pub struct CurrentStorage<'a> {
     pub csi_driver: Option<&'a CSIDriver>,
     /// The catalog ConfigMap, if it exists (else the built-in catalog decides).
     pub catalog: Option<&'a ConfigMap>,
+    /// The feature gates as they are now.
+    pub gates: Gates,
 }
 
 /// What differs between the binding's frozen decision and the decision the current storage
@@ -35,11 +39,7 @@ pub fn decision_drift(binding: &ModelCacheBinding, now: &CurrentStorage<'_>) -> 
             .catalog
             .map_or(CatalogInput::Absent, CatalogInput::ConfigMap),
         workflow: spec.identity.workflow,
-        gates: Gates {
-            caching_support: true,
-            helm_model_caching: true,
-            model_cache_encryption: spec.decision.encryption_required,
-        },
+        gates: now.gates,
     };
     let decision = match warmcache_catalog::decide(&inputs) {
         Err(e) => return Some(format!("the storage decision cannot be taken again: {e}")),
@@ -85,6 +85,11 @@ pub fn decision_drift(binding: &ModelCacheBinding, now: &CurrentStorage<'_>) -> 
         was.catalog_digest.clone(),
         is.catalog_digest.clone(),
     );
+    differ(
+        "encryption",
+        was.encryption_required.to_string(),
+        is.encryption_required.to_string(),
+    );
     let (was, is) = (&spec.storage_class, &decision.storage_class);
     differ("StorageClass UID", was.uid.clone(), is.uid.clone());
     differ(
@@ -105,7 +110,7 @@ mod tests {
     use super::*;
     use crate::testing::binding;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use warmcache_api_modelcache::v2beta1::Transition;
+    use warmcache_api_modelcache::v2beta1::{Transition, Workflow};
 
     fn class(provisioner: &str, uid: &str) -> StorageClass {
         StorageClass {
@@ -122,17 +127,19 @@ mod tests {
 
     /// A binding decided on `sc` with the built-in catalog.
     fn decided_on(sc: &StorageClass) -> ModelCacheBinding {
+        decided_as(sc, binding(Transition::RwxReadOnly).spec.identity.workflow)
+    }
+
+    /// The same, in `workflow`.
+    fn decided_as(sc: &StorageClass, workflow: Workflow) -> ModelCacheBinding {
         let mut b = binding(Transition::RwxReadOnly);
+        b.spec.identity.workflow = workflow;
         let inputs = DecisionInputs {
             storage_class: Some(sc),
             csi_driver: None,
             catalog: CatalogInput::Absent,
             workflow: b.spec.identity.workflow,
-            gates: Gates {
-                caching_support: true,
-                helm_model_caching: true,
-                model_cache_encryption: false,
-            },
+            gates: Gates::DEFAULT,
         };
         let Ok(Outcome::Durable(d)) = warmcache_catalog::decide(&inputs) else {
             panic!("weka is durable in the built-in catalog");
@@ -151,6 +158,7 @@ mod tests {
                 storage_class: sc,
                 csi_driver: None,
                 catalog: None,
+                gates: Gates::DEFAULT,
             }
         }
         assert_eq!(decision_drift(&b, &now(Some(&sc))), None);
@@ -171,5 +179,38 @@ mod tests {
 
         let d = decision_drift(&b, &now(None)).unwrap();
         assert!(d.contains("no longer") || d.contains("cannot"), "{d}");
+
+        // The gates as the components run with them now.
+        let gated = |gates: Gates| CurrentStorage {
+            gates,
+            ..now(Some(&sc))
+        };
+        let off = Gates {
+            caching_support: false,
+            ..Gates::DEFAULT
+        };
+        let d = decision_drift(&b, &gated(off)).unwrap();
+        assert!(d.contains("no longer give a durable cache"), "{d}");
+        assert!(d.contains("CachingSupport"), "{d}");
+        let encrypted = Gates {
+            model_cache_encryption: true,
+            ..Gates::DEFAULT
+        };
+        // Encryption switched on: this ReadWriteMany storage cannot hold an encrypted cache.
+        let d = decision_drift(&b, &gated(encrypted)).unwrap();
+        assert!(d.contains("no longer give a durable cache"), "{d}");
+        assert!(d.contains("encryption is on"), "{d}");
+        // Sharing domains switched off: this helmModelCache binding would not be decided today,
+        // a regularModelCache one on the same storage still would.
+        let no_domains = Gates {
+            helm_model_caching: false,
+            ..Gates::DEFAULT
+        };
+        assert_eq!(b.spec.identity.workflow, Workflow::HelmModelCache);
+        let d = decision_drift(&b, &gated(no_domains)).unwrap();
+        assert!(d.contains("HelmModelCaching"), "{d}");
+        let regular = decided_as(&sc, Workflow::RegularModelCache);
+        assert_eq!(decision_drift(&regular, &now(Some(&sc))), None);
+        assert_eq!(decision_drift(&regular, &gated(no_domains)), None);
     }
 }

@@ -79,6 +79,15 @@ impl std::fmt::Display for StepError {
     }
 }
 
+/// Why one writer attempt gave no populated claim.
+#[derive(Debug)]
+enum WriteFailure {
+    /// The provisioner refused the access mode; nothing of the attempt is left.
+    Refused(String),
+    /// A claim was given (or is still pending) and the writer did not fill it: the verdict.
+    Failed(String),
+}
+
 fn api(what: &str, e: kube::Error) -> StepError {
     StepError::Api(format!("{what}: {e}"))
 }
@@ -498,7 +507,11 @@ impl Run<'_> {
             for mode in &s.writer_modes {
                 match self.write(report, mode).await? {
                     Ok(payload) => return Ok(Ok(payload)),
-                    Err(detail) => last = detail,
+                    // Only a mode the provisioner refused gives way to the next one: a claim
+                    // that bound and a writer that failed on it is the verdict (seed 002's
+                    // root-owned export refuses a non-root writer in every mode).
+                    Err(WriteFailure::Refused(detail)) => last = detail,
+                    Err(WriteFailure::Failed(detail)) => return Ok(Err(detail)),
                 }
             }
             Ok::<_, StepError>(Err(last))
@@ -766,13 +779,14 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// One writer attempt with access mode `mode`: `Ok(Err(detail))` when this mode did not
-    /// give a populated claim (the next mode may be tried).
+    /// One writer attempt with access mode `mode`: `Ok(Err(_))` when this mode did not give a
+    /// populated claim, [`WriteFailure::Refused`] when the provisioner refused the mode (its
+    /// claim is deleted again, so the next mode may be tried).
     async fn write(
         &self,
         report: &mut Report,
         mode: &str,
-    ) -> Result<Result<Payload, String>, StepError> {
+    ) -> Result<Result<Payload, WriteFailure>, StepError> {
         let s = self.settings;
         let a = s.namespace_a.as_str();
         let claim = objects::writer_claim(s, &self.id, "writer", a, mode);
@@ -796,18 +810,18 @@ impl Run<'_> {
                     .delete(&claim_name, &DeleteParams::default())
                     .await
                     .map_err(|e| api("deleting the refused claim", e))?;
-                return Ok(Err(format!(
+                return Ok(Err(WriteFailure::Refused(format!(
                     "no claim of class {} could be provisioned: {}",
                     s.storage_class,
                     report.writer.attempts.join("; ")
-                )));
+                ))));
             }
             Err(StepError::Timeout(what)) => {
                 let detail = self
                     .with_warnings(StepError::Timeout(what), a, &[&claim_name])
                     .await;
                 report.writer.attempts.push(format!("{mode}: {detail}"));
-                return Ok(Err(detail));
+                return Ok(Err(WriteFailure::Failed(detail)));
             }
             Err(e) => return Err(e),
         };
@@ -874,23 +888,29 @@ impl Run<'_> {
             .unwrap_or_default();
         let pod_names: Vec<String> = writer_pods.iter().map(ResourceExt::name_any).collect();
         match done {
-            Ok(true) => Ok(parse_writer(&message).inspect(|payload| {
-                report.writer.payload = Some(payload.clone());
-            })),
+            Ok(true) => Ok(parse_writer(&message)
+                .inspect(|payload| {
+                    report.writer.payload = Some(payload.clone());
+                })
+                .map_err(WriteFailure::Failed)),
             Ok(false) => {
                 let mut names: Vec<&str> = pod_names.iter().map(String::as_str).collect();
                 names.push(&claim_name);
                 let why = self
                     .with_warnings(StepError::Api("the writer Job failed".into()), a, &names)
                     .await;
-                Ok(Err(format!("{why}: {}", message.trim())))
+                Ok(Err(WriteFailure::Failed(format!(
+                    "{why}: {}",
+                    message.trim()
+                ))))
             }
             Err(StepError::Timeout(what)) => {
                 let mut names: Vec<&str> = pod_names.iter().map(String::as_str).collect();
                 names.push(&claim_name);
-                Ok(Err(self
-                    .with_warnings(StepError::Timeout(what), a, &names)
-                    .await))
+                Ok(Err(WriteFailure::Failed(
+                    self.with_warnings(StepError::Timeout(what), a, &names)
+                        .await,
+                )))
             }
             Err(e) => Err(e),
         }

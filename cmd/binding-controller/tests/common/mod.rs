@@ -82,6 +82,7 @@ pub async fn controller(
             control_namespace: control.to_owned(),
             concurrency: 2,
             catalog_namespace: catalog_namespace.map(str::to_owned),
+            gates: warmcache_catalog::Gates::DEFAULT,
             lifecycle,
         },
     )
