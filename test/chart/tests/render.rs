@@ -1028,6 +1028,8 @@ fn values_reach_the_components() {
         "--view-mount-option=noatime",
         "--control-namespace=models-control",
         "--catalog-namespace=warmcache-system",
+        // The webhook's gates, so decision drift decides with them.
+        "--feature-gates=ModelCacheEncryption=true",
     ] {
         assert!(controller.contains(&expected.to_owned()), "{controller:?}");
     }
