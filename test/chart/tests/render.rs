@@ -1296,6 +1296,17 @@ fn the_schema_refuses_bad_values_naming_the_field() {
             "/storageClass/volumeBindingMode",
         ),
         ("otel.env.NOT_OTEL=1", "/otel/env"),
+        // Set by the chart (a second one in the pod's env), or a protocol the components
+        // would not export with.
+        ("otel.env.OTEL_SERVICE_NAME=x", "/otel/env"),
+        (
+            "otel.env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf",
+            "/otel/env",
+        ),
+        (
+            "otel.env.OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+            "/otel/env",
+        ),
         // The components export OTLP over gRPC only: any other protocol would be warned about
         // and exported over gRPC anyway, to a collector that does not receive it.
         ("otel.protocol=http/protobuf", "/otel/protocol"),
