@@ -338,6 +338,7 @@ async fn setup(download: &str, stale_claim: bool, shared: bool, reader_mode: Rea
             control_namespace: control.name.clone(),
             concurrency: 2,
             catalog_namespace: None,
+            gates: warmcache_catalog::Gates::DEFAULT,
             lifecycle: LifecycleConfig {
                 writer: WriterOptions {
                     resources: small(),
