@@ -7,7 +7,8 @@
 //!   [`PURE_CRATES`] depend on no Kubernetes client, no HTTP stack and no tokio, and only on
 //!   `api/*` and other pure crates internally.
 //! - `cmd/*` never depends on another `cmd/*` crate.
-//! - `warmcache-testkit` is dev-only: nothing takes it as a normal or build dependency.
+//! - `warmcache-testkit` is dev-only: nothing takes it as a normal or build dependency, except
+//!   the `test/*` crates, which ship nothing (their binaries, such as the demo, are dev tools).
 //! - `test/*` (black-box tests) depends on no `cmd/*` crate.
 
 use std::path::Path;
@@ -196,7 +197,11 @@ fn check(members: &[Member]) -> Vec<String> {
         let pure = PURE_CRATES.contains(&m.name.as_str());
         for d in &m.deps {
             let normal = d.kind.is_none();
-            if d.name == TESTKIT && d.kind.as_deref() != Some("dev") && m.name != TESTKIT {
+            if d.name == TESTKIT
+                && d.kind.as_deref() != Some("dev")
+                && m.name != TESTKIT
+                && m.layer != Layer::Test
+            {
                 violations.push(format!(
                     "{} takes {TESTKIT} as a non-dev dependency; the test kit is dev-only",
                     m.name
@@ -369,5 +374,19 @@ mod tests {
         let mut ms = base();
         ms[4].deps.push(dep(TESTKIT, Some("dev")));
         assert!(check(&ms).is_empty());
+    }
+
+    #[test]
+    fn only_test_crates_take_the_testkit_as_a_normal_dependency() {
+        let mut ms = base();
+        let e2e = ms.iter_mut().find(|m| m.name == "warmcache-e2e").unwrap();
+        e2e.deps.push(dep(TESTKIT, None));
+        assert!(check(&ms).is_empty(), "{:?}", check(&ms));
+        let webhook = ms
+            .iter_mut()
+            .find(|m| m.name == "warmcache-webhook")
+            .unwrap();
+        webhook.deps.push(dep(TESTKIT, None));
+        assert_eq!(check(&ms).len(), 1);
     }
 }

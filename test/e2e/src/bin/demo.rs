@@ -1,0 +1,556 @@
+//! The demo `hack/demo.sh` runs (README command one): warmcache doing its main job on this
+//! machine, then left running for you to look at.
+//!
+//! 1. starts the test kit's control plane (etcd, kube-apiserver, kube-controller-manager) and
+//!    its real node (kubelet, containerd, runc, kube-scheduler, the TEST CSI driver) on loopback;
+//! 2. serves a model from a **simulated** Hugging Face Hub on loopback (the HTTP API the real
+//!    `hf download` uses; it counts the bytes it serves) and bridges pods to it;
+//! 3. builds the product's image from the component binaries next to this program and an image
+//!    with the real `hf` CLI, and imports both into the node (no registry is reachable);
+//! 4. installs the chart with the real Helm CLI (StorageClass `nvcf-sc` on the test driver's
+//!    shared file system, qualified by a catalog ConfigMap, as a user with their own qualified
+//!    driver does);
+//! 5. applies `examples/`: three namespaces (two in one sharing domain) and an unmodified
+//!    vLLM-style Deployment in each;
+//! 6. prints what happened: one download per sharing domain, every pod Ready reading a
+//!    read-only view, the bytes the Hub served against what the pods would have fetched alone.
+//!
+//! Then it prints `demo: ready` and waits for SIGTERM or Ctrl-C (`hack/demo.sh --down`), when it
+//! stops the node and the control plane and removes their directories.
+//!
+//! What the node cannot give is supplied, and said so: it has no GPU, so it advertises the
+//! extended resource `nvidia.com/gpu` as a device plugin would; it has no pod network, so the
+//! kit's `PodNetwork` bridges pods to Services, the API server and the Hub.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use warmcache_test_sources::content::Content;
+use warmcache_test_sources::hub::{FileSpec, Hub, HubOptions, model_files};
+use warmcache_testkit::{
+    COMPONENT_BINARIES, ControlPlane, PodNetwork, RealNode, TestCsiDriver, chart_dir,
+    component_image, helm_binary, hf_client_image, model_clients_dir, namespace_report,
+};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const RELEASE: &str = "warmcache";
+const NAMESPACE: &str = "warmcache-system";
+const CONTROL: &str = "nvca-modelcache-init";
+const IMAGE_REPOSITORY: &str = "warmcache.local/warmcache";
+const IMAGE_TAG: &str = "demo";
+const HF_IMAGE: &str = "warmcache.local/hf-client:demo";
+const GPU: &str = "nvidia.com/gpu";
+const REPO: &str = "demo/llm";
+const READY_TIMEOUT: Duration = Duration::from_secs(600);
+const USAGE: &str = "usage: demo --state-dir DIR [--model-mib N]\n\n  --state-dir DIR  where the kubeconfig and the summary are written\n  --model-mib N    size of the model's weights in MiB (default 96)";
+
+struct Args {
+    state_dir: PathBuf,
+    model_mib: u64,
+}
+
+fn parse_args() -> std::result::Result<Args, String> {
+    let mut state_dir = None;
+    let mut model_mib = 96;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--state-dir" => state_dir = args.next().map(PathBuf::from),
+            "--model-mib" => {
+                model_mib = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| (1..=4096).contains(n))
+                    .ok_or("--model-mib takes a number of MiB from 1 to 4096")?;
+            }
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    let state_dir = state_dir.ok_or_else(|| format!("--state-dir is required\n{USAGE}"))?;
+    Ok(Args {
+        state_dir,
+        model_mib,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("demo: failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    std::fs::create_dir_all(&args.state_dir)?;
+    let started = Instant::now();
+    say("starting the control plane (etcd, kube-apiserver, kube-controller-manager)");
+    let plane = ControlPlane::start()?;
+    say("starting the real node (kube-scheduler, containerd, kubelet, the test CSI driver)");
+    let node = match RealNode::start(&plane) {
+        Ok(node) => node,
+        Err(e) => {
+            plane.shutdown();
+            return Err(e.into());
+        }
+    };
+    let kubeconfig = args.state_dir.join("kubeconfig");
+    std::fs::copy(plane.kubeconfig_path(), &kubeconfig)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let shown = demo(&plane, &node, args, &kubeconfig, started).await?;
+        println!("demo: ready");
+        // Stays up until asked to stop: the pods, the Hub and the bridge live in this process.
+        wait_for_stop().await?;
+        drop(shown);
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    });
+    say("stopping the node and the control plane");
+    node.shutdown();
+    plane.shutdown();
+    result
+}
+
+fn say(what: &str) {
+    println!("demo: {what}");
+}
+
+async fn wait_for_stop() -> Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+/// What must stay alive while the demo runs.
+struct Running {
+    _hub: Hub,
+    _net: PodNetwork,
+    _work: tempfile::TempDir,
+}
+
+/// The repository's files and its `SHA256SUMS` (which the stand-in engine checks).
+fn model(weight_bytes: u64) -> Vec<FileSpec> {
+    let mut files = model_files(REPO, "demo", weight_bytes, 4);
+    let mut sums: String = files
+        .iter()
+        .map(|f| format!("{}  {}\n", f.content.sha256(), f.path))
+        .collect();
+    // busybox sha256sum reads an empty last line as a malformed entry.
+    if sums.ends_with("\n\n") {
+        sums.pop();
+    }
+    files.push(FileSpec {
+        path: "SHA256SUMS".to_owned(),
+        content: Content::Literal(sums.into_bytes().into()),
+        lfs: false,
+    });
+    files
+}
+
+async fn demo(
+    plane: &ControlPlane,
+    node: &RealNode,
+    args: &Args,
+    kubeconfig: &Path,
+    started: Instant,
+) -> Result<Running> {
+    let client = plane.client().await?;
+
+    // The model source: a simulated Hub on loopback, reachable from pods at the same address.
+    let hub = Hub::new(HubOptions::default());
+    let files = model(args.model_mib << 20);
+    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
+    hub.publish(REPO, files)?;
+    let hub_addr = hub.serve_loopback().await?;
+    let endpoint = format!("http://{hub_addr}");
+    say(&format!(
+        "simulated Hugging Face Hub at {endpoint}: {REPO}, {model_bytes} bytes"
+    ));
+    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await?;
+
+    // The product's image and the client's, on the node.
+    let work = tempfile::tempdir()?;
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or("this program's directory is unknown")?;
+    say("building and importing the images (warmcache, hf client)");
+    let image = component_image(
+        &format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}"),
+        &bin_dir,
+        &COMPONENT_BINARIES,
+    )
+    .map_err(|e| format!("{e} (hack/demo.sh builds the component binaries first)"))?
+    .build(work.path())?;
+    node.import_image(&image).await?;
+    let hf = hf_client_image(HF_IMAGE, &model_clients_dir()?, work.path())?.build(work.path())?;
+    node.import_image(&hf).await?;
+
+    // The node's "GPUs": an extended resource, as a device plugin would advertise it.
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            node.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "8"}}})),
+        )
+        .await?;
+
+    // The release namespace with a catalog that qualifies the test driver for ReadWriteMany.
+    create(
+        &Api::<Namespace>::all(client.clone()),
+        json!({"metadata": {"name": NAMESPACE}}),
+    )
+    .await?;
+    let driver = TestCsiDriver::SharedFs.driver_name();
+    let catalog = format!(
+        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\n\
+         drivers:\n  - name: {driver}\n    provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n"
+    );
+    create(
+        &Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE),
+        json!({
+            "metadata": {"name": "nvcf-storage-capabilities"},
+            "data": {"storage-provider-capabilities.yaml": catalog},
+        }),
+    )
+    .await?;
+
+    say("helm install warmcache charts/warmcache");
+    let sets = [
+        format!("image.repository={IMAGE_REPOSITORY}"),
+        format!("image.tag={IMAGE_TAG}"),
+        "image.pullPolicy=Never".to_owned(),
+        // The control plane installed the CRDs from config/crd (the same files).
+        "crds.enabled=false".to_owned(),
+        "catalog.enabled=false".to_owned(),
+        "storageClass.create=true".to_owned(),
+        format!("storageClass.provisioner={driver}"),
+        "webhook.replicas=1".to_owned(),
+        "kvcacheOperator.enabled=false".to_owned(),
+    ];
+    let chart = chart_dir();
+    let mut helm = Command::new(helm_binary()?);
+    helm.arg("install")
+        .arg(RELEASE)
+        .arg(&chart)
+        .args(["--namespace", NAMESPACE, "--kubeconfig"])
+        .arg(kubeconfig);
+    for s in &sets {
+        helm.args(["--set", s]);
+    }
+    let out = helm.output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "helm install failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        )
+        .into());
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let up = wait("the components Ready", READY_TIMEOUT, || async {
+        let mut all = true;
+        for name in ["warmcache-webhook", "warmcache-binding-controller"] {
+            let d = deployments.get(name).await.ok()?;
+            all &= d.status.and_then(|s| s.ready_replicas).unwrap_or(0) >= 1;
+        }
+        all.then_some(())
+    })
+    .await;
+    if up.is_err() {
+        return Err(format!(
+            "the components did not become Ready\n{}{}",
+            namespace_report(&client, NAMESPACE).await,
+            net.report()
+        )
+        .into());
+    }
+    say(&format!("components Ready after {:.0?}", started.elapsed()));
+
+    // examples/: the namespaces, then the Deployment in each.
+    let examples = warmcache_testkit::chart_dir().join("../../examples");
+    let namespaces = apply_namespaces(&client, &examples.join("namespaces.yaml")).await?;
+    let text = std::fs::read_to_string(examples.join("llm-deployment.yaml"))?
+        .replace("HF_ENDPOINT_URL", &endpoint)
+        .replace("HF_CLIENT_IMAGE", HF_IMAGE);
+    let deployment: Deployment = serde_json::from_value(
+        warmcache_cli::yaml::documents(&text)?
+            .into_iter()
+            .next()
+            .ok_or("examples/llm-deployment.yaml holds no document")?,
+    )?;
+    // The webhook serves once its caches see the catalog: a dry run comes back rewritten.
+    let probe = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("probe".to_owned()),
+            ..Default::default()
+        },
+        spec: deployment.spec.template.spec.clone(),
+        ..Pod::default()
+    };
+    let first: Api<Pod> = Api::namespaced(client.clone(), &namespaces[0]);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait(
+        "the webhook rewriting a dry-run pod",
+        READY_TIMEOUT,
+        || async {
+            let admitted = first.create(&dry_run, &probe).await.ok()?;
+            admitted
+                .annotations()
+                .contains_key("nvca.nvcf.nvidia.io/model-cache-binding")
+                .then_some(())
+        },
+    )
+    .await
+    .map_err(|_| "the webhook never rewrote a dry-run pod")?;
+    for ns in &namespaces {
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &deployment)
+            .await?;
+        say(&format!(
+            "kubectl apply -n {ns} -f examples/llm-deployment.yaml"
+        ));
+    }
+    let replicas = deployment.spec.replicas.unwrap_or(1);
+    let expected = usize::try_from(replicas).unwrap_or(1) * namespaces.len();
+    let ready = wait("every pod Ready", READY_TIMEOUT, || async {
+        let mut count = 0;
+        for ns in &namespaces {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+            let list = pods
+                .list(&ListParams::default().labels("app=llm"))
+                .await
+                .ok()?;
+            count += list.items.iter().filter(|p| is_ready(p)).count();
+        }
+        (count == expected).then_some(())
+    })
+    .await;
+    if ready.is_err() {
+        let mut report = String::new();
+        for ns in namespaces
+            .iter()
+            .map(String::as_str)
+            .chain([CONTROL, NAMESPACE])
+        {
+            report.push_str(&namespace_report(&client, ns).await);
+        }
+        return Err(format!("not every pod became Ready\n{report}{}", net.report()).into());
+    }
+    say(&format!(
+        "all {expected} pods Ready after {:.0?}",
+        started.elapsed()
+    ));
+
+    let summary = summary(
+        &client,
+        &namespaces,
+        expected,
+        model_bytes,
+        &hub,
+        kubeconfig,
+        &node.kubectl(),
+    )
+    .await?;
+    print!("{summary}");
+    std::fs::write(args.state_dir.join("summary.txt"), &summary)?;
+    Ok(Running {
+        _hub: hub,
+        _net: net,
+        _work: work,
+    })
+}
+
+/// Creates the namespaces of `path` and returns their names, in order.
+async fn apply_namespaces(client: &Client, path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)?;
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for doc in warmcache_cli::yaml::documents(&text)? {
+        let ns = create(&api, doc).await?;
+        names.push(ns.name_any());
+    }
+    say(&format!(
+        "kubectl apply -f examples/namespaces.yaml: {}",
+        names.join(", ")
+    ));
+    Ok(names)
+}
+
+async fn create<K>(api: &Api<K>, value: Value) -> Result<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(value)?;
+    Ok(api.create(&PostParams::default(), &object).await?)
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn wait<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> std::result::Result<T, ()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return Ok(v);
+        }
+        if start.elapsed() > timeout {
+            say(&format!("gave up waiting for {what} after {timeout:?}"));
+            return Err(());
+        }
+        if said.elapsed() > Duration::from_secs(30) {
+            say(&format!(
+                "still waiting for {what} ({:.0?})",
+                start.elapsed()
+            ));
+            said = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// What happened, in words a platform engineer checks: Jobs per namespace, the bindings, the
+/// pods' landings, the Hub's bytes.
+async fn summary(
+    client: &Client,
+    namespaces: &[String],
+    pods: usize,
+    model_bytes: u64,
+    hub: &Hub,
+    kubeconfig: &Path,
+    kubectl: &Path,
+) -> Result<String> {
+    let mut out = String::from("\n=== what happened ===\n");
+    let ns_api: Api<Namespace> = Api::all(client.clone());
+    let mut jobs = BTreeMap::new();
+    for ns in namespaces {
+        let domain = ns_api
+            .get(ns)
+            .await?
+            .labels()
+            .get("nvca.nvcf.nvidia.io/model-cache-sharing-domain")
+            .cloned();
+        let list = Api::<Job>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        jobs.insert(ns.clone(), list.items.len());
+        let pods = Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels("app=llm"))
+            .await?;
+        let mut read_only = 0;
+        for pod in &pods.items {
+            if reads_a_read_only_claim(pod) {
+                read_only += 1;
+            }
+        }
+        out.push_str(&format!(
+            "namespace {ns} ({}): {} pods Ready, {read_only} reading a read-only view claim; download Jobs here: {}\n",
+            domain.map_or("no sharing domain: shares only with itself".to_owned(), |d| format!("sharing domain {d}")),
+            pods.items.iter().filter(|p| is_ready(p)).count(),
+            list.items.len()
+        ));
+    }
+    let gvk = GroupVersionKind::gvk("nvca.nvcf.nvidia.io", "v2beta1", "ModelCacheBinding");
+    let bindings: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), CONTROL, &ApiResource::from_gvk(&gvk));
+    let bindings = bindings.list(&ListParams::default()).await?.items;
+    out.push_str(&format!(
+        "ModelCacheBindings in {CONTROL}: {} (one per sharing domain)\n",
+        bindings.len()
+    ));
+    for b in &bindings {
+        let status = b.data.get("status").cloned().unwrap_or(Value::Null);
+        out.push_str(&format!(
+            "  {}: {}, {}, population {}, {} bytes, views in {}\n",
+            b.name_any(),
+            status["modelUri"].as_str().unwrap_or("?"),
+            b.data["spec"]["identity"]["workflow"]
+                .as_str()
+                .unwrap_or("?"),
+            status["realized"]["populationState"]
+                .as_str()
+                .unwrap_or("?"),
+            status["realized"]["bytes"],
+            status["realized"]["views"]
+                .as_array()
+                .map(|v| v
+                    .iter()
+                    .filter_map(|v| v["namespace"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
+        ));
+    }
+    let served = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let downloads: usize = jobs.values().sum();
+    out.push_str(&format!(
+        "the Hub served {served} bytes = {:.1}x the model ({model_bytes} bytes) for {pods} pods in {} namespaces: {downloads} downloads; without warmcache every pod downloads: {pods}.0x\n",
+        served as f64 / model_bytes.max(1) as f64,
+        namespaces.len(),
+    ));
+    out.push_str(&format!(
+        "\nLook around (the cluster stays up until hack/demo.sh --down; kubectl: {}):\n  export KUBECONFIG={}\n  kubectl get mcb -A\n  kubectl -n {} get pods,jobs,pvc\n  kubectl -n {NAMESPACE} logs deploy/warmcache-binding-controller\n  metrics: every component pod's admin port, curl http://POD_IP:8080/metrics (kubectl -n {NAMESPACE} get pods -o wide; the demo's bridge listens at each pod's IP)\n  traces: set otel.endpoint to an OTLP/gRPC collector (helm upgrade --reuse-values --set otel.endpoint=...)\n",
+        kubectl.display(),
+        kubeconfig.display(),
+        namespaces.first().map_or("default", String::as_str)
+    ));
+    Ok(out)
+}
+
+/// Whether the engine reads the model through a claim mounted read-only on the pod side.
+fn reads_a_read_only_claim(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let Some(engine) = spec.containers.iter().find(|c| c.name == "engine") else {
+        return false;
+    };
+    engine.volume_mounts.iter().flatten().any(|m| {
+        m.mount_path.starts_with("/models")
+            && m.read_only == Some(true)
+            && spec.volumes.iter().flatten().any(|v| {
+                v.name == m.name
+                    && v.persistent_volume_claim
+                        .as_ref()
+                        .is_some_and(|c| c.read_only == Some(true))
+            })
+    })
+}
