@@ -1,3 +1,221 @@
 //! Black-box end-to-end scenarios (see `tests/`): the product as users install it, observed only
 //! through the Kubernetes API and what the model sources served. No `cmd/*` crate is a
 //! dependency.
+//!
+//! What the scenarios and the demo (`src/bin/demo.rs`, `hack/demo.sh`) share: the model the
+//! simulated Hub serves and the workload of `examples/`, so the example a user reads is the one
+//! CI runs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+use warmcache_test_sources::content::Content;
+use warmcache_test_sources::hub::{FileSpec, model_files};
+use warmcache_testkit::{
+    COMPONENT_BINARIES, ControlPlane, PodNetwork, RealNode, TestCsiDriver, chart_dir,
+    component_image, eventually, helm_binary, hf_client_image, model_clients_dir, namespace_report,
+};
+
+/// The repository `examples/llm-deployment.yaml` downloads.
+pub const REPO: &str = "demo/llm";
+
+/// The GPU resource the example requests (the test node advertises it as an extended resource).
+pub const GPU: &str = "nvidia.com/gpu";
+
+/// The label `examples/llm-deployment.yaml`'s pods carry.
+pub const APP_SELECTOR: &str = "app=llm";
+
+/// `examples/` of this workspace.
+pub fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// [`REPO`]'s files, about `weight_bytes` of weights in four shards, and its `SHA256SUMS`, which
+/// the example's stand-in engine checks before it is Ready.
+pub fn model(weight_bytes: u64) -> Vec<FileSpec> {
+    let mut files = model_files(REPO, "demo", weight_bytes, 4);
+    // One line per file, each ending in a newline (busybox sha256sum reads an empty last line
+    // as a malformed entry, so there is none).
+    let sums: String = files
+        .iter()
+        .map(|f| format!("{}  {}\n", f.content.sha256(), f.path))
+        .collect();
+    files.push(FileSpec {
+        path: "SHA256SUMS".to_owned(),
+        content: Content::Literal(sums.into_bytes().into()),
+        lfs: false,
+    });
+    files
+}
+
+/// `examples/llm-deployment.yaml` with its placeholders filled in: the Hub's `endpoint` and the
+/// `hf_image` to run the client and the engine.
+///
+/// # Errors
+///
+/// The file cannot be read or is not one Deployment.
+pub fn example_deployment(endpoint: &str, hf_image: &str) -> Result<Deployment, String> {
+    let path = examples_dir().join("llm-deployment.yaml");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?
+        .replace("HF_ENDPOINT_URL", endpoint)
+        .replace("HF_CLIENT_IMAGE", hf_image);
+    let mut documents =
+        warmcache_cli::yaml::documents(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if documents.len() != 1 {
+        return Err(format!(
+            "{} holds {} documents, not one Deployment",
+            path.display(),
+            documents.len()
+        ));
+    }
+    serde_json::from_value(documents.remove(0)).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// How [`install`] installs the product on the test node.
+#[derive(Debug, Clone)]
+pub struct Install<'a> {
+    /// Repository and tag of the product's image, built from `bin_dir`'s component binaries.
+    pub image_repository: &'a str,
+    pub image_tag: &'a str,
+    /// The directory holding the component binaries ([`warmcache_testkit::COMPONENT_BINARIES`]).
+    pub bin_dir: &'a Path,
+    /// The hf-client image's reference (the example's client and engine).
+    pub hf_image: &'a str,
+    /// GPUs the node advertises ([`GPU`], an extended resource, as a device plugin would).
+    pub gpus: u32,
+    /// The admin kubeconfig helm uses.
+    pub kubeconfig: &'a Path,
+    /// Where images are put together.
+    pub work_dir: &'a Path,
+}
+
+/// The release and its namespace.
+pub const RELEASE: &str = "warmcache";
+pub const NAMESPACE: &str = "warmcache-system";
+
+/// Installs the product on the test node as a user with their own qualified driver does: the
+/// product's and the hf client's images imported (no registry), the node's GPUs advertised, the
+/// release namespace with a catalog ConfigMap qualifying the test driver's shared file system for
+/// ReadWriteMany, `helm install` with StorageClass `nvcf-sc` on that driver, and waits until the
+/// webhook and the binding controller are Ready (the pod network `net` bridges their Services).
+///
+/// # Errors
+///
+/// What failed, in words; for components that never became Ready, with the release namespace's
+/// report.
+pub async fn install(
+    plane: &ControlPlane,
+    node: &RealNode,
+    net: &PodNetwork,
+    how: &Install<'_>,
+) -> Result<(), String> {
+    let client = plane.client().await.map_err(|e| e.to_string())?;
+    let image = component_image(
+        &format!("{}:{}", how.image_repository, how.image_tag),
+        how.bin_dir,
+        &COMPONENT_BINARIES,
+    )
+    .map_err(|e| format!("{e} (build the component binaries first: cargo build --bins)"))?
+    .build(how.work_dir)
+    .map_err(|e| e.to_string())?;
+    node.import_image(&image).await.map_err(|e| e.to_string())?;
+    let clients = model_clients_dir().map_err(|e| e.to_string())?;
+    let hf = hf_client_image(how.hf_image, &clients, how.work_dir)
+        .and_then(|i| i.build(how.work_dir))
+        .map_err(|e| e.to_string())?;
+    node.import_image(&hf).await.map_err(|e| e.to_string())?;
+
+    let gpus = how.gpus.to_string();
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            node.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"capacity": {GPU: gpus}, "allocatable": {GPU: gpus}}})),
+        )
+        .await
+        .map_err(|e| format!("advertising the node's GPUs: {e}"))?;
+
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
+        .map_err(|e| e.to_string())?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map_err(|e| format!("creating namespace {NAMESPACE}: {e}"))?;
+    let driver = TestCsiDriver::SharedFs.driver_name();
+    let catalog = format!(
+        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\n\
+         drivers:\n  - name: {driver}\n    provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n"
+    );
+    let config_map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "nvcf-storage-capabilities"},
+        "data": {"storage-provider-capabilities.yaml": catalog},
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &config_map)
+        .await
+        .map_err(|e| format!("creating the catalog ConfigMap: {e}"))?;
+
+    // The install, as docs/install.md gives it, with what this node needs.
+    let sets = [
+        format!("image.repository={}", how.image_repository),
+        format!("image.tag={}", how.image_tag),
+        "image.pullPolicy=Never".to_owned(),
+        // The kit installed the CRDs from config/crd (the same files).
+        "crds.enabled=false".to_owned(),
+        "catalog.enabled=false".to_owned(),
+        "storageClass.create=true".to_owned(),
+        format!("storageClass.provisioner={driver}"),
+        "kvcacheOperator.enabled=false".to_owned(),
+        "webhook.replicas=1".to_owned(),
+    ];
+    let helm = helm_binary().map_err(|e| e.to_string())?;
+    let mut command = std::process::Command::new(helm);
+    command
+        .arg("install")
+        .arg(RELEASE)
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE, "--kubeconfig"])
+        .arg(how.kubeconfig);
+    for s in &sets {
+        command.args(["--set", s]);
+    }
+    let out = command.output().map_err(|e| format!("running helm: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "helm install failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let up = eventually("the components Ready", READY_TIMEOUT, || {
+        let deployments = deployments.clone();
+        async move {
+            let mut all = true;
+            for name in ["warmcache-webhook", "warmcache-binding-controller"] {
+                let d = deployments.get(name).await.ok()?;
+                all &= d.status.and_then(|s| s.ready_replicas).unwrap_or(0) >= 1;
+            }
+            all.then_some(())
+        }
+    })
+    .await;
+    if up.is_err() {
+        return Err(format!(
+            "the components did not become Ready\n{}{}",
+            namespace_report(&client, NAMESPACE).await,
+            net.report()
+        ));
+    }
+    Ok(())
+}
+
+/// How long components and pods get to become Ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(420);

@@ -1,14 +1,15 @@
 //! Download once, end to end, black box: the chart installed with the real Helm CLI on the real
 //! test node (the image `hack/build-image.sh` packs, built here from the component binaries),
-//! and an unmodified Deployment whose init container runs the real `hf download` against the
-//! simulated Hugging Face Hub, as a vLLM chart does. Three namespaces: two in one sharing
-//! domain, one outside it. Every pod becomes Ready with an engine that verifies every shard's
-//! SHA-256 through its read-only landing; each sharing domain downloads once (one Job), so the
-//! Hub serves the model twice for four pods (without warmcache: four times).
+//! and the unmodified Deployment of `examples/llm-deployment.yaml` (the one the demo applies),
+//! whose init container runs the real `hf download` against the simulated Hugging Face Hub, as a
+//! vLLM chart does. Three namespaces: two in one sharing domain, one outside it. Every pod
+//! becomes Ready with an engine that verifies every file's SHA-256 (the repository's
+//! `SHA256SUMS`) through its read-only landing; each sharing domain downloads once (one Job), so
+//! the Hub serves the model twice for four pods (without warmcache: four times).
 //!
 //! What the node cannot give and the test supplies, and nothing else: the node has no GPU, so it
-//! advertises the extended resource `example.com/gpu` and the webhook is told that is a GPU
-//! (`webhook.gpuResources`); it has no pod network, so the kit's `PodNetwork` bridges Services,
+//! advertises the extended resource `nvidia.com/gpu` as a device plugin would; it has no pod
+//! network, so the kit's `PodNetwork` bridges Services,
 //! pod IPs, the API server and (egress) the Hub's loopback address into the pods; no registry,
 //! so images are imported and pods say `imagePullPolicy: Never`; and the storage is the test
 //! CSI driver's shared-filesystem profile, qualified by a catalog ConfigMap the test applies
@@ -17,110 +18,36 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use warmcache_test_sources::hub::{Hub, HubOptions, model_files};
+use warmcache_e2e::{
+    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, model,
+};
+use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
-    COMPONENT_BINARIES, ControlPlane, PodNetwork, RealNode, TestCsiDriver, TestNamespace,
-    built_binaries_dir, chart_dir, component_image, eventually, helm_binary, hf_client_image,
-    model_clients_dir, namespace_report,
+    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
+    namespace_report,
 };
 
-const RELEASE: &str = "warmcache";
-const NAMESPACE: &str = "warmcache-system";
 const CONTROL: &str = "nvca-modelcache-init";
 const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
 const IMAGE_TAG: &str = "e2e";
 const HF_IMAGE: &str = "warmcache.test/hf-client:1";
-const GPU: &str = "example.com/gpu";
 const DOMAIN_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-sharing-domain";
 const BINDING_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
-const REPO: &str = "org/llm";
-const READY_TIMEOUT: Duration = Duration::from_secs(420);
-
-fn helm(kubeconfig: &str, args: &[&str]) -> String {
-    let out = Command::new(helm_binary().unwrap())
-        .args(args)
-        .args(["--kubeconfig", kubeconfig])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "helm {args:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The unmodified workload: an init container downloads the model with the real `hf` CLI into
-/// an emptyDir, the engine refuses to start unless every file's SHA-256 matches.
-fn workload(name: &str, replicas: i32, endpoint: &str, sums: &str) -> Deployment {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "securityContext": {
-                        "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
-                        "runAsNonRoot": true,
-                    },
-                    "initContainers": [{
-                        "name": "download-model",
-                        "image": HF_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", format!("hf download {REPO} --local-dir /models/llm")],
-                        "env": [
-                            {"name": "HF_ENDPOINT", "value": endpoint},
-                            {"name": "HOME", "value": "/tmp"},
-                        ],
-                        "volumeMounts": [{"name": "models", "mountPath": "/models"}],
-                    }],
-                    "containers": [{
-                        "name": "engine",
-                        "image": HF_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c",
-                            "cd /models/llm && printf '%s\\n' \"$SUMS\" | sha256sum -c - \
-                             && touch /tmp/ready && exec sleep 3600"],
-                        "env": [{"name": "SUMS", "value": sums}],
-                        "readinessProbe": {
-                            "exec": {"command": ["cat", "/tmp/ready"]},
-                            "periodSeconds": 1,
-                        },
-                        "resources": {
-                            "requests": {GPU: "1", "cpu": "10m", "memory": "32Mi"},
-                            "limits": {GPU: "1", "memory": "256Mi"},
-                        },
-                        "volumeMounts": [{"name": "models", "mountPath": "/models"}],
-                    }],
-                    "volumes": [{"name": "models", "emptyDir": {}}],
-                },
-            },
-        },
-    }))
-    .unwrap()
 }
 
 async fn report(client: &Client, namespaces: &[&str], net: &PodNetwork) -> String {
@@ -155,121 +82,35 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     let plane = ControlPlane::shared().await.unwrap();
     let node = RealNode::shared().await.unwrap();
     let client = plane.client().await.unwrap();
-    let kubeconfig = plane.kubeconfig_path().display().to_string();
 
     // The model source, reachable from pods at the address it has here.
     let hub = Hub::new(HubOptions::default());
-    let files = model_files(REPO, "1", 24 << 20, 3);
-    hub.publish(REPO, files.clone()).unwrap();
+    let files = model(24 << 20);
     let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
+    hub.publish(REPO, files).unwrap();
     let hub_addr = hub.serve_loopback().await.unwrap();
     let endpoint = format!("http://{hub_addr}");
-    // `sha256sum -c` lines, without a trailing empty line (busybox counts it as a mismatch).
-    let sums = files
-        .iter()
-        .map(|f| format!("{}  {}", f.content.sha256(), f.path))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
 
     let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
 
-    // The product's image and the client's, on the node.
+    // The product on the node, as a user installs it (images imported, the node's GPUs, a
+    // catalog qualifying the test driver, helm install).
     let work = tempfile::tempdir().unwrap();
-    let image = component_image(
-        &format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}"),
-        &built_binaries_dir().unwrap(),
-        &COMPONENT_BINARIES,
-    )
-    .unwrap_or_else(|e| panic!("{e} (run `cargo build --bins` for the component crates)"))
-    .build(work.path())
-    .unwrap();
-    node.import_image(&image).await.unwrap();
-    let hf = hf_client_image(HF_IMAGE, &model_clients_dir().unwrap(), work.path())
-        .unwrap()
-        .build(work.path())
-        .unwrap();
-    node.import_image(&hf).await.unwrap();
-    eprintln!("images imported after {:.1?}", started.elapsed());
-
-    // The node's "GPUs": an extended resource, as a device plugin would advertise.
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .patch_status(
-            node.name(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"capacity": {GPU: "4"}, "allocatable": {GPU: "4"}}})),
-        )
-        .await
-        .unwrap();
-
-    // The release namespace with a catalog that qualifies the test driver for ReadWriteMany.
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    let driver = TestCsiDriver::SharedFs.driver_name();
-    let catalog = format!(
-        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\n\
-         drivers:\n  - name: {driver}\n    provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n"
-    );
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
-    configmaps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "nvcf-storage-capabilities"},
-                "data": {"storage-provider-capabilities.yaml": catalog},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-
-    // The install, as docs/install.md gives it, with what this node needs.
-    let chart = chart_dir().display().to_string();
-    let sets = [
-        format!("image.repository={IMAGE_REPOSITORY}"),
-        format!("image.tag={IMAGE_TAG}"),
-        "image.pullPolicy=Never".to_owned(),
-        // The kit installed the CRDs from config/crd (the same files).
-        "crds.enabled=false".to_owned(),
-        "catalog.enabled=false".to_owned(),
-        "storageClass.create=true".to_owned(),
-        format!("storageClass.provisioner={driver}"),
-        format!("webhook.gpuResources={{{GPU}}}"),
-        "kvcacheOperator.enabled=false".to_owned(),
-        "webhook.replicas=1".to_owned(),
-    ];
-    let mut args = vec!["install", RELEASE, &chart, "--namespace", NAMESPACE];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    helm(&kubeconfig, &args);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let up = eventually("the components Ready", READY_TIMEOUT, || {
-        let deployments = deployments.clone();
-        async move {
-            let mut all = true;
-            for name in ["warmcache-webhook", "warmcache-binding-controller"] {
-                let d = deployments.get(name).await.ok()?;
-                let status = d.status.unwrap_or_default();
-                all &= status.ready_replicas.unwrap_or(0) >= 1;
-            }
-            all.then_some(())
-        }
-    })
-    .await;
-    if up.is_err() {
-        panic!(
-            "the components did not become Ready\n{}",
-            report(&client, &[NAMESPACE], &net).await
-        );
+    let how = Install {
+        image_repository: IMAGE_REPOSITORY,
+        image_tag: IMAGE_TAG,
+        bin_dir: &built_binaries_dir().unwrap(),
+        hf_image: HF_IMAGE,
+        gpus: 4,
+        kubeconfig: plane.kubeconfig_path(),
+        work_dir: work.path(),
+    };
+    if let Err(e) = install(plane, node, &net, &how).await {
+        panic!("{e}");
     }
     eprintln!("components Ready after {:.1?}", started.elapsed());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
 
     // Two namespaces of one sharing domain, one outside it.
     let a = TestNamespace::new("e2e-a").await.unwrap();
@@ -290,7 +131,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     // see the catalog: a dry run of the workload's pod comes back rewritten. Nothing is stored.
     let probe_pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "probe"},
-        "spec": workload("probe", 1, &endpoint, &sums).spec.template.spec,
+        "spec": workload.spec.template.spec,
     }))
     .unwrap();
     let a_pods = a.api::<Pod>();
@@ -320,11 +161,10 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
 
     // The unmodified workload: three replicas in the domain, one outside it.
     for (ns, replicas) in [(&a, 2), (&b, 1), (&c, 1)] {
+        let mut deployment = workload.clone();
+        deployment.spec.replicas = Some(replicas);
         ns.api::<Deployment>()
-            .create(
-                &PostParams::default(),
-                &workload("llm", replicas, &endpoint, &sums),
-            )
+            .create(&PostParams::default(), &deployment)
             .await
             .unwrap();
     }
@@ -337,7 +177,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
             for ns in &names {
                 let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
                 let list = pods
-                    .list(&ListParams::default().labels("app=llm"))
+                    .list(&ListParams::default().labels(APP_SELECTOR))
                     .await
                     .ok()?;
                 count += list.items.iter().filter(|p| ready(p)).count();
@@ -395,7 +235,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     // read-only, of a claim mounted read-only (the webhook's rewrite, read back from the API).
     for ns in &names {
         for pod in Api::<Pod>::namespaced(client.clone(), ns)
-            .list(&ListParams::default().labels("app=llm"))
+            .list(&ListParams::default().labels(APP_SELECTOR))
             .await
             .unwrap()
         {

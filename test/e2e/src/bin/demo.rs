@@ -24,33 +24,28 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
-use warmcache_test_sources::content::Content;
-use warmcache_test_sources::hub::{FileSpec, Hub, HubOptions, model_files};
-use warmcache_testkit::{
-    COMPONENT_BINARIES, ControlPlane, PodNetwork, RealNode, TestCsiDriver, chart_dir,
-    component_image, helm_binary, hf_client_image, model_clients_dir, namespace_report,
+use serde_json::Value;
+use warmcache_e2e::{
+    APP_SELECTOR, Install, NAMESPACE, REPO, example_deployment, examples_dir, install, model,
 };
+use warmcache_test_sources::hub::{Hub, HubOptions};
+use warmcache_testkit::{ControlPlane, PodNetwork, RealNode, namespace_report};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-const RELEASE: &str = "warmcache";
-const NAMESPACE: &str = "warmcache-system";
 const CONTROL: &str = "nvca-modelcache-init";
 const IMAGE_REPOSITORY: &str = "warmcache.local/warmcache";
 const IMAGE_TAG: &str = "demo";
 const HF_IMAGE: &str = "warmcache.local/hf-client:demo";
-const GPU: &str = "nvidia.com/gpu";
-const REPO: &str = "demo/llm";
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
 const USAGE: &str = "usage: demo --state-dir DIR [--model-mib N]\n\n  --state-dir DIR  where the kubeconfig and the summary are written\n  --model-mib N    size of the model's weights in MiB (default 96)";
 
@@ -154,25 +149,6 @@ struct Running {
     _work: tempfile::TempDir,
 }
 
-/// The repository's files and its `SHA256SUMS` (which the stand-in engine checks).
-fn model(weight_bytes: u64) -> Vec<FileSpec> {
-    let mut files = model_files(REPO, "demo", weight_bytes, 4);
-    let mut sums: String = files
-        .iter()
-        .map(|f| format!("{}  {}\n", f.content.sha256(), f.path))
-        .collect();
-    // busybox sha256sum reads an empty last line as a malformed entry.
-    if sums.ends_with("\n\n") {
-        sums.pop();
-    }
-    files.push(FileSpec {
-        path: "SHA256SUMS".to_owned(),
-        content: Content::Literal(sums.into_bytes().into()),
-        lfs: false,
-    });
-    files
-}
-
 async fn demo(
     plane: &ControlPlane,
     node: &RealNode,
@@ -194,117 +170,29 @@ async fn demo(
     ));
     let net = PodNetwork::on_node(plane, node, &[hub_addr]).await?;
 
-    // The product's image and the client's, on the node.
+    // The product on the node, as a user installs it (images imported, the node's GPUs, a
+    // catalog qualifying the test driver, helm install).
     let work = tempfile::tempdir()?;
     let bin_dir = std::env::current_exe()?
         .parent()
         .map(Path::to_path_buf)
         .ok_or("this program's directory is unknown")?;
-    say("building and importing the images (warmcache, hf client)");
-    let image = component_image(
-        &format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}"),
-        &bin_dir,
-        &COMPONENT_BINARIES,
-    )
-    .map_err(|e| format!("{e} (hack/demo.sh builds the component binaries first)"))?
-    .build(work.path())?;
-    node.import_image(&image).await?;
-    let hf = hf_client_image(HF_IMAGE, &model_clients_dir()?, work.path())?.build(work.path())?;
-    node.import_image(&hf).await?;
-
-    // The node's "GPUs": an extended resource, as a device plugin would advertise it.
-    Api::<Node>::all(client.clone())
-        .patch_status(
-            node.name(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "8"}}})),
-        )
-        .await?;
-
-    // The release namespace with a catalog that qualifies the test driver for ReadWriteMany.
-    create(
-        &Api::<Namespace>::all(client.clone()),
-        json!({"metadata": {"name": NAMESPACE}}),
-    )
-    .await?;
-    let driver = TestCsiDriver::SharedFs.driver_name();
-    let catalog = format!(
-        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\n\
-         drivers:\n  - name: {driver}\n    provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n"
-    );
-    create(
-        &Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE),
-        json!({
-            "metadata": {"name": "nvcf-storage-capabilities"},
-            "data": {"storage-provider-capabilities.yaml": catalog},
-        }),
-    )
-    .await?;
-
-    say("helm install warmcache charts/warmcache");
-    let sets = [
-        format!("image.repository={IMAGE_REPOSITORY}"),
-        format!("image.tag={IMAGE_TAG}"),
-        "image.pullPolicy=Never".to_owned(),
-        // The control plane installed the CRDs from config/crd (the same files).
-        "crds.enabled=false".to_owned(),
-        "catalog.enabled=false".to_owned(),
-        "storageClass.create=true".to_owned(),
-        format!("storageClass.provisioner={driver}"),
-        "webhook.replicas=1".to_owned(),
-        "kvcacheOperator.enabled=false".to_owned(),
-    ];
-    let chart = chart_dir();
-    let mut helm = Command::new(helm_binary()?);
-    helm.arg("install")
-        .arg(RELEASE)
-        .arg(&chart)
-        .args(["--namespace", NAMESPACE, "--kubeconfig"])
-        .arg(kubeconfig);
-    for s in &sets {
-        helm.args(["--set", s]);
-    }
-    let out = helm.output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "helm install failed: {}{}",
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        )
-        .into());
-    }
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let up = wait("the components Ready", READY_TIMEOUT, || async {
-        let mut all = true;
-        for name in ["warmcache-webhook", "warmcache-binding-controller"] {
-            let d = deployments.get(name).await.ok()?;
-            all &= d.status.and_then(|s| s.ready_replicas).unwrap_or(0) >= 1;
-        }
-        all.then_some(())
-    })
-    .await;
-    if up.is_err() {
-        return Err(format!(
-            "the components did not become Ready\n{}{}",
-            namespace_report(&client, NAMESPACE).await,
-            net.report()
-        )
-        .into());
-    }
+    say("building and importing the images, helm install warmcache charts/warmcache");
+    let how = Install {
+        image_repository: IMAGE_REPOSITORY,
+        image_tag: IMAGE_TAG,
+        bin_dir: &bin_dir,
+        hf_image: HF_IMAGE,
+        gpus: 8,
+        kubeconfig,
+        work_dir: work.path(),
+    };
+    install(plane, node, &net, &how).await?;
     say(&format!("components Ready after {:.0?}", started.elapsed()));
 
     // examples/: the namespaces, then the Deployment in each.
-    let examples = warmcache_testkit::chart_dir().join("../../examples");
-    let namespaces = apply_namespaces(&client, &examples.join("namespaces.yaml")).await?;
-    let text = std::fs::read_to_string(examples.join("llm-deployment.yaml"))?
-        .replace("HF_ENDPOINT_URL", &endpoint)
-        .replace("HF_CLIENT_IMAGE", HF_IMAGE);
-    let deployment: Deployment = serde_json::from_value(
-        warmcache_cli::yaml::documents(&text)?
-            .into_iter()
-            .next()
-            .ok_or("examples/llm-deployment.yaml holds no document")?,
-    )?;
+    let namespaces = apply_namespaces(&client, &examples_dir().join("namespaces.yaml")).await?;
+    let deployment = example_deployment(&endpoint, HF_IMAGE)?;
     // The webhook serves once its caches see the catalog: a dry run comes back rewritten.
     let probe = Pod {
         metadata: kube::api::ObjectMeta {
@@ -347,7 +235,7 @@ async fn demo(
         for ns in &namespaces {
             let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
             let list = pods
-                .list(&ListParams::default().labels("app=llm"))
+                .list(&ListParams::default().labels(APP_SELECTOR))
                 .await
                 .ok()?;
             count += list.items.iter().filter(|p| is_ready(p)).count();
@@ -473,7 +361,7 @@ async fn summary(
             .await?;
         jobs.insert(ns.clone(), list.items.len());
         let pods = Api::<Pod>::namespaced(client.clone(), ns)
-            .list(&ListParams::default().labels("app=llm"))
+            .list(&ListParams::default().labels(APP_SELECTOR))
             .await?;
         let mut read_only = 0;
         for pod in &pods.items {
@@ -527,10 +415,11 @@ async fn summary(
         namespaces.len(),
     ));
     out.push_str(&format!(
-        "\nLook around (the cluster stays up until hack/demo.sh --down; kubectl: {}):\n  export KUBECONFIG={}\n  kubectl get mcb -A\n  kubectl -n {} get pods,jobs,pvc\n  kubectl -n {NAMESPACE} logs deploy/warmcache-binding-controller\n  metrics: every component pod's admin port, curl http://POD_IP:8080/metrics (kubectl -n {NAMESPACE} get pods -o wide; the demo's bridge listens at each pod's IP)\n  traces: set otel.endpoint to an OTLP/gRPC collector (helm upgrade --reuse-values --set otel.endpoint=...)\n",
+        "\nLook around (the cluster stays up until hack/demo.sh --down; kubectl: {}):\n  export KUBECONFIG={}\n  kubectl get mcb -A\n  kubectl -n {} get pods,jobs,pvc\n  kubectl -n {} exec deploy/llm -c engine -- touch /models/llm/x   # Read-only file system\n  kubectl -n {NAMESPACE} logs deploy/warmcache-binding-controller\n  metrics: every component pod's admin port, curl http://POD_IP:8080/metrics (kubectl -n {NAMESPACE} get pods -o wide; the demo's bridge listens at each pod's IP)\n  traces: set otel.endpoint to an OTLP/gRPC collector (helm upgrade --reuse-values --set otel.endpoint=...)\n",
         kubectl.display(),
         kubeconfig.display(),
-        namespaces.first().map_or("default", String::as_str)
+        namespaces.first().map_or("default", String::as_str),
+        namespaces.last().map_or("default", String::as_str)
     ));
     Ok(out)
 }
