@@ -518,15 +518,16 @@ async fn a_failed_download_reports_its_last_words_and_keeps_the_primary() {
     assert!(message.contains("401 Client Error"), "{message}");
     let (ready, _, _) = condition(&b, "Ready").unwrap();
     assert_eq!(ready, "False");
-    // Counted once as a failed download, nothing as downloaded or cached.
+    // Counted once as a failed download, nothing as downloaded or cached. The gauge counts the
+    // watch cache after a reconcile, so it follows the stored Failed on the next one.
     let metrics = eventually("the failure counted", WAIT, || {
         let admin = s.admin;
         async move {
             let metrics = scrape(admin).await;
-            (sample(
-                &metrics,
-                "warmcache_binding_controller_downloads_failed_total",
-            ) == Some(1.0))
+            let m =
+                |series: &str| sample(&metrics, &format!("warmcache_binding_controller_{series}"));
+            (m("downloads_failed_total") == Some(1.0)
+                && m("bindings{population=\"Failed\"}") == Some(1.0))
             .then_some(metrics)
         }
     })
@@ -536,7 +537,6 @@ async fn a_failed_download_reports_its_last_words_and_keeps_the_primary() {
     assert_eq!(m("downloads_succeeded_total"), Some(0.0), "{metrics}");
     assert_eq!(m("downloaded_bytes_total"), Some(0.0), "{metrics}");
     assert_eq!(m("cached_bytes"), Some(0.0), "{metrics}");
-    assert_eq!(m("bindings{population=\"Failed\"}"), Some(1.0), "{metrics}");
     // The primary claim is kept for a retry and never labelled complete; the writer view claim
     // is retired.
     let primary_claims: Api<PersistentVolumeClaim> = s.control.api();
