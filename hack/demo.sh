@@ -9,7 +9,7 @@
 #
 # Needs root (the real node runs containerd, runc and the kubelet, and mounts volumes), Go 1.26
 # and Rust 1.95; missing Debian packages of the node are installed. The first run builds the
-# control plane, the node, the Helm CLI and the hf client (about 30 minutes on 2 cores, cached
+# control plane, the node, the Helm CLI and the hf client (about 40 minutes on 2 cores, cached
 # under ${WARMCACHE_CACHE_DIR:-~/.cache/warmcache}); later runs take about 3 minutes.
 # The demo's state (PID, log, kubeconfig, summary) is in that cache directory's demo/.
 set -euo pipefail
