@@ -219,3 +219,53 @@ pub async fn install(
 
 /// How long components and pods get to become Ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(420);
+
+/// The annotation the webhook records the binding's name in, on every pod it rewrites.
+pub const BINDING_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
+
+/// Whether `pod` is Ready.
+pub fn is_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Waits until the webhook serves `workload`'s pods in `namespace`: the API server reaches it
+/// through its Service and its caches see the catalog, so a dry run of the pod comes back
+/// rewritten (nothing is stored).
+///
+/// # Errors
+///
+/// No dry run came back rewritten within two minutes.
+pub async fn webhook_serving(
+    client: &kube::Client,
+    namespace: &str,
+    workload: &Deployment,
+) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::Pod;
+    let probe = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("probe".to_owned()),
+            ..Default::default()
+        },
+        spec: workload.spec.template.spec.clone(),
+        ..Pod::default()
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually("a dry-run pod rewritten", Duration::from_secs(120), || {
+        let (pods, probe, dry_run) = (pods.clone(), probe.clone(), dry_run.clone());
+        async move {
+            let admitted = pods.create(&dry_run, &probe).await.ok()?;
+            kube::ResourceExt::annotations(&admitted)
+                .contains_key(BINDING_ANNOTATION)
+                .then_some(())
+        }
+    })
+    .await
+    .map_err(|_| "the webhook never rewrote a dry-run pod".to_owned())
+}

@@ -18,7 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -28,7 +28,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_e2e::{
-    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, model,
+    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, is_ready,
+    model, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
@@ -41,14 +42,6 @@ const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
 const IMAGE_TAG: &str = "e2e";
 const HF_IMAGE: &str = "warmcache.test/hf-client:1";
 const DOMAIN_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-sharing-domain";
-const BINDING_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
-
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
 
 async fn report(client: &Client, namespaces: &[&str], net: &PodNetwork) -> String {
     let mut out = String::new();
@@ -127,36 +120,10 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
             .unwrap();
     }
 
-    // The webhook is serving (the API server reaches it through its Service) and its caches
-    // see the catalog: a dry run of the workload's pod comes back rewritten. Nothing is stored.
-    let probe_pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "probe"},
-        "spec": workload.spec.template.spec,
-    }))
-    .unwrap();
-    let a_pods = a.api::<Pod>();
-    let serving = eventually("a dry-run pod rewritten", Duration::from_secs(120), || {
-        let (pods, pod) = (a_pods.clone(), probe_pod.clone());
-        async move {
-            let admitted = pods
-                .create(
-                    &PostParams {
-                        dry_run: true,
-                        ..PostParams::default()
-                    },
-                    &pod,
-                )
-                .await
-                .ok()?;
-            admitted.annotations().get(BINDING_ANNOTATION).map(|_| ())
-        }
-    })
-    .await;
-    if serving.is_err() {
-        panic!(
-            "the webhook never rewrote a dry-run pod\n{}",
-            report(&client, &[NAMESPACE], &net).await
-        );
+    // The webhook serves the workload's pods (through its Service, its caches seeing the
+    // catalog).
+    if let Err(e) = webhook_serving(&client, &a.name, &workload).await {
+        panic!("{e}\n{}", report(&client, &[NAMESPACE], &net).await);
     }
 
     // The unmodified workload: three replicas in the domain, one outside it.
@@ -180,7 +147,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
                     .list(&ListParams::default().labels(APP_SELECTOR))
                     .await
                     .ok()?;
-                count += list.items.iter().filter(|p| ready(p)).count();
+                count += list.items.iter().filter(|p| is_ready(p)).count();
             }
             (count == 4).then_some(())
         }

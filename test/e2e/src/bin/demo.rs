@@ -35,7 +35,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use warmcache_e2e::{
-    APP_SELECTOR, Install, NAMESPACE, REPO, example_deployment, examples_dir, install, model,
+    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, examples_dir,
+    install, is_ready, model, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{ControlPlane, PodNetwork, RealNode, namespace_report};
@@ -46,7 +47,6 @@ const CONTROL: &str = "nvca-modelcache-init";
 const IMAGE_REPOSITORY: &str = "warmcache.local/warmcache";
 const IMAGE_TAG: &str = "demo";
 const HF_IMAGE: &str = "warmcache.local/hf-client:demo";
-const READY_TIMEOUT: Duration = Duration::from_secs(600);
 const USAGE: &str = "usage: demo --state-dir DIR [--model-mib N]\n\n  --state-dir DIR  where the kubeconfig and the summary are written\n  --model-mib N    size of the model's weights in MiB (default 96)";
 
 struct Args {
@@ -193,33 +193,7 @@ async fn demo(
     // examples/: the namespaces, then the Deployment in each.
     let namespaces = apply_namespaces(&client, &examples_dir().join("namespaces.yaml")).await?;
     let deployment = example_deployment(&endpoint, HF_IMAGE)?;
-    // The webhook serves once its caches see the catalog: a dry run comes back rewritten.
-    let probe = Pod {
-        metadata: kube::api::ObjectMeta {
-            name: Some("probe".to_owned()),
-            ..Default::default()
-        },
-        spec: deployment.spec.template.spec.clone(),
-        ..Pod::default()
-    };
-    let first: Api<Pod> = Api::namespaced(client.clone(), &namespaces[0]);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    wait(
-        "the webhook rewriting a dry-run pod",
-        READY_TIMEOUT,
-        || async {
-            let admitted = first.create(&dry_run, &probe).await.ok()?;
-            admitted
-                .annotations()
-                .contains_key("nvca.nvcf.nvidia.io/model-cache-binding")
-                .then_some(())
-        },
-    )
-    .await
-    .map_err(|_| "the webhook never rewrote a dry-run pod")?;
+    webhook_serving(&client, &namespaces[0], &deployment).await?;
     for ns in &namespaces {
         Api::<Deployment>::namespaced(client.clone(), ns)
             .create(&PostParams::default(), &deployment)
@@ -300,13 +274,6 @@ where
 {
     let object: K = serde_json::from_value(value)?;
     Ok(api.create(&PostParams::default(), &object).await?)
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 async fn wait<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> std::result::Result<T, ()>
