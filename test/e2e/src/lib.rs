@@ -269,3 +269,19 @@ pub async fn webhook_serving(
     .await
     .map_err(|_| "the webhook never rewrote a dry-run pod".to_owned())
 }
+
+/// How many of the example's pods ([`APP_SELECTOR`]) in `namespaces` are Ready; `None` when a
+/// list fails.
+pub async fn ready_pods(client: &kube::Client, namespaces: &[String]) -> Option<usize> {
+    use k8s_openapi::api::core::v1::Pod;
+    let mut count = 0;
+    for ns in namespaces {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let list = pods
+            .list(&kube::api::ListParams::default().labels(APP_SELECTOR))
+            .await
+            .ok()?;
+        count += list.items.iter().filter(|p| is_ready(p)).count();
+    }
+    Some(count)
+}

@@ -28,8 +28,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_e2e::{
-    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, is_ready,
-    model, webhook_serving,
+    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, model,
+    ready_pods, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
@@ -137,20 +137,8 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     }
     let names = [a.name.clone(), b.name.clone(), c.name.clone()];
     let all_ready = eventually("every pod Ready", READY_TIMEOUT, || {
-        let client = client.clone();
-        let names = names.clone();
-        async move {
-            let mut count = 0;
-            for ns in &names {
-                let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-                let list = pods
-                    .list(&ListParams::default().labels(APP_SELECTOR))
-                    .await
-                    .ok()?;
-                count += list.items.iter().filter(|p| is_ready(p)).count();
-            }
-            (count == 4).then_some(())
-        }
+        let (client, names) = (client.clone(), names.clone());
+        async move { (ready_pods(&client, &names).await? == 4).then_some(()) }
     })
     .await;
     if all_ready.is_err() {

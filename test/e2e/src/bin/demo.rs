@@ -36,7 +36,7 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 use warmcache_e2e::{
     APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, examples_dir,
-    install, is_ready, model, webhook_serving,
+    install, is_ready, model, ready_pods, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{ControlPlane, PodNetwork, RealNode, namespace_report};
@@ -205,16 +205,7 @@ async fn demo(
     let replicas = deployment.spec.replicas.unwrap_or(1);
     let expected = usize::try_from(replicas).unwrap_or(1) * namespaces.len();
     let ready = wait("every pod Ready", READY_TIMEOUT, || async {
-        let mut count = 0;
-        for ns in &namespaces {
-            let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-            let list = pods
-                .list(&ListParams::default().labels(APP_SELECTOR))
-                .await
-                .ok()?;
-            count += list.items.iter().filter(|p| is_ready(p)).count();
-        }
-        (count == expected).then_some(())
+        (ready_pods(&client, &namespaces).await? == expected).then_some(())
     })
     .await;
     if ready.is_err() {
