@@ -61,6 +61,7 @@ pub mod agent;
 pub mod drift;
 pub mod lease;
 pub mod lifecycle;
+pub mod open_root;
 pub mod reaper;
 #[cfg(test)]
 mod testing;

@@ -19,7 +19,11 @@
 //! - the writer identity of the decision: `fsGroup` keeps the writer non-root (the step's user,
 //!   else [`crate::DEFAULT_NON_ROOT_USER`]) with the pod's `fsGroup` set, so a driver applying
 //!   fsGroup makes a fresh root-owned export writable; `root` runs the writer as uid 0 (still
-//!   without capabilities: it owns the fresh export, so it may write it).
+//!   without capabilities: it owns the fresh export, so it may write it), unless the node agent
+//!   opens fresh roots ([`WriterOptions::open_root_wait_seconds`]): then the writer stays
+//!   non-root too, its pod is labelled [`OPEN_ROOT_LABEL`], and the wrapper waits until the agent
+//!   of its node has given the volume's root to the writer's user (see
+//!   [`crate::agent::open_root_request`]).
 //!
 //! # The staging Job (roxReadOnly, block storage)
 //!
@@ -99,6 +103,16 @@ pub const HANDOFF_FAILED: &str = "failed";
 pub const HOLD_FAILED_EXIT_CODE: i32 = 42;
 /// Pod label of a staging Job's pod (the node agent watches its node's pods with it).
 pub const STAGING_LABEL: &str = "nvsnap.io/model-staging";
+/// Pod label (`"true"`) of a non-root writer whose fresh ReadWriteMany root the node agent of
+/// its node opens: gives to the writer's user and group, through the pod's kubelet mount.
+pub const OPEN_ROOT_LABEL: &str = "warmcache.nvidia.io/open-root";
+/// Environment variable of such a writer: how many seconds the wrapper waits for its landing
+/// to become writable before it fails with its words.
+pub const OPEN_ROOT_WAIT_ENV: &str = "NVSNAP_OPEN_ROOT_WAIT_SECONDS";
+/// Default of [`WriterOptions::open_root_wait_seconds`] when the agent opens roots: 10 minutes
+/// (the kubelet mounts the volume before the container starts; the agent looks every few
+/// seconds).
+pub const DEFAULT_OPEN_ROOT_WAIT_SECONDS: u32 = 600;
 
 /// Operator settings of writer Jobs.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +125,13 @@ pub struct WriterOptions {
     pub ttl_seconds_after_finished: i32,
     /// `spec.backoffLimit`.
     pub backoff_limit: i32,
+    /// Whether the node agent opens fresh roots, and how long the writer waits for it: with
+    /// `Some(seconds)`, a binding whose writer identity is `root` (a ReadWriteMany driver that
+    /// applies no fsGroup: fresh exports are root-owned) gets a non-root writer labelled
+    /// [`OPEN_ROOT_LABEL`] instead of a root one, and its wrapper waits up to `seconds` for the
+    /// agent to give it the root. `None` (the default; the agent is not deployed): the writer
+    /// runs as uid 0.
+    pub open_root_wait_seconds: Option<u32>,
 }
 
 fn quantities(cpu: &str, memory: &str) -> BTreeMap<String, Quantity> {
@@ -132,6 +153,7 @@ impl Default for WriterOptions {
             active_deadline_seconds: DEFAULT_ACTIVE_DEADLINE_SECONDS,
             ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
             backoff_limit: DEFAULT_BACKOFF_LIMIT,
+            open_root_wait_seconds: None,
         }
     }
 }
@@ -178,6 +200,22 @@ if [ -e "$dest/{COMPLETE_MARKER}" ]; then
   echo "nvsnap: model already complete"
   words "$(cat "$dest/{COMPLETE_MARKER}")"
   exit 0
+fi
+wait_open=${{{OPEN_ROOT_WAIT_ENV}:-0}}
+if [ "$wait_open" -gt 0 ] 2>/dev/null && [ ! -w "$dest" ]; then
+  echo "nvsnap: waiting up to ${{wait_open}}s for the node agent to open $dest for uid $(id -u)"
+  waited=0
+  while [ ! -w "$dest" ]; do
+    if [ "$waited" -ge "$wait_open" ]; then
+      last="nvsnap: $dest was not opened for uid $(id -u) within ${{wait_open}}s; is the node agent (model-volume-controller) running on this node?"
+      echo "$last"
+      words "$last"
+      exit 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  echo "nvsnap: $dest is writable"
 fi
 rm -f "$dest/{FAILURE_MARKER}"
 ( "$@"; echo "$?" > "$tmp/rc" ) 2>&1 | tee "$tmp/log"
@@ -264,6 +302,21 @@ fn non_root_user(step: &DownloadStep) -> i64 {
         })
         .filter(|u| *u != 0)
         .unwrap_or(DEFAULT_NON_ROOT_USER)
+}
+
+/// The group of a writer whose root the agent opens: the step's container group, else its pod's,
+/// else the pod's fsGroup, else the user's own number.
+fn open_root_group(step: &DownloadStep, user: i64) -> i64 {
+    step.container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.run_as_group)
+        .or_else(|| {
+            step.pod_security_context
+                .as_ref()
+                .and_then(|s| s.run_as_group.or(s.fs_group))
+        })
+        .unwrap_or(user)
 }
 
 /// The writer Job of `binding` running `step`; `pod_env` holds the values of the literal
@@ -393,8 +446,11 @@ pub fn writer_job_in(
         .decision
         .writer_identity
         .unwrap_or(WriterIdentity::FsGroup);
+    let opened = identity == WriterIdentity::Root
+        && !staged
+        && options.open_root_wait_seconds.is_some_and(|s| s > 0);
     let (security, pod_security) = match identity {
-        WriterIdentity::Root => (
+        WriterIdentity::Root if !opened => (
             hardened(0, false),
             PodSecurityContext {
                 run_as_user: Some(0),
@@ -402,7 +458,7 @@ pub fn writer_job_in(
                 ..PodSecurityContext::default()
             },
         ),
-        WriterIdentity::FsGroup => {
+        WriterIdentity::Root | WriterIdentity::FsGroup => {
             let user = non_root_user(step);
             let group = step
                 .pod_security_context
@@ -431,6 +487,17 @@ pub fn writer_job_in(
         .security_context
         .as_ref()
         .and_then(|s| s.run_as_group);
+    if opened {
+        // The group the agent gives the root to: fixed here, so the writer's own group is known
+        // (an image without the user in /etc/passwd would otherwise run it with group 0).
+        security.run_as_group = Some(open_root_group(step, non_root_user(step)));
+        env.retain(|e| e.name != OPEN_ROOT_WAIT_ENV);
+        env.push(EnvVar {
+            name: OPEN_ROOT_WAIT_ENV.to_owned(),
+            value: options.open_root_wait_seconds.map(|s| s.to_string()),
+            value_from: None,
+        });
+    }
 
     let resources = source
         .resources
@@ -492,6 +559,9 @@ pub fn writer_job_in(
             binding.metadata.uid.clone().unwrap_or_default(),
         ),
     ]);
+    if opened {
+        labels.insert(OPEN_ROOT_LABEL.to_owned(), "true".to_owned());
+    }
     let mut pod_annotations = BTreeMap::new();
     if staged {
         labels.insert(STAGING_LABEL.to_owned(), "true".to_owned());
@@ -947,5 +1017,201 @@ mod tests {
         let again = run(&["sh", "-c", "exit 9"]);
         assert!(again.status.success());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// With [`OPEN_ROOT_WAIT_ENV`], the wrapper (run for real, as a non-root user: through
+    /// `setpriv` when the test runs as root) waits until its landing becomes writable, then
+    /// downloads; a landing never opened fails within the wait with words naming the agent.
+    #[test]
+    fn the_wrapper_waits_for_the_agent_to_open_its_root() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::Command;
+        let Ok(dir) = std::env::temp_dir().canonicalize() else {
+            return;
+        };
+        let as_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+        let root = dir.join(format!("writer-open-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (dest, tmp) = (root.join("dest"), root.join("tmp"));
+        std::fs::create_dir_all(&dest).unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+        let user = 65532u32;
+        if as_root {
+            // The writer owns its scratch space; the landing is root's, 0755, like a fresh export.
+            for path in [&root, &tmp] {
+                std::os::unix::fs::chown(path, Some(user), Some(user)).unwrap();
+            }
+        } else {
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o555)).unwrap();
+        }
+        let open = move |dest: &std::path::Path| {
+            if as_root {
+                std::os::unix::fs::chown(dest, Some(user), Some(user)).unwrap();
+            } else {
+                std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        };
+        let script = writer_script()
+            .replace(WRITER_TMP_PATH, tmp.to_str().unwrap())
+            .replace("/dev/termination-log", root.join("term").to_str().unwrap());
+        let run = |wait: &str| {
+            let mut command = if as_root {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    "--reuid=65532",
+                    "--regid=65532",
+                    "--clear-groups",
+                    "/bin/sh",
+                ]);
+                c
+            } else {
+                Command::new("/bin/sh")
+            };
+            command
+                .env(OPEN_ROOT_WAIT_ENV, wait)
+                .arg("-c")
+                .arg(&script)
+                .arg("nvsnap-writer")
+                .arg(&dest)
+                .args([
+                    "sh",
+                    "-c",
+                    "echo weights > \"$0/model.bin\"",
+                    dest.to_str().unwrap(),
+                ])
+                .output()
+                .unwrap()
+        };
+
+        // Never opened: it gives up within its wait, with the agent named.
+        let gave_up = run("1");
+        assert_eq!(gave_up.status.code(), Some(1), "{gave_up:?}");
+        let words = std::fs::read_to_string(root.join("term")).unwrap();
+        assert!(
+            words.contains("was not opened for uid") && words.contains("model-volume-controller"),
+            "{words}"
+        );
+        assert!(!dest.join("model.bin").exists());
+
+        // Opened while it waits: it downloads and completes.
+        let opener = {
+            let dest = dest.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_secs(2));
+                open(&dest);
+            })
+        };
+        let done = run("60");
+        opener.join().unwrap();
+        assert!(done.status.success(), "{done:?}");
+        let out = String::from_utf8_lossy(&done.stdout);
+        assert!(
+            out.contains("waiting up to 60s for the node agent"),
+            "{out}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dest.join("model.bin")).unwrap(),
+            "weights\n"
+        );
+        assert!(dest.join(COMPLETE_MARKER).exists());
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// With the agent opening roots, a `root` decision gets a non-root writer labelled for the
+    /// agent, with its group fixed and the wait in its environment; fsGroup writers, block
+    /// staging and the default options are unchanged.
+    #[test]
+    fn a_root_decision_gets_a_non_root_writer_when_the_agent_opens_roots() {
+        let opening = WriterOptions {
+            open_root_wait_seconds: Some(DEFAULT_OPEN_ROOT_WAIT_SECONDS),
+            ..WriterOptions::default()
+        };
+        let mut root = binding(Transition::RwxReadOnly);
+        root.spec.decision.writer_identity = Some(WriterIdentity::Root);
+        let mut step = init_step();
+        step.pod_security_context = Some(PodSecurityContext {
+            run_as_user: Some(1000),
+            fs_group: Some(2000),
+            ..PodSecurityContext::default()
+        });
+        let job = writer_job(&root, &step, &[], &opening).unwrap();
+        let template = &job.spec.as_ref().unwrap().template;
+        assert_eq!(
+            template.metadata.as_ref().unwrap().labels.as_ref().unwrap()[OPEN_ROOT_LABEL],
+            "true"
+        );
+        let pod = template.spec.as_ref().unwrap();
+        let psc = pod.security_context.as_ref().unwrap();
+        assert_eq!(
+            (psc.run_as_user, psc.run_as_non_root),
+            (Some(1000), Some(true))
+        );
+        let c = &pod.containers[0];
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(
+            (sc.run_as_user, sc.run_as_group, sc.run_as_non_root),
+            (Some(1000), Some(2000), Some(true))
+        );
+        let wait = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == OPEN_ROOT_WAIT_ENV)
+            .unwrap();
+        assert_eq!(wait.value.as_deref(), Some("600"));
+        // No user anywhere: the default non-root user, its own number as group.
+        let job = writer_job(&root, &init_step(), &[], &opening).unwrap();
+        let sc = pod_spec(&job).containers[0]
+            .security_context
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (sc.run_as_user, sc.run_as_group),
+            (Some(DEFAULT_NON_ROOT_USER), Some(DEFAULT_NON_ROOT_USER))
+        );
+
+        let unlabelled = |job: &Job| {
+            let t = &job.spec.as_ref().unwrap().template;
+            !t.metadata
+                .as_ref()
+                .and_then(|m| m.labels.as_ref())
+                .is_some_and(|l| l.contains_key(OPEN_ROOT_LABEL))
+                && !t.spec.as_ref().unwrap().containers[0]
+                    .env
+                    .iter()
+                    .flatten()
+                    .chain(
+                        t.spec
+                            .as_ref()
+                            .unwrap()
+                            .init_containers
+                            .iter()
+                            .flatten()
+                            .flat_map(|c| c.env.iter().flatten()),
+                    )
+                    .any(|e| e.name == OPEN_ROOT_WAIT_ENV)
+        };
+        let fs_group = binding(Transition::RwxReadOnly);
+        assert!(unlabelled(
+            &writer_job(&fs_group, &step, &[], &opening).unwrap()
+        ));
+        let staged = binding(Transition::RoxReadOnly);
+        assert!(unlabelled(
+            &writer_job(&staged, &step, &[], &opening).unwrap()
+        ));
+        let as_root = writer_job(&root, &step, &[], &WriterOptions::default()).unwrap();
+        assert!(unlabelled(&as_root));
+        assert_eq!(
+            pod_spec(&as_root)
+                .security_context
+                .as_ref()
+                .unwrap()
+                .run_as_user,
+            Some(0)
+        );
     }
 }

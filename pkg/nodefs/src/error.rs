@@ -91,6 +91,21 @@ pub enum Error {
         Shown(path)
     )]
     NotAMountPoint { path: PathBuf },
+    /// A volume root to open for a writer is not the root of the mount on top at its path (the
+    /// kubelet has not mounted the volume there yet, or mounted or unmounted it meanwhile): the
+    /// directory would be the node's own disk, and nothing is changed.
+    #[error(
+        "{}: not the root of a mounted volume (not mounted yet?); nothing is changed on the node's own disk",
+        Shown(path)
+    )]
+    NotAVolumeRoot { path: PathBuf },
+    /// A volume root to open for a writer is owned by another user than root or the writer: it
+    /// is not a fresh export, and is left as it is.
+    #[error(
+        "{}: owned by uid {owner}, neither root nor the writer; not a fresh volume root, left as it is",
+        Shown(path)
+    )]
+    ForeignOwner { path: PathBuf, owner: u32 },
     /// A bind was made but the mount table does not show the verified read-only bind.
     #[error(
         "bind {} onto {}: the mount table afterwards shows {state:?}",

@@ -34,6 +34,10 @@
 //!   `/proc/self/mountinfo`, compares device, root and read-only flag, redoes what is stale, and
 //!   reports success only when the table read afterwards shows the verified bind. A view that is
 //!   not a mount point is refused: binding it would bind an empty directory.
+//! - **A volume root is opened for a writer only on its mount.** [`open_root`] changes the owner
+//!   of one directory, the root of a mounted volume, through the descriptor it checked: the
+//!   opened directory must be the top mount at the path (never the node's disk under a kubelet
+//!   directory not mounted yet), root-owned or already the writer's.
 //! - **Bounded.** Directories nested deeper than [`MAX_DEPTH`] are refused (each level holds a
 //!   descriptor), the manifest and marker are read with size limits, and a mount inside a tree
 //!   being copied, removed or verified is refused rather than crossed.
@@ -48,6 +52,7 @@ pub mod copy;
 mod error;
 pub mod measure;
 pub mod mounts;
+mod open;
 
 pub use at::MAX_DEPTH;
 pub use copy::{
@@ -60,3 +65,4 @@ pub use mounts::{
     BindOutcome, BindState, MountInfo, bind_state, ensure_read_only_bind,
     ensure_read_only_bind_over_empty, parse_mountinfo, read_mountinfo, top_mount, unbind,
 };
+pub use open::{OpenOutcome, open_root};

@@ -15,8 +15,8 @@ use std::process::Command;
 
 use rustix::mount::{MountFlags, UnmountFlags};
 use warmcache_nodefs::{
-    BindOutcome, BindState, Error, bind_state, ensure_read_only_bind,
-    ensure_read_only_bind_over_empty, read_mountinfo, top_mount, unbind,
+    BindOutcome, BindState, Error, OpenOutcome, bind_state, ensure_read_only_bind,
+    ensure_read_only_bind_over_empty, open_root, read_mountinfo, top_mount, unbind,
 };
 
 const IN_MOUNTNS: &str = "WARMCACHE_NODEFS_IN_MOUNTNS";
@@ -401,4 +401,93 @@ fn a_bind_over_empty_never_hides_what_a_pod_wrote() {
         assert!(unbind(&fresh).unwrap());
         assert!(unbind(&d.target).unwrap());
     });
+}
+
+/// A fresh root-owned volume root is given to the writer through its kubelet mount, and only
+/// then: not before the volume is mounted (that is the node's disk), never through a link, never
+/// one owned by someone else, and nothing beneath the root changes.
+#[test]
+fn a_fresh_volume_root_is_opened_for_its_writer_only_on_its_mount() {
+    in_mount_namespace(
+        "a_fresh_volume_root_is_opened_for_its_writer_only_on_its_mount",
+        || {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            let tmp = tempfile::tempdir().unwrap();
+            let base = fs::canonicalize(tmp.path()).unwrap();
+            let root = base.join("pods/writer/volumes/kubernetes.io~csi/pv/mount");
+            fs::create_dir_all(&root).unwrap();
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+
+            // Not mounted yet: the kubelet's directory on the node's disk is left alone.
+            let err = open_root(&root, &read_mountinfo().unwrap(), 1000, 2000).unwrap_err();
+            assert!(matches!(err, Error::NotAVolumeRoot { .. }), "{err}");
+            assert_eq!(fs::metadata(&root).unwrap().uid(), 0);
+
+            // Mounted, root-owned 0755 with root's file in it (what a fresh export looks like
+            // after an earlier attempt wrote as root).
+            rustix::mount::mount(
+                "tmpfs",
+                &root,
+                "tmpfs",
+                MountFlags::empty(),
+                Some(c"mode=0755,uid=0,gid=0"),
+            )
+            .unwrap();
+            fs::write(root.join("roots-file"), b"x").unwrap();
+            let table = read_mountinfo().unwrap();
+            assert_eq!(
+                open_root(&root, &table, 1000, 2000).unwrap(),
+                OpenOutcome::Opened
+            );
+            let meta = fs::metadata(&root).unwrap();
+            assert_eq!(
+                (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+                (1000, 2000, 0o755)
+            );
+            assert_eq!(fs::metadata(root.join("roots-file")).unwrap().uid(), 0);
+            // Again: already the writer's.
+            assert_eq!(
+                open_root(&root, &table, 1000, 2000).unwrap(),
+                OpenOutcome::AlreadyOpen
+            );
+            // The writer's, but without write for its owner: only the owner bits are added.
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o555)).unwrap();
+            assert_eq!(
+                open_root(&root, &table, 1000, 2000).unwrap(),
+                OpenOutcome::Opened
+            );
+            assert_eq!(fs::metadata(&root).unwrap().mode() & 0o7777, 0o755);
+            // Someone else's: refused, unchanged.
+            std::os::unix::fs::chown(&root, Some(3000), Some(3000)).unwrap();
+            let err = open_root(&root, &table, 1000, 2000).unwrap_err();
+            assert!(
+                matches!(err, Error::ForeignOwner { owner: 3000, .. }),
+                "{err}"
+            );
+            assert_eq!(fs::metadata(&root).unwrap().uid(), 3000);
+            // A link in place of the root, even to a mounted volume: refused.
+            std::os::unix::fs::chown(&root, Some(0), Some(0)).unwrap();
+            let link = base.join("pods/writer/volumes/kubernetes.io~csi/pv2/mount");
+            fs::create_dir_all(link.parent().unwrap()).unwrap();
+            symlink(&root, &link).unwrap();
+            let err = open_root(&link, &table, 1000, 2000).unwrap_err();
+            assert!(matches!(err, Error::Refused { .. }), "{err}");
+            assert_eq!(fs::metadata(&root).unwrap().uid(), 0);
+            // A mount the table read before does not show: refused (mounted since).
+            let later = base.join("pods/writer/volumes/kubernetes.io~csi/pv3/mount");
+            fs::create_dir_all(&later).unwrap();
+            let before = read_mountinfo().unwrap();
+            mount_tmpfs(&later);
+            let err = open_root(&later, &before, 1000, 2000).unwrap_err();
+            assert!(matches!(err, Error::NotAVolumeRoot { .. }), "{err}");
+            umount(&later);
+            // A volume mounted over the root after the table was read: the directory opened is
+            // not the one the table shows, refused.
+            mount_tmpfs(&root);
+            let err = open_root(&root, &table, 1000, 2000).unwrap_err();
+            assert!(matches!(err, Error::NotAVolumeRoot { .. }), "{err}");
+            umount(&root);
+            umount(&root);
+        },
+    );
 }
