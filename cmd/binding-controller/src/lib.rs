@@ -80,6 +80,15 @@ pub struct ControllerArgs {
     /// model on their own download, readers still waiting are deleted, no retry starts.
     #[arg(long, default_value_t = warmcache_modelvolume::lifecycle::DEFAULT_FAILURE_RECORD_SECONDS)]
     pub failure_record_seconds: i64,
+    /// The node agent (model-volume-controller) runs on the nodes writers land on and opens
+    /// fresh ReadWriteMany roots: a binding whose writer identity is `root` (a driver applying
+    /// no fsGroup) then gets a non-root writer that waits for the agent to give it its root,
+    /// instead of a writer running as uid 0. The chart sets it with the agent.
+    #[arg(long)]
+    pub node_agent_opens_roots: bool,
+    /// With --node-agent-opens-roots: seconds the writer waits for its root before it fails.
+    #[arg(long, default_value_t = warmcache_modelvolume::writer::DEFAULT_OPEN_ROOT_WAIT_SECONDS, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    pub open_root_wait_seconds: u32,
     /// How many bindings are reconciled at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
@@ -275,6 +284,9 @@ pub fn settings(args: &ControllerArgs) -> Result<controller::Settings, Error> {
     let writer = warmcache_modelvolume::WriterOptions {
         active_deadline_seconds: args.writer_deadline_seconds,
         ttl_seconds_after_finished: args.writer_ttl_seconds,
+        open_root_wait_seconds: args
+            .node_agent_opens_roots
+            .then_some(args.open_root_wait_seconds),
         ..warmcache_modelvolume::WriterOptions::default()
     };
     Ok(controller::Settings {
@@ -332,6 +344,25 @@ mod tests {
         assert_eq!(s.lifecycle.takeover_grace_seconds, 120);
         assert_eq!(s.lifecycle.failure_record_seconds, 3600);
         assert_eq!(s.gates, warmcache_catalog::Gates::DEFAULT);
+        assert_eq!(s.lifecycle.writer.open_root_wait_seconds, None);
+        let s = settings(&args(&["--node-agent-opens-roots"])).unwrap();
+        assert_eq!(s.lifecycle.writer.open_root_wait_seconds, Some(600));
+        let s = settings(&args(&[
+            "--node-agent-opens-roots",
+            "--open-root-wait-seconds",
+            "30",
+        ]))
+        .unwrap();
+        assert_eq!(s.lifecycle.writer.open_root_wait_seconds, Some(30));
+        assert!(
+            Cli::try_parse_from([
+                "binding-controller",
+                "controller",
+                "--open-root-wait-seconds",
+                "0"
+            ])
+            .is_err()
+        );
         let s = settings(&args(&["--feature-gates", "CachingSupport=false"])).unwrap();
         assert!(!s.gates.caching_support && s.gates.helm_model_caching);
         let refused = Cli::try_parse_from([

@@ -12,6 +12,7 @@
 //! | `pods` | create, delete | control namespace; hostPath readers' namespaces | mount holders of the primary and view holders (delete with a UID precondition) |
 //! | `pods` | patch | hostPath readers' namespaces | un-pending a reader once its bind is verified (UID in the merge patch) |
 //! | `persistentvolumeclaims`, `persistentvolumes` | get | hostPath readers' namespaces; cluster | the view claim and PV, read afresh before a bind |
+//! | `persistentvolumeclaims`, `persistentvolumes` | get | writer namespaces; cluster | a non-root writer's writer view claim and PV and the binding's primary, read afresh before its root is opened ([`crate::open`]) |
 //! | `pods` | get | cluster | the staging pod a primary claim was created for, to find it gone (then the claim is dropped and the election runs again); the binding's mount holder on another node |
 //! | `persistentvolumeclaims` | get, list, watch, create, patch, delete | control namespace | the primary claim: created sized from the bytes, read afresh before a copy (never copied twice), the copy recorded (merge patch with resourceVersion), dropped after three failed copies (UID precondition) |
 //! | `modelcachebindings` | list, watch | control namespace | the binding a staging pod names |
@@ -234,13 +235,13 @@ pub(crate) fn api_error(
 
 /// The reconciler of this node's staging pods.
 pub struct Agent {
-    client: Client,
-    settings: Settings,
-    bindings: Cache<ModelCacheBinding>,
+    pub(crate) client: Client,
+    pub(crate) settings: Settings,
+    pub(crate) bindings: Cache<ModelCacheBinding>,
     claims: Cache<PersistentVolumeClaim>,
     pods: Cache<Pod>,
-    metrics: Metrics,
-    host: Arc<HostBinds>,
+    pub(crate) metrics: Metrics,
+    pub(crate) host: Arc<HostBinds>,
 }
 
 impl Agent {
@@ -565,6 +566,10 @@ impl Reconciler<Pod> for Agent {
                 return Ok(Action::await_change());
             }
             HostReaderState::NotHostReader => {}
+        }
+        // A non-root writer waiting for its fresh root.
+        if let Some(done) = self.open_root(&pod).await {
+            return done;
         }
         let staged = match staging_state(&pod) {
             StagingState::Staged(s) => s,

@@ -1,6 +1,7 @@
 //! The node agent (`model-volume-controller`, a DaemonSet): the steps of the model lifecycle that
-//! can only happen on a node: the block (roxReadOnly) staging copy ([`agent`]) and verified
-//! read-only binds for hostPath readers of block storage ([`host`]); see `docs/node-agent.md`.
+//! can only happen on a node: the block (roxReadOnly) staging copy ([`agent`]), verified
+//! read-only binds for hostPath readers of block storage ([`host`]) and fresh ReadWriteMany
+//! roots opened for non-root writers ([`open`]); see `docs/node-agent.md`.
 //!
 //! ```text
 //! model-volume-controller run --node-name NODE [--kubelet-root DIR] [--control-namespace NS]
@@ -16,6 +17,7 @@
 pub mod agent;
 pub mod host;
 pub mod metrics;
+pub mod open;
 pub mod rbac;
 
 use std::path::PathBuf;

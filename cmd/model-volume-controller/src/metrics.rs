@@ -10,6 +10,7 @@
 //! | `host_steps_total` | `step` (the fixed [`HostBindStep`] kinds) | decisions taken for hostPath readers' binds |
 //! | `binds_total` | `outcome` ([`BIND_OUTCOMES`]) | what a bind or unbind found and did, as the mount table shows it |
 //! | `unpends_total` | | hostPath readers un-pended after their bind was verified |
+//! | `roots_opened_total` | `outcome` ([`OPEN_OUTCOMES`]) | fresh ReadWriteMany roots opened for non-root writers, by what the agent found |
 //!
 //! Every label value is a fixed word; no pod, binding or model is a label.
 
@@ -68,6 +69,12 @@ pub const fn host_step_label(step: &HostBindStep) -> &'static str {
     }
 }
 
+/// Label values of `roots_opened_total`: the root was given to the writer (`opened`), was the
+/// writer's already (`already_open`), the volume was not mounted yet (`not_mounted`), the pod or
+/// its volume is not one the agent opens, or the root is someone else's (`refused`), a system
+/// call failed (`failed`).
+pub const OPEN_OUTCOMES: [&str; 5] = ["opened", "already_open", "not_mounted", "refused", "failed"];
+
 /// Label values of `copies_total`.
 pub const OUTCOMES: [&str; 3] = ["succeeded", "failed", "gave_up"];
 
@@ -99,6 +106,7 @@ pub struct Metrics {
     host_steps: IntCounterVec,
     binds: IntCounterVec,
     unpends: IntCounter,
+    roots: IntCounterVec,
 }
 
 impl Metrics {
@@ -178,6 +186,20 @@ impl Metrics {
                 "hostPath readers un-pended after their bind was verified.",
             ),
         )?;
+        let roots = register_metric(
+            registry,
+            "roots_opened_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "roots_opened_total",
+                    "Fresh ReadWriteMany roots opened for non-root writers, by what the agent found.",
+                ),
+                &["outcome"],
+            ),
+        )?;
+        for o in OPEN_OUTCOMES {
+            roots.with_label_values(&[o]);
+        }
         for s in STEPS {
             steps.with_label_values(&[s]);
         }
@@ -198,6 +220,7 @@ impl Metrics {
             host_steps,
             binds,
             unpends,
+            roots,
         })
     }
 
@@ -217,6 +240,13 @@ impl Metrics {
     pub fn bind(&self, outcome: &'static str) {
         if BIND_OUTCOMES.contains(&outcome) {
             self.binds.with_label_values(&[outcome]).inc();
+        }
+    }
+
+    /// What opening a writer's root found (one of [`OPEN_OUTCOMES`]).
+    pub fn root(&self, outcome: &'static str) {
+        if OPEN_OUTCOMES.contains(&outcome) {
+            self.roots.with_label_values(&[outcome]).inc();
         }
     }
 
@@ -290,6 +320,12 @@ mod tests {
             );
         }
         assert!(text.contains("unpends_total 0"), "{text}");
+        for o in OPEN_OUTCOMES {
+            assert!(
+                text.contains(&format!("roots_opened_total{{outcome=\"{o}\"}} 0")),
+                "{text}"
+            );
+        }
         assert!(text.contains("copied_bytes_total 1048576"), "{text}");
         assert!(text.contains("copy_seconds_count 1"), "{text}");
         assert!(Metrics::register(&registry).is_err(), "registered twice");

@@ -53,7 +53,7 @@ const OWN: &[Permission] = &[
         verbs: &["get"],
         scope: Scope::Cluster,
         names: &[],
-        why: "read afresh: the primary claim before a copy (never copied twice); a hostPath reader namespace's view claim (bound to the recorded view) before its bind",
+        why: "read afresh: the primary claim before a copy (never copied twice); a hostPath reader namespace's view claim (bound to the recorded view) before its bind; a non-root writer's writer view claim before its root is opened",
     },
     Permission {
         group: "",
@@ -61,7 +61,7 @@ const OWN: &[Permission] = &[
         verbs: &["get"],
         scope: Scope::Cluster,
         names: &[],
-        why: "a hostPath reader namespace's view PV, read afresh before its bind: the recorded one, pre-bound to the view claim, its handle derived from the primary's",
+        why: "read afresh: a hostPath reader namespace's view PV before its bind (the recorded one, pre-bound to the view claim, its handle derived from the primary's); a non-root writer's writer view PV and the binding's primary before its root is opened (pre-bound to the writer's claim, on the primary's handle)",
     },
     Permission {
         group: "",

@@ -37,11 +37,14 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
-use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition};
+use warmcache_api_modelcache::v2beta1::{
+    ModelCacheBinding, PopulationState, Transition, WriterIdentity,
+};
 use warmcache_binding_controller::controller::{Settings, start};
 use warmcache_catalog::{CatalogInput, CatalogSnapshot, Gates};
 use warmcache_modelvolume::agent::{Staged, staged_primary_claim, view_holder_name};
 use warmcache_modelvolume::keys::{DOWNLOAD_STEP_ANNOTATION, PENDING_LABEL, WAIT_CONTAINER};
+use warmcache_modelvolume::open_root::OPEN_ROOT_LABEL;
 use warmcache_modelvolume::volume_keys::{
     BYTES_ANNOTATION, COMPLETE_LABEL, MANIFEST_DIGEST_ANNOTATION,
 };
@@ -102,6 +105,7 @@ try() { op=$1; shift; err=$("$@" 2>&1 >/dev/null); echo "$op rc=$? $err"; }
 {
   echo "read=$(cat "$L/config.json")"
   echo "shard=$(wc -c < "$L/model.safetensors" | tr -d ' ')"
+  echo "owner=$(stat -c %u:%g "$L/config.json")"
   echo "mount=$(awk -v p="$L" '$2 == p { o = $4 } END { print o }' /proc/mounts)"
   try create touch "$L/written-by-reader"
   try append sh -c 'echo more >> "$0/config.json"' "$L"
@@ -269,8 +273,32 @@ static ONE_CLASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// namespace labelled alike reads the same cache (helmModelCache).
 /// `reader_mode`: how the reader pods read the copy (the webhook's option).
 async fn setup(download: &str, stale_claim: bool, shared: bool, reader_mode: ReaderMode) -> World {
+    setup_on(Flow::Block, download, stale_claim, shared, reader_mode).await
+}
+
+/// The storage a test runs on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// The namespaced-block profile: roxReadOnly, the agent's staging copy.
+    Block,
+    /// The root-owned shared-filesystem profile (fresh exports root-owned 0755, no fsGroup on
+    /// ReadWriteMany): rwxReadOnly with writer identity root, the binding controller relying on
+    /// the agent to open fresh roots for a non-root writer.
+    RootOwnedRwx,
+}
+
+async fn setup_on(
+    flow: Flow,
+    download: &str,
+    stale_claim: bool,
+    shared: bool,
+    reader_mode: ReaderMode,
+) -> World {
     let one = ONE_CLASS.lock().await;
-    let driver = TestCsiDriver::NamespacedBlock;
+    let driver = match flow {
+        Flow::Block => TestCsiDriver::NamespacedBlock,
+        Flow::RootOwnedRwx => TestCsiDriver::RootOwnedFs,
+    };
     let node = RealNode::shared().await.unwrap();
     let plane = ControlPlane::shared().await.unwrap();
     let app = TestNamespace::new("mvc-node-app").await.unwrap();
@@ -300,8 +328,18 @@ async fn setup(download: &str, stale_claim: bool, shared: bool, reader_mode: Rea
         .get(driver.driver_name())
         .await
         .unwrap();
+    // Block: provider nvmesh (roxReadOnly). Root-owned: ReadWriteMany with no writer identity,
+    // so the decision takes `root` from the CSIDriver's fsGroupPolicy.
+    let entry = match flow {
+        Flow::Block => {
+            "provider: nvmesh\n    accessModes: [ReadWriteOnce, ReadOnlyMany]\n    readerMountOptions: [ro]"
+        }
+        Flow::RootOwnedRwx => {
+            "provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []"
+        }
+    };
     let catalog = CatalogSnapshot::from_payload(&format!(
-        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\ndrivers:\n  - name: {}\n    provider: nvmesh\n    accessModes: [ReadWriteOnce, ReadOnlyMany]\n    readerMountOptions: [ro]\n",
+        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\ndrivers:\n  - name: {}\n    {entry}\n",
         driver.driver_name()
     ))
     .unwrap();
@@ -340,9 +378,12 @@ async fn setup(download: &str, stale_claim: bool, shared: bool, reader_mode: Rea
             catalog_namespace: None,
             gates: warmcache_catalog::Gates::DEFAULT,
             lifecycle: LifecycleConfig {
+                primary_size: Quantity("64Mi".into()),
                 writer: WriterOptions {
                     resources: small(),
                     backoff_limit: 0,
+                    // What the chart sets with the agent deployed.
+                    open_root_wait_seconds: Some(120),
                     ..WriterOptions::default()
                 },
                 ..LifecycleConfig::default()
@@ -393,7 +434,13 @@ async fn setup(download: &str, stale_claim: bool, shared: bool, reader_mode: Rea
     let Verdict::Rewrite(first) = admit(&req, |_, _| None, &storage) else {
         panic!("the vLLM pod was not rewritten");
     };
-    assert_eq!(first.transition, Transition::RoxReadOnly);
+    assert_eq!(
+        first.transition,
+        match flow {
+            Flow::Block => Transition::RoxReadOnly,
+            Flow::RootOwnedRwx => Transition::RwxReadOnly,
+        }
+    );
     let BindingAction::Create(wanted) = first.binding.clone() else {
         panic!("no binding exists yet");
     };
@@ -1056,6 +1103,88 @@ async fn a_host_path_reader_is_served_and_unpended_only_with_a_verified_bind() {
     assert!(
         log.contains("no reader of the model is left on the node"),
         "{log}"
+    );
+    w.finish().await;
+}
+
+/// Seed 002's shared-filesystem failure, served: every fresh export of the root-owned profile is
+/// owned by root (0755) and the driver applies no fsGroup to ReadWriteMany, so the decision says
+/// writer identity `root`; with the agent deployed the binding controller runs the writer as the
+/// function's non-root user instead, labelled for the agent, and its wrapper waits. The agent of
+/// the node (as its ServiceAccount) checks the pod, the writer view claim and PV and the primary,
+/// gives the root of the kubelet's mount of the view to the writer's user once the mount table
+/// shows it, and the download lands as that user; the reader reads it read-only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_root_writer_gets_its_fresh_root_opened_by_the_agent() {
+    let w = setup_on(
+        Flow::RootOwnedRwx,
+        DOWNLOAD_SCRIPT,
+        false,
+        false,
+        ReaderMode::Pvc,
+    )
+    .await;
+    assert_eq!(
+        w.stored.spec.decision.writer_identity,
+        Some(WriterIdentity::Root)
+    );
+    let b = w.settled().await.unwrap_or_else(|b| {
+        panic!(
+            "the download failed: {:?}\nagent log:\n{}",
+            b.status,
+            w.agent_log()
+        )
+    });
+    assert_eq!(
+        b.status
+            .as_ref()
+            .unwrap()
+            .realized
+            .as_ref()
+            .unwrap()
+            .population_state,
+        Some(PopulationState::Ready)
+    );
+
+    // The writer ran non-root, labelled for the agent, and the agent opened its root.
+    let writers = w
+        .pods
+        .list(&ListParams::default().labels(&format!("{OPEN_ROOT_LABEL}=true")))
+        .await
+        .unwrap();
+    let [writer] = writers.items.as_slice() else {
+        panic!("one writer pod: {:?}", writers.items);
+    };
+    let security = writer.spec.as_ref().unwrap().containers[0]
+        .security_context
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (security.run_as_user, security.run_as_group),
+        (Some(65532), Some(65532))
+    );
+    assert_eq!(
+        writer.status.as_ref().unwrap().phase.as_deref(),
+        Some("Succeeded")
+    );
+    event_on(&w, &writer.name_any(), "ModelRootOpened").await;
+
+    // The reader reads what the non-root writer wrote, and cannot write it.
+    let done = wait_pod_finished(&w.pods, "qwen3-reader", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", w.agent_log()));
+    assert_eq!(
+        state_exit(&done, WAIT_CONTAINER),
+        Some(0),
+        "{:?}",
+        done.status
+    );
+    let report = termination_message(&done, &w.engine).unwrap_or_default();
+    assert_reads_read_only(&report);
+    assert_eq!(
+        report.lines().find_map(|l| l.strip_prefix("owner=")),
+        Some("65532:65532"),
+        "the files belong to the writer's user: {report}"
     );
     w.finish().await;
 }

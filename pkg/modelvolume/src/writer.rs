@@ -563,6 +563,10 @@ pub fn writer_job_in(
         labels.insert(OPEN_ROOT_LABEL.to_owned(), "true".to_owned());
     }
     let mut pod_annotations = BTreeMap::new();
+    if opened {
+        // The agent checks the pod against the binding it names.
+        pod_annotations.clone_from(&annotations);
+    }
     if staged {
         labels.insert(STAGING_LABEL.to_owned(), "true".to_owned());
         pod_annotations.clone_from(&annotations);
@@ -1140,10 +1144,15 @@ mod tests {
         });
         let job = writer_job(&root, &step, &[], &opening).unwrap();
         let template = &job.spec.as_ref().unwrap().template;
+        let meta = template.metadata.as_ref().unwrap();
+        assert_eq!(meta.labels.as_ref().unwrap()[OPEN_ROOT_LABEL], "true");
+        // The pod names its binding, as the agent's check reads it.
+        let annotations = meta.annotations.as_ref().unwrap();
         assert_eq!(
-            template.metadata.as_ref().unwrap().labels.as_ref().unwrap()[OPEN_ROOT_LABEL],
-            "true"
+            annotations[BINDING_ANNOTATION],
+            root.metadata.name.clone().unwrap()
         );
+        assert_eq!(annotations[BINDING_UID_LABEL_ANNOTATION], "binding-uid-1");
         let pod = template.spec.as_ref().unwrap();
         let psc = pod.security_context.as_ref().unwrap();
         assert_eq!(

@@ -977,6 +977,7 @@ fn values_reach_the_components() {
             "webhook.featureGates=ModelCacheEncryption=true",
             "bindingController.primarySize=2Ti",
             "bindingController.viewMountOptions={noatime}",
+            "bindingController.openRootWaitSeconds=120",
             "kvcacheOperator.storeImageUsers={lmcache/=1000}",
             "controlNamespace.name=models-control",
             "otel.endpoint=http://collector:4317",
@@ -1030,8 +1031,31 @@ fn values_reach_the_components() {
         "--catalog-namespace=warmcache-system",
         // The webhook's gates, so decision drift decides with them.
         "--feature-gates=ModelCacheEncryption=true",
+        // The agent is deployed: it opens fresh roots for non-root writers.
+        "--node-agent-opens-roots",
+        "--open-root-wait-seconds=120",
     ] {
         assert!(controller.contains(&expected.to_owned()), "{controller:?}");
+    }
+    // Without the agent, or told not to, writers of root-owned exports stay uid 0.
+    for values in [
+        &[][..],
+        &[
+            "modelVolumeController.enabled=true",
+            "modelVolumeController.opensWriterRoots=false",
+        ],
+    ] {
+        let objects = helm().template(values).unwrap();
+        let d = find(&objects, "Deployment", "warmcache-binding-controller").unwrap();
+        let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            !args.contains("--node-agent-opens-roots"),
+            "{values:?}: {args}"
+        );
+        assert!(
+            !args.contains("--open-root-wait-seconds"),
+            "{values:?}: {args}"
+        );
     }
     assert!(
         args("warmcache-kvcache-operator").contains(&"--store-image-user=lmcache/=1000".to_owned())
