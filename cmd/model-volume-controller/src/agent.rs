@@ -457,6 +457,7 @@ impl Agent {
         if warmcache_nodefs::mounts::top_mount(&mounts, &dest).is_none() {
             return Err(Failure::NotMounted(dest.display().to_string()));
         }
+        let checked = mounts.clone();
         // A copy an earlier attempt published and verified (its record was lost: a crash or a
         // failed patch): recorded as it is, not copied again into a volume sized for one copy.
         let existing = dest.clone();
@@ -503,10 +504,11 @@ impl Agent {
         );
         let started = Instant::now();
         let (s, d) = (source.clone(), dest.clone());
-        let result =
-            tokio::task::spawn_blocking(move || warmcache_nodefs::copy_tree(&s, &d, &attempt))
-                .await
-                .map_err(|_| Failure::Task("copy"))?;
+        let result = tokio::task::spawn_blocking(move || {
+            warmcache_nodefs::copy_tree_into_mount(&s, &d, &attempt, &checked)
+        })
+        .await
+        .map_err(|_| Failure::Task("copy"))?;
         match result {
             Ok(report) => {
                 let seconds = started.elapsed().as_secs_f64();

@@ -56,8 +56,8 @@ mod open;
 
 pub use at::MAX_DEPTH;
 pub use copy::{
-    CopyReport, MANIFEST, MARKER, STAGING_PREFIX, VerifyReport, copy_tree, is_complete,
-    verify_manifest,
+    CopyReport, MANIFEST, MARKER, STAGING_PREFIX, VerifyReport, copy_tree, copy_tree_into_mount,
+    is_complete, verify_manifest,
 };
 pub use error::{Error, Problem, Shown};
 pub use measure::measure;

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use rustix::fs::{Gid, Mode, Uid};
+use rustix::fs::{Gid, Mode, Statx, StatxFlags, Uid};
 
 use crate::at::{open_root_dir, stat_fd};
 use crate::error::Error;
@@ -16,6 +16,30 @@ pub enum OpenOutcome {
     Opened,
     /// The root already belongs to the writer's user with `rwx` for it: nothing was changed.
     AlreadyOpen,
+}
+
+/// Checks that `st` (of a directory opened at `path`) is the root of the mount `mounts` shows
+/// on top at `path`: by mount id, or by device on kernels without `STATX_MNT_ID`.
+pub(crate) fn on_top_mount(st: &Statx, mounts: &[MountInfo], path: &Path) -> Result<(), Error> {
+    let Some(top) = top_mount(mounts, path) else {
+        return Err(Error::NotAVolumeRoot {
+            path: path.to_path_buf(),
+        });
+    };
+    let mnt_id = StatxFlags::from_bits_retain(st.stx_mask)
+        .contains(StatxFlags::MNT_ID)
+        .then_some(st.stx_mnt_id);
+    let on_top = match mnt_id {
+        Some(id) => id == top.mount_id,
+        None => (st.stx_dev_major, st.stx_dev_minor) == (top.major, top.minor),
+    };
+    if on_top {
+        Ok(())
+    } else {
+        Err(Error::NotAVolumeRoot {
+            path: path.to_path_buf(),
+        })
+    }
 }
 
 /// Gives the root directory `path` of a mounted volume to `user`:`group`, through one open
@@ -45,23 +69,7 @@ pub fn open_root(
 ) -> Result<OpenOutcome, Error> {
     let fd = open_root_dir(path)?;
     let st = stat_fd(&fd, || path.to_path_buf())?;
-    let Some(top) = top_mount(mounts, path) else {
-        return Err(Error::NotAVolumeRoot {
-            path: path.to_path_buf(),
-        });
-    };
-    let mnt_id = rustix::fs::StatxFlags::from_bits_retain(st.stx_mask)
-        .contains(rustix::fs::StatxFlags::MNT_ID)
-        .then_some(st.stx_mnt_id);
-    let on_top = match mnt_id {
-        Some(id) => id == top.mount_id,
-        None => (st.stx_dev_major, st.stx_dev_minor) == (top.major, top.minor),
-    };
-    if !on_top {
-        return Err(Error::NotAVolumeRoot {
-            path: path.to_path_buf(),
-        });
-    }
+    on_top_mount(&st, mounts, path)?;
     let mode = u32::from(st.stx_mode) & 0o7777;
     let owner_rwx = mode & 0o700 == 0o700;
     match st.stx_uid {

@@ -15,8 +15,9 @@ use std::process::Command;
 
 use rustix::mount::{MountFlags, UnmountFlags};
 use warmcache_nodefs::{
-    BindOutcome, BindState, Error, OpenOutcome, bind_state, ensure_read_only_bind,
-    ensure_read_only_bind_over_empty, open_root, read_mountinfo, top_mount, unbind,
+    BindOutcome, BindState, Error, OpenOutcome, bind_state, copy_tree_into_mount,
+    ensure_read_only_bind, ensure_read_only_bind_over_empty, is_complete, open_root,
+    read_mountinfo, top_mount, unbind,
 };
 
 const IN_MOUNTNS: &str = "WARMCACHE_NODEFS_IN_MOUNTNS";
@@ -488,6 +489,48 @@ fn a_fresh_volume_root_is_opened_for_its_writer_only_on_its_mount() {
             assert!(matches!(err, Error::NotAVolumeRoot { .. }), "{err}");
             umount(&root);
             umount(&root);
+        },
+    );
+}
+
+/// The staging copy goes only into the mount the table showed: not into the kubelet's directory
+/// before the volume is mounted there, nor into a volume mounted over it since the table was read;
+/// into the mount itself, completely.
+#[test]
+fn a_copy_into_a_volume_is_refused_unless_the_volume_is_the_mount_the_table_shows() {
+    in_mount_namespace(
+        "a_copy_into_a_volume_is_refused_unless_the_volume_is_the_mount_the_table_shows",
+        || {
+            let tmp = tempfile::tempdir().unwrap();
+            let base = fs::canonicalize(tmp.path()).unwrap();
+            let tree = base.join("staged");
+            fs::create_dir_all(tree.join("blobs")).unwrap();
+            fs::write(tree.join("blobs/shard"), b"weights").unwrap();
+            let volume = base.join("pods/holder/volumes/kubernetes.io~csi/pv/mount");
+            fs::create_dir_all(&volume).unwrap();
+
+            let err =
+                copy_tree_into_mount(&tree, &volume, "a1", &read_mountinfo().unwrap()).unwrap_err();
+            assert!(matches!(err, Error::NotAVolumeRoot { .. }), "{err}");
+            assert_eq!(
+                fs::read_dir(&volume).unwrap().count(),
+                0,
+                "the node's disk untouched"
+            );
+
+            mount_tmpfs(&volume);
+            let table = read_mountinfo().unwrap();
+            mount_tmpfs(&volume);
+            let err = copy_tree_into_mount(&tree, &volume, "a2", &table).unwrap_err();
+            assert!(matches!(err, Error::NotAVolumeRoot { .. }), "{err}");
+            assert_eq!(fs::read_dir(&volume).unwrap().count(), 0);
+            umount(&volume);
+
+            let report = copy_tree_into_mount(&tree, &volume, "a3", &table).unwrap();
+            assert!(report.bytes >= 7, "{report:?}");
+            assert_eq!(is_complete(&volume).unwrap(), Some(report.bytes));
+            assert_eq!(fs::read(volume.join("blobs/shard")).unwrap(), b"weights");
+            umount(&volume);
         },
     );
 }

@@ -91,7 +91,34 @@ pub struct VerifyReport {
 /// link (the components above are resolved by the kernel and must be trusted). Hard links in the
 /// source are copied as separate files; the root directory's own mode and owner are left alone.
 pub fn copy_tree(source: &Path, dest_root: &Path, attempt: &str) -> Result<CopyReport, Error> {
-    let mut a = Attempt::begin(source, dest_root, attempt)?;
+    copy_tree_checked(source, dest_root, attempt, None)
+}
+
+/// [`copy_tree`] into the root of a mounted volume: the destination root, once opened, must be
+/// the root of the mount `mounts` shows on top at `dest_root` (by mount id), checked on the
+/// descriptor every write then goes through, before anything is touched. So a volume the kubelet
+/// has not mounted yet, or unmounted (or replaced) between the caller's read of the mount table
+/// and the copy, is refused with [`Error::NotAVolumeRoot`] instead of filled on the node's disk.
+///
+/// # Errors
+///
+/// As [`copy_tree`], and [`Error::NotAVolumeRoot`].
+pub fn copy_tree_into_mount(
+    source: &Path,
+    dest_root: &Path,
+    attempt: &str,
+    mounts: &[crate::mounts::MountInfo],
+) -> Result<CopyReport, Error> {
+    copy_tree_checked(source, dest_root, attempt, Some(mounts))
+}
+
+fn copy_tree_checked(
+    source: &Path,
+    dest_root: &Path,
+    attempt: &str,
+    mounts: Option<&[crate::mounts::MountInfo]>,
+) -> Result<CopyReport, Error> {
+    let mut a = Attempt::begin(source, dest_root, attempt, mounts)?;
     match a.run() {
         Ok(report) => Ok(report),
         Err(e) => {
@@ -216,6 +243,7 @@ impl<'a> Attempt<'a> {
         source: &'a Path,
         dest_root: &'a Path,
         attempt: &str,
+        mounts: Option<&[crate::mounts::MountInfo]>,
     ) -> Result<Self, Error> {
         if !valid_attempt(attempt) {
             return Err(Error::InvalidAttempt {
@@ -239,6 +267,9 @@ impl<'a> Attempt<'a> {
         let root_st = at::stat_fd(&root_fd, || dest_root.to_path_buf())?;
         if at::inode(&src_st) == at::inode(&root_st) {
             return Err(overlap());
+        }
+        if let Some(mounts) = mounts {
+            crate::open::on_top_mount(&root_st, mounts, dest_root)?;
         }
         let root_mount = Mount::of(&root_st);
 

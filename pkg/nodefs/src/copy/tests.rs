@@ -45,7 +45,7 @@ const CRASHES: [Crash; 7] = [
 
 /// Runs attempt `name` of `src` into `dst` up to `crash`, the way `copy_tree` runs it.
 fn crash_at(src: &Path, dst: &Path, name: &str, crash: Crash) {
-    let mut a = Attempt::begin(src, dst, name).unwrap();
+    let mut a = Attempt::begin(src, dst, name, None).unwrap();
     if matches!(crash, Crash::Begun) {
         return;
     }
@@ -156,7 +156,7 @@ fn a_crash_at_any_step_leaves_no_marker_and_the_retry_converges() {
 fn the_marker_goes_first() {
     let c = case();
     let before = names(&c.dst);
-    let a = Attempt::begin(&c.new, &c.dst, "second").unwrap();
+    let a = Attempt::begin(&c.new, &c.dst, "second", None).unwrap();
     // Nothing else was touched: the old content is all there, the marker is not.
     let mut now = names(&c.dst);
     now.retain(|n| n != ".nvsnap-staging-second");
@@ -218,7 +218,7 @@ fn a_source_failing_midway_leaves_no_marker_then_converges() {
 #[test]
 fn verify_catches_a_tree_changed_after_the_copy() {
     let c = case();
-    let mut a = Attempt::begin(&c.new, &c.dst, "second").unwrap();
+    let mut a = Attempt::begin(&c.new, &c.dst, "second", None).unwrap();
     a.copy().unwrap();
     a.publish().unwrap();
     a.write_manifest().unwrap();
