@@ -12,6 +12,7 @@
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod names;
+pub mod selection;
 pub mod v2beta1;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -695,3 +695,131 @@ async fn bad_reviews_over_https_get_a_clear_answer() {
     }
     served.stop(&client).await;
 }
+
+/// The catalog of the built-in copy with `csi.weka.io` (what the shared `nvcf-sc` uses) either
+/// unqualified (no access modes: no flow for any workflow) or absent.
+fn weka_catalog(qualified_entry: bool) -> String {
+    let weka = if qualified_entry {
+        "  - {name: csi.weka.io, provider: weka, accessModes: [], readerMountOptions: []}\n"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\ndrivers:\n{weka}  - {{name: nvmesh-csi.excelero.com, provider: nvmesh, accessModes: [ReadWriteOnce, ReadOnlyMany], readerMountOptions: [ro]}}\n"
+    )
+}
+
+/// Every gate combination and every non-durable path the shared StorageClass allows, through
+/// the real API server: each pod records the selection it runs with (and the reason), and no
+/// binding is created unless the selection is durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gates_and_non_durable_paths_record_their_selection_and_create_nothing() {
+    use warmcache_api_modelcache::STORAGE_SELECTION_ANNOTATION;
+    use warmcache_api_modelcache::selection::{Mode, Selection};
+
+    let client = client().await;
+    let no_flow = weka_catalog(true);
+    let no_entry = weka_catalog(false);
+    // (gates, catalog, what a regular namespace gets, what a sharing domain gets), each as
+    // (mode, skip reason or "" for a rewrite).
+    type Expected = (Mode, &'static str);
+    let cases: [(&[&str], Option<&str>, Expected, Expected); 5] = [
+        (
+            &["--feature-gates", "CachingSupport=false"],
+            None,
+            (Mode::None, "caching-disabled"),
+            (Mode::None, "caching-disabled"),
+        ),
+        (
+            &[
+                "--feature-gates",
+                "CachingSupport=false,HelmModelCaching=false",
+            ],
+            None,
+            (Mode::None, "caching-disabled"),
+            (Mode::None, "caching-disabled"),
+        ),
+        (
+            &["--feature-gates", "HelmModelCaching=false"],
+            None,
+            (Mode::Durable, ""),
+            (Mode::None, "caching-disabled"),
+        ),
+        (
+            &[],
+            Some(&no_flow),
+            (Mode::None, "no-durable-storage"),
+            (Mode::Ephemeral, "no-durable-storage"),
+        ),
+        (
+            &[],
+            Some(&no_entry),
+            (Mode::None, "no-durable-storage"),
+            (Mode::Ephemeral, "no-durable-storage"),
+        ),
+    ];
+    for (args, catalog, regular, helm) in cases {
+        let served = Served::start_with(&client, Setup { args, catalog }).await;
+        let plain = served.namespace(&client, "pw-sel", &[]).await;
+        let domain = unique("sel");
+        let shared = served
+            .namespace(
+                &client,
+                "pw-sel",
+                &[(SHARING_DOMAIN_LABEL, domain.as_str())],
+            )
+            .await;
+        let created = create_pods(
+            &client,
+            vec![
+                (plain.clone(), engine_pod("qwen")),
+                (shared.clone(), engine_pod("qwen")),
+            ],
+        )
+        .await;
+        let mut durable = 0;
+        for pod in &created {
+            // create_pods answers in completion order.
+            let (workflow, (mode, reason)) = if pod.namespace().as_deref() == Some(plain.as_str()) {
+                (Workflow::RegularModelCache, regular)
+            } else {
+                (Workflow::HelmModelCache, helm)
+            };
+            let what = format!("{args:?}, catalog {}, {workflow:?}", catalog.is_some());
+            let a = pod.annotations();
+            let Some(value) = a.get(STORAGE_SELECTION_ANNOTATION) else {
+                panic!("{what}: no selection on {a:?}\n{}", served.log());
+            };
+            let selection = Selection::parse(value).unwrap();
+            assert_eq!(selection.mode, mode, "{what}: {value}");
+            assert_eq!(selection.workflow, workflow, "{what}: {value}");
+            assert_eq!(
+                a.get(SKIP_REASON_ANNOTATION)
+                    .map(String::as_str)
+                    .unwrap_or(""),
+                reason,
+                "{what}"
+            );
+            if mode == Mode::Durable {
+                durable += 1;
+                assert_eq!(
+                    Some(&selection.binding_uid),
+                    a.get(BINDING_UID_ANNOTATION),
+                    "{what}: the selection names the stored binding"
+                );
+            } else {
+                assert_eq!(selection, Selection::non_durable(workflow, mode), "{what}");
+                assert!(!a.contains_key(BINDING_ANNOTATION), "{what}");
+            }
+        }
+        // Give a wrong write time to land, then count.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let bindings = served
+            .bindings(&client)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        assert_eq!(bindings.items.len(), durable, "{args:?}");
+        served.stop(&client).await;
+    }
+}

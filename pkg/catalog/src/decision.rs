@@ -47,6 +47,19 @@ impl Gates {
         model_cache_encryption: false,
     };
 
+    /// Why caching is off for `workflow` by a gate (`CachingSupport`, or `HelmModelCaching` for
+    /// `helmModelCache`), or `None` when the gates allow it. Evaluated before anything else,
+    /// also before an existing binding is joined.
+    pub const fn caching_off(&self, workflow: Workflow) -> Option<NonDurable> {
+        if !self.caching_support {
+            return Some(NonDurable::CachingDisabled);
+        }
+        if matches!(workflow, Workflow::HelmModelCache) && !self.helm_model_caching {
+            return Some(NonDurable::HelmCachingDisabled);
+        }
+        None
+    }
+
     /// Parses `Name=true|false,...` (the `--feature-gates` flag of the components that decide
     /// or re-decide storage) over [`Gates::DEFAULT`]; an empty text is the defaults.
     ///
@@ -376,11 +389,8 @@ pub enum DecisionError {
 /// Pure: the same inputs always give the same outcome.
 pub fn decide(inputs: &DecisionInputs<'_>) -> Result<Outcome, DecisionError> {
     let non_durable = |n| Ok(Outcome::NonDurable(n));
-    if !inputs.gates.caching_support {
-        return non_durable(NonDurable::CachingDisabled);
-    }
-    if inputs.workflow == Workflow::HelmModelCache && !inputs.gates.helm_model_caching {
-        return non_durable(NonDurable::HelmCachingDisabled);
+    if let Some(off) = inputs.gates.caching_off(inputs.workflow) {
+        return non_durable(off);
     }
     let Some(class) = inputs.storage_class else {
         return non_durable(NonDurable::StorageClassNotFound);

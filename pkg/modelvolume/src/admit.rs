@@ -3,8 +3,10 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::jiff::Timestamp;
-use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition};
-use warmcache_catalog::{CatalogInput, DecisionInputs, Gates, NonDurable, Outcome};
+use warmcache_api_modelcache::STORAGE_SELECTION_ANNOTATION;
+use warmcache_api_modelcache::selection::{Mode, Selection};
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition, Workflow};
+use warmcache_catalog::{CatalogInput, DecisionInputs, Gates, Outcome};
 use warmcache_cli::text::shown;
 
 use crate::binding::{accept_winner, check_joinable, desired_binding};
@@ -72,6 +74,7 @@ impl Rewrite {
             ),
         )
         .with_uri(self.plan.uri.clone())
+        .with_selection(own_download(self.plan.sharing.workflow))
     }
 
     /// The pod to admit once the binding is stored: for [`BindingAction::Create`], `stored` is the
@@ -87,7 +90,11 @@ impl Rewrite {
             BindingAction::Join { .. } => return Ok(self.pod),
             BindingAction::Create(wanted) => wanted,
         };
-        accept_winner(&wanted, stored).map_err(|s| s.with_uri(self.plan.uri.clone()))?;
+        let workflow = self.plan.sharing.workflow;
+        accept_winner(&wanted, stored).map_err(|s| {
+            s.with_uri(self.plan.uri.clone())
+                .with_selection(own_download(workflow))
+        })?;
         let uid = match stored.metadata.uid.as_deref() {
             Some(uid) if !uid.is_empty() => uid.to_owned(),
             _ => {
@@ -98,16 +105,43 @@ impl Rewrite {
                         shown(&self.plan.binding_name)
                     ),
                 )
-                .with_uri(self.plan.uri.clone()));
+                .with_uri(self.plan.uri.clone())
+                .with_selection(own_download(workflow)));
             }
         };
+        let selection =
+            Selection::durable(workflow, &stored.spec.decision, &stored.spec.storage_class)
+                .with_binding(self.plan.binding_name.clone(), uid.clone());
         let mut pod = self.pod;
-        pod.metadata
+        let annotations = pod
+            .metadata
             .annotations
-            .get_or_insert_with(Default::default)
-            .insert(BINDING_UID_ANNOTATION.to_owned(), uid);
+            .get_or_insert_with(Default::default);
+        annotations.insert(BINDING_UID_ANNOTATION.to_owned(), uid);
+        annotations.insert(
+            STORAGE_SELECTION_ANNOTATION.to_owned(),
+            selection.to_annotation(),
+        );
         Ok(pod)
     }
+}
+
+/// The selection of a pod that keeps its own download: the workflow's non-durable mode
+/// ([`Mode::fallback`]).
+fn own_download(workflow: Workflow) -> Selection {
+    Selection::non_durable(workflow, Mode::fallback(workflow))
+}
+
+/// `pod` recording `selection`.
+fn with_selection(mut pod: Pod, selection: &Selection) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            STORAGE_SELECTION_ANNOTATION.to_owned(),
+            selection.to_annotation(),
+        );
+    pod
 }
 
 /// A pod that already carries this namespace's rewrite: nothing to change.
@@ -189,7 +223,26 @@ pub fn decide(
     now: Timestamp,
 ) -> Verdict {
     let uri = plan.uri.clone();
-    let skip = |s: Skip| Verdict::Skip(s.with_uri(uri.clone()));
+    let workflow = plan.sharing.workflow;
+    // Every pod that gets this far records the storage selection it runs with: durable when it
+    // reads the binding, else the workflow's non-durable mode (its own download).
+    let skip = |s: Skip| {
+        Verdict::Skip(
+            s.with_uri(uri.clone())
+                .with_selection(own_download(workflow)),
+        )
+    };
+    // The gates come first: switched off, no pod reads a cache, not even an existing one.
+    if let Some(off) = storage.gates.caching_off(workflow) {
+        return Verdict::Skip(
+            Skip::new(
+                SkipReason::CachingDisabled,
+                format!("{}: {off}", off.reason()),
+            )
+            .with_uri(uri)
+            .with_selection(Selection::non_durable(workflow, Mode::None)),
+        );
+    }
     match binding {
         Some(b) => {
             let uid = match check_joinable(&plan, b, now) {
@@ -199,7 +252,12 @@ pub fn decide(
             let transition = b.spec.decision.transition;
             let mode = reader_mode(transition, req.options.reader_mode, req.namespace_labels);
             let pending = !has_view(b, &plan.namespace);
-            let pod = render(req.pod, &plan, req.options, mode, Some(&uid), pending);
+            let selection = Selection::durable(workflow, &b.spec.decision, &b.spec.storage_class)
+                .with_binding(plan.binding_name.clone(), uid.clone());
+            let pod = with_selection(
+                render(req.pod, &plan, req.options, mode, Some(&uid), pending),
+                &selection,
+            );
             Verdict::Rewrite(Box::new(Rewrite {
                 pod,
                 binding: BindingAction::Join {
@@ -221,14 +279,6 @@ pub fn decide(
             };
             let decision = match warmcache_catalog::decide(&inputs) {
                 Ok(Outcome::Durable(d)) => d,
-                Ok(Outcome::NonDurable(
-                    n @ (NonDurable::CachingDisabled | NonDurable::HelmCachingDisabled),
-                )) => {
-                    return skip(Skip::new(
-                        SkipReason::CachingDisabled,
-                        format!("{}: {n}", n.reason()),
-                    ));
-                }
                 Ok(Outcome::NonDurable(n)) => {
                     return skip(Skip::new(
                         SkipReason::NoDurableStorage,
@@ -245,7 +295,13 @@ pub fn decide(
             let wanted = desired_binding(&plan, &decision);
             let transition = decision.decision.transition;
             let mode = reader_mode(transition, req.options.reader_mode, req.namespace_labels);
-            let pod = render(req.pod, &plan, req.options, mode, None, true);
+            // Durable, without the binding reference until the binding is stored (`complete`).
+            let selection =
+                Selection::durable(workflow, &wanted.spec.decision, &wanted.spec.storage_class);
+            let pod = with_selection(
+                render(req.pod, &plan, req.options, mode, None, true),
+                &selection,
+            );
             Verdict::Rewrite(Box::new(Rewrite {
                 pod,
                 binding: BindingAction::Create(Box::new(wanted)),

@@ -6,6 +6,8 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
+use warmcache_api_modelcache::STORAGE_SELECTION_ANNOTATION;
+use warmcache_api_modelcache::selection::Selection;
 use warmcache_cli::text::bounded;
 
 use crate::keys::{SKIP_MESSAGE_ANNOTATION, SKIP_REASON_ANNOTATION};
@@ -256,6 +258,9 @@ pub struct Skip {
     pub message: String,
     /// The model URI, when one was recognised.
     pub uri: Option<String>,
+    /// The storage selection the pod records (the mode it runs in: `none` or `ephemeral`),
+    /// when the admission got as far as the storage decision.
+    pub selection: Option<Box<Selection>>,
 }
 
 impl Skip {
@@ -265,6 +270,7 @@ impl Skip {
             reason,
             message: bounded(&message.into(), MAX_MESSAGE_BYTES),
             uri: None,
+            selection: None,
         }
     }
 
@@ -275,18 +281,33 @@ impl Skip {
         self
     }
 
-    /// The annotations the pod records: reason code and message; none for scope reasons.
+    /// The same skip, recording the storage selection the pod runs with.
+    #[must_use]
+    pub fn with_selection(mut self, selection: Selection) -> Skip {
+        self.selection = Some(Box::new(selection));
+        self
+    }
+
+    /// The annotations the pod records: reason code and message, and the storage selection
+    /// when there is one; none for scope reasons.
     pub fn annotations(&self) -> BTreeMap<String, String> {
         if !self.reason.in_scope() {
             return BTreeMap::new();
         }
-        BTreeMap::from([
+        let mut out = BTreeMap::from([
             (
                 SKIP_REASON_ANNOTATION.to_owned(),
                 self.reason.code().to_owned(),
             ),
             (SKIP_MESSAGE_ANNOTATION.to_owned(), self.message.clone()),
-        ])
+        ]);
+        if let Some(selection) = &self.selection {
+            out.insert(
+                STORAGE_SELECTION_ANNOTATION.to_owned(),
+                selection.to_annotation(),
+            );
+        }
+        out
     }
 
     /// `pod` with [`Skip::annotations`] recorded, or `None` when the skip changes nothing (a
@@ -311,13 +332,15 @@ impl Skip {
         Some(out)
     }
 
-    /// The JSON report: `{"reason", "message", "event", "uri"}` (`uri` null when none).
+    /// The JSON report: `{"reason", "message", "event", "uri", "selection"}` (`uri` and
+    /// `selection` null when none).
     pub fn report(&self) -> Value {
         json!({
             "reason": self.reason.code(),
             "message": self.message,
             "event": self.reason.warrants_event(),
             "uri": self.uri,
+            "selection": self.selection,
         })
     }
 }

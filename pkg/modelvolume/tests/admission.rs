@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
+use warmcache_api_modelcache::selection::{Mode, Selection, SelectionTransition};
 use warmcache_api_modelcache::v2beta1::{
-    BindingPhase, ModelCacheBinding, PopulationState, RealizedStorage, Transition,
+    BindingPhase, ModelCacheBinding, PopulationState, RealizedStorage, Transition, Workflow,
 };
-use warmcache_api_modelcache::{FINALIZER, SHARING_DOMAIN_LABEL};
+use warmcache_api_modelcache::{FINALIZER, SHARING_DOMAIN_LABEL, STORAGE_SELECTION_ANNOTATION};
 use warmcache_catalog::{CatalogInput, Gates};
 use warmcache_modelid::{LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, LeaderWorkerSet};
 use warmcache_modelvolume::keys::{
@@ -1501,4 +1502,146 @@ fn the_original_containers_keep_their_command_and_only_gain_what_the_rewrite_nee
         .map(|v| v.name.clone())
         .collect();
     assert_eq!(vols, vec!["m", MODEL_VOLUME, "nvsnap-cache"]);
+}
+
+fn selection_of(p: &Pod) -> Selection {
+    let a = p.metadata.annotations.as_ref().expect("annotations");
+    Selection::parse(&a[STORAGE_SELECTION_ANNOTATION]).expect("a valid selection")
+}
+
+#[test]
+fn every_pod_past_the_storage_decision_records_its_selection() {
+    // A durable create: the decision, no binding reference until the binding is stored.
+    let ctx = Ctx::default();
+    let r = ctx.rewrite(&engine_pod(), None);
+    let s = selection_of(&r.pod);
+    assert_eq!(s.mode, Mode::Durable);
+    assert_eq!(s.workflow, Workflow::RegularModelCache);
+    assert_eq!(s.provisioner, "csi.weka.io");
+    assert_eq!(s.storage_class_uid, "5f0c1f3e-8a59-4c2a-9d0e-1b2c3d4e5f60");
+    assert_eq!(s.transition, Some(SelectionTransition::RwxReadOnly));
+    assert_eq!(
+        s.required_access_modes,
+        Transition::RwxReadOnly.required_access_modes()
+    );
+    assert!(s.binding_name.is_empty() && s.binding_uid.is_empty());
+    let wanted = created(&r);
+    let stored = common::stored(&wanted, None, None);
+    let done = r.complete(&stored).unwrap();
+    let s = selection_of(&done);
+    assert_eq!(Some(&s.binding_name), stored.metadata.name.as_ref());
+    assert_eq!(Some(&s.binding_uid), stored.metadata.uid.as_ref());
+    assert_eq!(s.catalog_digest, wanted.spec.decision.catalog_digest);
+
+    // A join records the joined binding's frozen decision, even when storage has gone since.
+    let gone = Ctx {
+        storage: "absent".into(),
+        ..Ctx::default()
+    };
+    let active = common::stored(&wanted, Some(BindingPhase::Active), None);
+    let joined = gone.rewrite(&engine_pod(), Some(&active));
+    assert_eq!(selection_of(&joined.pod), s);
+
+    // Non-durable: the workflow's fallback, with nothing resolved and no binding.
+    let cases: [(Ctx, Workflow, Mode, SkipReason); 5] = [
+        (
+            gone,
+            Workflow::RegularModelCache,
+            Mode::None,
+            SkipReason::NoDurableStorage,
+        ),
+        (
+            Ctx {
+                storage: "absent".into(),
+                ..Ctx::helm("d")
+            },
+            Workflow::HelmModelCache,
+            Mode::Ephemeral,
+            SkipReason::NoDurableStorage,
+        ),
+        (
+            Ctx {
+                storage: "lustre".into(),
+                ..Ctx::helm("d")
+            },
+            Workflow::HelmModelCache,
+            Mode::Ephemeral,
+            SkipReason::NoDurableStorage,
+        ),
+        (
+            Ctx {
+                gates: Gates {
+                    caching_support: false,
+                    ..common::gates()
+                },
+                ..Ctx::helm("d")
+            },
+            Workflow::HelmModelCache,
+            Mode::None,
+            SkipReason::CachingDisabled,
+        ),
+        (
+            Ctx {
+                gates: Gates {
+                    helm_model_caching: false,
+                    ..common::gates()
+                },
+                ..Ctx::helm("d")
+            },
+            Workflow::HelmModelCache,
+            Mode::None,
+            SkipReason::CachingDisabled,
+        ),
+    ];
+    for (ctx, workflow, mode, reason) in cases {
+        let p = engine_pod();
+        let skip = ctx.skip(&p, None);
+        assert_eq!(skip.reason, reason, "{}", skip.message);
+        let admitted = Verdict::Skip(skip.clone()).admitted(&p);
+        let s = selection_of(&admitted);
+        assert_eq!(
+            s,
+            Selection::non_durable(workflow, mode),
+            "{reason:?} in {workflow:?}"
+        );
+        assert_eq!(skip.report()["selection"]["mode"], mode.as_str());
+    }
+
+    // Gates come before the binding: off, an existing binding is not joined either.
+    let off = Ctx {
+        gates: Gates {
+            caching_support: false,
+            ..common::gates()
+        },
+        ..Ctx::default()
+    };
+    let skip = off.skip(&engine_pod(), Some(&active));
+    assert_eq!(skip.reason, SkipReason::CachingDisabled);
+    assert_eq!(skip.selection.unwrap().mode, Mode::None);
+
+    // A binding that may not be joined: the pod downloads on its own, and says so.
+    let mut retiring = active.clone();
+    retiring.status.as_mut().unwrap().phase = Some(BindingPhase::Retiring);
+    let skip = Ctx::default().skip(&engine_pod(), Some(&retiring));
+    assert_eq!(skip.reason, SkipReason::BindingRetiring);
+    assert_eq!(skip.selection.unwrap().mode, Mode::None);
+
+    // Skips decided before storage is looked at record no selection.
+    let mut nothing = engine_pod();
+    nothing.spec.as_mut().unwrap().containers[0].args = Some(vec!["--help".into()]);
+    nothing.spec.as_mut().unwrap().containers[0].command = Some(vec!["sleep".into()]);
+    let skip = ctx_skip_without_selection(&nothing);
+    assert!(skip.selection.is_none(), "{skip:?}");
+}
+
+fn ctx_skip_without_selection(p: &Pod) -> Skip {
+    let s = Ctx::default().skip(p, None);
+    assert!(
+        !matches!(
+            s.reason,
+            SkipReason::NoDurableStorage | SkipReason::CachingDisabled
+        ),
+        "{s:?}"
+    );
+    s
 }

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, MODEL_VOLUME, WAIT_CONTAINER,
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, MODEL_VOLUME, SKIP_REASON_ANNOTATION,
+    WAIT_CONTAINER,
 };
 use warmcache_testkit::{ComponentAccount, ControlPlane, WebhookPki, eventually};
 use warmcache_webhook::serve::webhook_configurations;
@@ -187,14 +188,40 @@ impl Drop for Served {
     }
 }
 
+/// How a test's webhook runs beyond the defaults.
+#[derive(Default)]
+pub struct Setup<'a> {
+    /// Extra `webhook serve` arguments (`--feature-gates ...`).
+    pub args: &'a [&'a str],
+    /// A catalog (the YAML of `storage-provider-capabilities.yaml`) put in the webhook's
+    /// namespace as ConfigMap `nvcf-storage-capabilities` before it starts; the built-in
+    /// catalog when `None`.
+    pub catalog: Option<&'a str>,
+}
+
 impl Served {
     pub async fn start(client: &Client) -> Served {
+        Self::start_with(client, Setup::default()).await
+    }
+
+    pub async fn start_with(client: &Client, setup: Setup<'_>) -> Served {
         let plane = ControlPlane::shared().await.unwrap();
         ensure_storage_class(client).await;
         let run = unique("run");
         let control = namespace(client, "pw-control", &[]).await;
         warm_binding_writes(client, &control).await;
         let home = namespace(client, "pw-home", &[]).await;
+        if let Some(catalog) = setup.catalog {
+            let map: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": warmcache_catalog::CONFIG_MAP_NAME},
+                "data": {(warmcache_catalog::CONFIG_MAP_KEY): catalog},
+            }))
+            .unwrap();
+            Api::<ConfigMap>::namespaced(client.clone(), &home)
+                .create(&PostParams::default(), &map)
+                .await
+                .unwrap();
+        }
         // The server runs as the ServiceAccount the chart gives it, with the roles generated
         // from src/rbac.rs: a call the list forgot fails these tests.
         let account = ComponentAccount::create(plane, client, "webhook", &home, &control)
@@ -215,6 +242,7 @@ impl Served {
             .args(["--listen", &listen.to_string()])
             .args(["--admin-listen", &admin.to_string()])
             .args(["--namespace", &home, "--control-namespace", &control])
+            .args(setup.args)
             .env("OTEL_SDK_DISABLED", "true")
             .env_remove("POD_NAMESPACE")
             .stdout(log.try_clone().unwrap())
@@ -242,15 +270,16 @@ impl Served {
             panic!("the webhook never became ready:\n{}", served.log());
         }
         served.config_name = served.register(client, listen).await;
-        // Active once the API server calls us: a dry-run GPU pod comes back rewritten.
+        // Active once the API server calls us: a dry-run GPU pod comes back rewritten (or,
+        // where caching is off or has no storage, saying why not).
         let probe = served.namespace(client, "pw-probe", &[]).await;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &probe);
         let active = eventually("the API server calling the webhook", TIMEOUT, || {
             let pods = pods.clone();
             async move {
                 let pod = pods.create(&dry_run(), &engine_pod("probe")).await.ok()?;
-                pod.annotations()
-                    .contains_key(BINDING_ANNOTATION)
+                let a = pod.annotations();
+                (a.contains_key(BINDING_ANNOTATION) || a.contains_key(SKIP_REASON_ANNOTATION))
                     .then_some(())
             }
         })
