@@ -204,24 +204,51 @@ fn in_process() {
         (options.clone(), sc.clone(), binding.clone());
     let body = review(&pod_value, NAMESPACE);
 
-    // The route the webhook serves, with its inputs fixed: the same framework path (typed
-    // decode, patch, encode) and the same pure rewrite, without the caches.
-    let handler = move |request: TypedRequest<Pod>| {
+    // The route the webhook serves (`Route::mutating_typed_async`, as `webhook serve` builds
+    // it), with its inputs fixed: the same framework path (typed decode, the handler's future,
+    // patch, encode) and the same pure rewrite, without the caches; and the synchronous typed
+    // route (`Route::mutating_typed`) with the same handler, for comparison.
+    let inputs = std::sync::Arc::new((options, sc, binding));
+    let sync_inputs = std::sync::Arc::clone(&inputs);
+    let sync_handler = move |request: TypedRequest<Pod>| {
         let Some(pod) = request.object.as_ref() else {
             return Mutation::Allow;
         };
+        let (options, sc, binding) = &*sync_inputs;
         let namespace = request.namespace.clone().unwrap_or_default();
-        Mutation::Mutated(join(pod, &namespace, &options, &sc, &binding))
+        Mutation::Mutated(join(pod, &namespace, options, sc, binding))
     };
-    let router = AdmissionServer::new(AdmissionServerConfig::new(TlsFiles::in_dir("/unused")))
-        .route(Route::mutating_typed::<Pod, _, _>(WEBHOOK_PATH, handler))
+    let async_handler = move |request: TypedRequest<Pod>| {
+        let inputs = std::sync::Arc::clone(&inputs);
+        async move {
+            let Some(pod) = request.object.as_ref() else {
+                return Mutation::Allow;
+            };
+            let (options, sc, binding) = &*inputs;
+            let namespace = request.namespace.clone().unwrap_or_default();
+            Mutation::Mutated(join(pod, &namespace, options, sc, binding))
+        }
+    };
+    let config = || AdmissionServerConfig::new(TlsFiles::in_dir("/unused"));
+    let served_router = AdmissionServer::new(config())
+        .route(Route::mutating_typed_async::<Pod, _, _, _>(
+            WEBHOOK_PATH,
+            async_handler,
+        ))
+        .router()
+        .unwrap();
+    let sync_router = AdmissionServer::new(config())
+        .route(Route::mutating_typed::<Pod, _, _>(
+            WEBHOOK_PATH,
+            sync_handler,
+        ))
         .router()
         .unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let admit_once = || {
+    let admit_with = |router: &axum::Router| {
         let request = http::Request::post(WEBHOOK_PATH)
             .header("content-type", "application/json")
             .body(axum::body::Body::from(body.clone()))
@@ -232,9 +259,26 @@ fn in_process() {
             black_box(bytes)
         })
     };
+    let admit_once = || admit_with(&served_router);
+    let sync_answer: Value = serde_json::from_slice(&admit_with(&sync_router)).unwrap();
     let answer: Value = serde_json::from_slice(&admit_once()).unwrap();
     assert!(!answer["response"]["patch"].is_null(), "{answer}");
+    assert_eq!(answer, sync_answer);
 
+    // `WEBHOOK_BENCH_PROFILE=<seconds>`: only the served route, for that long (for `perf`).
+    if let Some(seconds) = std::env::var("WEBHOOK_BENCH_PROFILE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        let until = Instant::now() + Duration::from_secs(seconds);
+        let mut n = 0u64;
+        while Instant::now() < until {
+            admit_once();
+            n += 1;
+        }
+        println!("profiled {n} admissions of the served route");
+        return;
+    }
     let budget = Duration::from_secs(2);
     let floor = per_call(budget, || {
         let v: Value = serde_json::from_slice(black_box(&body)).unwrap();
@@ -268,15 +312,23 @@ fn in_process() {
     let whole = per_call(budget, || {
         admit_once();
     });
+    let whole_sync = per_call(budget, || {
+        admit_with(&sync_router);
+    });
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
-        "in process, review of {} bytes: serde_json decode+encode {:.1} us (as AdmissionReview<Pod>: {:.1} us); whole admission {:.1} us; ratio {:.2}x to the plain floor, {:.2}x to the typed one (target <= 3x)",
+        "in process, review of {} bytes: serde_json decode+encode {:.1} us (as AdmissionReview<Pod>: {:.1} us); whole admission (the served async route) {:.1} us; ratio {:.2}x to the plain floor, {:.2}x to the typed one (target <= 3x)",
         body.len(),
         us(floor),
         us(typed_floor),
         us(whole),
         whole.as_secs_f64() / floor.as_secs_f64(),
         whole.as_secs_f64() / typed_floor.as_secs_f64(),
+    );
+    println!(
+        "  the synchronous typed route: whole admission {:.1} us; ratio {:.2}x to the plain floor",
+        us(whole_sync),
+        whole_sync.as_secs_f64() / floor.as_secs_f64(),
     );
     println!(
         "  parts: the pure rewrite {:.1} us; the JSON patch from the object as sent {:.1} us",
