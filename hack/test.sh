@@ -8,7 +8,8 @@
 # (hack/build-helm.sh; skipped when WARMCACHE_HELM is set), the real model download clients
 # (hack/model-clients.sh; skipped when WARMCACHE_MODEL_CLIENTS is set), the oldest supported kube-apiserver
 # (hack/build-oldest-apiserver.sh; skipped when WARMCACHE_OLDEST_APISERVER_BIN is set) and the real
-# Mooncake store (hack/mooncake.sh; skipped when WARMCACHE_MOONCAKE_MASTER is set), then runs the
+# Mooncake store (hack/mooncake.sh; skipped when WARMCACHE_MOONCAKE_MASTER is set) and promtool
+# (hack/promtool.sh; skipped when WARMCACHE_PROMTOOL is set), then runs the
 # generated-file checks, formatting, lints, every test in the workspace, and the check that every
 # verb the generated roles grant was used by a test (from the test API servers' audit logs). It needs cargo (Rust
 # 1.95 with clippy and rustfmt), python3 (tests execute a rendered preStop hook), flock, and Go
@@ -92,6 +93,15 @@ if [ -z "${WARMCACHE_MODEL_CLIENTS:-}" ] || [ ! -x "$WARMCACHE_MODEL_CLIENTS/hf"
 fi
 export WARMCACHE_MODEL_CLIENTS
 echo "using $WARMCACHE_MODEL_CLIENTS/hf"
+
+step "promtool (the metrics exposition linter, for the end-to-end metrics check)"
+# Debian's prometheus package, pinned, unpacked (not installed) under ~/.cache/warmcache/promtool;
+# skipped when WARMCACHE_PROMTOOL names the binary.
+if [ -z "${WARMCACHE_PROMTOOL:-}" ] || [ ! -x "$WARMCACHE_PROMTOOL" ]; then
+  WARMCACHE_PROMTOOL=$(hack/promtool.sh | tail -n 1)
+fi
+export WARMCACHE_PROMTOOL
+echo "using $WARMCACHE_PROMTOOL ($("$WARMCACHE_PROMTOOL" --version 2>&1 | head -n 1))"
 
 step "fetch crates (cargo fetch --locked)"
 # Everything after this step may run offline: on a fresh machine the registry is empty.

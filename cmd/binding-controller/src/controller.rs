@@ -130,6 +130,15 @@ pub enum Failure {
 }
 
 impl ReconcileError for Failure {
+    const CATEGORIES: &'static [&'static str] = &[
+        "owner",
+        "not_leader",
+        "completion_not_stored",
+        "foreign_object",
+        "condition",
+        "writer_lease_lost",
+    ];
+
     fn category(&self) -> &'static str {
         match self {
             Self::Kube(err) => ReconcileError::category(err),

@@ -71,6 +71,8 @@ pub enum Failure {
 }
 
 impl ReconcileError for Failure {
+    const CATEGORIES: &'static [&'static str] = &["render", "not_leader", "teardown"];
+
     fn category(&self) -> &'static str {
         match self {
             Self::Kube(err) => ReconcileError::category(err),

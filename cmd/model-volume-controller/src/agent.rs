@@ -213,6 +213,9 @@ pub enum Failure {
 }
 
 impl ReconcileError for Failure {
+    const CATEGORIES: &'static [&'static str] =
+        &["node_filesystem", "handoff", "not_mounted", "task"];
+
     fn category(&self) -> &'static str {
         match self {
             Self::Kube(e) => ReconcileError::category(e),

@@ -32,8 +32,9 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Creates and registers the metrics; `actions_total` and `sweeps_total` export every label
-    /// value with 0.
+    /// Creates and registers the metrics; `actions_total`, `kept_total` and `sweeps_total`
+    /// export every label value with 0, so a dashboard's queries find their series before the
+    /// first sweep has done or kept anything.
     ///
     /// # Errors
     ///
@@ -82,6 +83,11 @@ impl Metrics {
         for rule in Rule::ALL {
             for action in ACTIONS {
                 actions.with_label_values(&[rule.as_str(), action]);
+            }
+        }
+        for rule in Rule::ALL {
+            for reason in Keep::ALL {
+                kept.with_label_values(&[rule.as_str(), reason.as_str()]);
             }
         }
         for result in ["ok", "failed"] {
@@ -139,6 +145,7 @@ mod tests {
         );
         assert!(text.contains(r#"kept_total{reason="inside_retention",rule="expired-primary"} 1"#));
         assert!(text.contains(r#"sweeps_total{result="failed"} 0"#));
+        assert!(text.contains(r#"kept_total{reason="settling",rule="orphan-claim"} 0"#));
         assert!(Metrics::register(&registry).is_err(), "registered twice");
     }
 }

@@ -50,6 +50,28 @@ pub enum ErrorCategory {
 }
 
 impl ErrorCategory {
+    /// Every category.
+    pub const ALL: [Self; 7] = [
+        Self::NotFound,
+        Self::Conflict,
+        Self::AlreadyExists,
+        Self::Invalid,
+        Self::Forbidden,
+        Self::Transient,
+        Self::Other,
+    ];
+
+    /// The labels of [`ErrorCategory::ALL`], in that order.
+    pub const LABELS: [&'static str; 7] = [
+        "not_found",
+        "conflict",
+        "already_exists",
+        "invalid",
+        "forbidden",
+        "transient",
+        "other",
+    ];
+
     /// A short, stable, lower-case label for metrics, logs and Event reasons.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -349,6 +371,12 @@ impl Error {
 mod tests {
     use super::*;
     use kube::core::Status;
+
+    #[test]
+    fn the_labels_are_the_categories_words() {
+        let words: Vec<&str> = ErrorCategory::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(words, ErrorCategory::LABELS);
+    }
 
     fn api(code: u16, reason: &str) -> kube::Error {
         kube::Error::Api(Box::new(Status {

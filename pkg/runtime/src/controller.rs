@@ -53,6 +53,13 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
     /// the Event reason. Return one of a fixed set (never text built from the object).
     fn category(&self) -> &'static str;
 
+    /// The values [`category`](Self::category) can return besides the Kubernetes API
+    /// categories ([`warmcache_kube::ErrorCategory::LABELS`]) and [`PANIC_CATEGORY`], which
+    /// every controller has: the runtime exports `reconcile_failures_total` at 0 for all of
+    /// them from the start, so dashboards and alerts find the series before the first failure.
+    /// A category missing here is still counted when it happens.
+    const CATEGORIES: &'static [&'static str];
+
     /// Whether retrying cannot help until the object (or its inputs) change: invalid spec,
     /// unsupported request. Permanent errors set a condition and wait for a change; the others
     /// are retried with backoff.
@@ -62,6 +69,8 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
 }
 
 impl ReconcileError for warmcache_kube::Error {
+    const CATEGORIES: &'static [&'static str] = &[];
+
     fn category(&self) -> &'static str {
         warmcache_kube::Error::category(self).as_str()
     }
@@ -427,6 +436,13 @@ pub(crate) async fn run_while_leader<K, R>(
     R: Reconciler<K>,
 {
     let name = controller.name;
+    for category in R::Error::CATEGORIES
+        .iter()
+        .chain(&warmcache_kube::ErrorCategory::LABELS)
+        .chain([&PANIC_CATEGORY])
+    {
+        metrics.failures.with_label_values(&[name, category]);
+    }
     let shared = Arc::new(Shared {
         name,
         reconciler: Arc::clone(&controller.reconciler),

@@ -145,6 +145,8 @@ struct TestError {
 }
 
 impl ReconcileError for TestError {
+    const CATEGORIES: &'static [&'static str] = &["test_transient", "test_permanent", "test_never"];
+
     fn category(&self) -> &'static str {
         self.category
     }
@@ -664,6 +666,14 @@ async fn transient_errors_back_off_per_object_and_permanent_ones_wait_for_a_chan
     for category in ["test_transient", "test_permanent"] {
         let line = format!(
             "warmcache_runtime_test_reconcile_failures_total{{category=\"{category}\",controller=\"recorder\"}}"
+        );
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+    // Every category the error declares, the API categories and panic are exported from the
+    // start, at 0 where nothing failed so.
+    for category in ["test_never", "conflict", "panic"] {
+        let line = format!(
+            "warmcache_runtime_test_reconcile_failures_total{{category=\"{category}\",controller=\"recorder\"}} 0"
         );
         assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
     }

@@ -810,6 +810,128 @@ fn hook_log() -> String {
         .collect()
 }
 
+/// Every component pod of the release (each Deployment's and the agent's) serves `/metrics` on its
+/// admin port; each exposition passes `promtool check metrics` (Debian's promtool, from
+/// `hack/promtool.sh` through `WARMCACHE_PROMTOOL`), and every `warmcache_*` metric a panel of the
+/// chart's Grafana dashboard queries is a family (or a histogram's series) one of them exposes.
+async fn assert_metrics_lint_and_cover_the_dashboard(client: &Client) {
+    let promtool = std::env::var_os("WARMCACHE_PROMTOOL")
+        .map(PathBuf::from)
+        .expect("WARMCACHE_PROMTOOL names promtool (hack/test.sh sets it from hack/promtool.sh)");
+    let mut families = std::collections::BTreeSet::new();
+    let components = [
+        "webhook",
+        "binding-controller",
+        "kvcache-operator",
+        "kvcache-operator-webhook",
+        "reaper",
+        "model-volume-controller",
+    ];
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for component in components {
+        let list = pods
+            .list(
+                &ListParams::default().labels(&format!("app.kubernetes.io/component={component}")),
+            )
+            .await
+            .unwrap()
+            .items;
+        let pod = list
+            .into_iter()
+            .find(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .unwrap_or_else(|| panic!("{component}: no running pod"));
+        let response = admin_get(&pod, "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("{component}: /metrics: {e}"));
+        let body = response
+            .split_once("\r\n\r\n")
+            .map_or(response.as_str(), |(_, body)| body)
+            .to_owned();
+        let mut child = std::process::Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("running {}: {e}", promtool.display()));
+        {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(body.as_bytes())
+                .unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "promtool check metrics on {component}'s /metrics: {said}"
+        );
+        let mut own = 0;
+        for line in body.lines() {
+            if let Some(name) = line
+                .strip_prefix("# TYPE ")
+                .and_then(|rest| rest.split_whitespace().next())
+            {
+                own += usize::from(name.starts_with("warmcache_"));
+                families.insert(name.to_owned());
+            }
+        }
+        assert!(own > 0, "{component} exposes no warmcache_ family:\n{body}");
+    }
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            warmcache_testkit::chart_dir().join("files/dashboards/warmcache.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("warmcache_") {
+                    queried.insert((
+                        panel["title"].as_str().unwrap_or_default().to_owned(),
+                        word.to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    assert!(queried.len() >= 10, "{queried:?}");
+    let missing: Vec<String> = queried
+        .iter()
+        .filter(|(_, metric)| {
+            let family = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| {
+                    metric
+                        .strip_suffix(suffix)
+                        .filter(|f| families.contains(*f))
+                })
+                .unwrap_or(metric);
+            !families.contains(family)
+        })
+        .map(|(title, metric)| format!("panel {title:?} queries {metric}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "dashboard queries no component exposes:\n{}\n(families: {families:?})",
+        missing.join("\n")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
     let started = Instant::now();
@@ -1008,6 +1130,10 @@ async fn helm_install_upgrade_and_uninstall_on_the_real_node() {
         "the API server never connected to a KVCacheBackend webhook pod\n{}",
         cluster.net.report()
     );
+
+    // --- 2b. every component's real /metrics: promtool clean, and every metric the Grafana
+    // dashboard queries is exposed by one of them.
+    assert_metrics_lint_and_cover_the_dashboard(&client).await;
     eprintln!("webhooks called after {:.1?}", started.elapsed());
 
     // --- 3. upgrade to a chart whose CRD changed, with a changed value.
