@@ -93,6 +93,9 @@ pub struct Install<'a> {
     pub kubeconfig: &'a Path,
     /// Where images are put together.
     pub work_dir: &'a Path,
+    /// The OTLP/gRPC collector the components export traces to (`otel.endpoint`); none when
+    /// `None`.
+    pub otel_endpoint: Option<&'a str>,
 }
 
 /// The release and its namespace.
@@ -175,6 +178,10 @@ pub async fn install(
         "kvcacheOperator.enabled=false".to_owned(),
         "webhook.replicas=1".to_owned(),
     ];
+    let sets: Vec<String> = sets
+        .into_iter()
+        .chain(how.otel_endpoint.map(|e| format!("otel.endpoint={e}")))
+        .collect();
     let helm = helm_binary().map_err(|e| e.to_string())?;
     let mut command = std::process::Command::new(helm);
     command
@@ -185,6 +192,10 @@ pub async fn install(
         .arg(how.kubeconfig);
     for s in &sets {
         command.args(["--set", s]);
+    }
+    if how.otel_endpoint.is_some() {
+        // Exported within half a second, so a test sees the spans soon after the work.
+        command.args(["--set-string", "otel.env.OTEL_BSP_SCHEDULE_DELAY=500"]);
     }
     let out = command.output().map_err(|e| format!("running helm: {e}"))?;
     if !out.status.success() {

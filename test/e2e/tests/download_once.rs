@@ -20,6 +20,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+const TRACE_PARENT_ANNOTATION: &str = "warmcache.nvidia.io/traceparent";
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -33,8 +35,8 @@ use warmcache_e2e::{
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-    namespace_report,
+    ControlPlane, OtlpReceiver, PodNetwork, RealNode, ReceivedSpan, TestNamespace,
+    built_binaries_dir, eventually, namespace_report,
 };
 
 const CONTROL: &str = "nvca-modelcache-init";
@@ -85,7 +87,15 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     let endpoint = format!("http://{hub_addr}");
     let workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
 
-    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
+    // The traces' collector: real OTLP/gRPC, reached from the pods like the Hub.
+    let otlp = OtlpReceiver::start().await.unwrap();
+    let otlp_endpoint = otlp.endpoint();
+    let otlp_addr: std::net::SocketAddr =
+        otlp_endpoint.trim_start_matches("http://").parse().unwrap();
+
+    let net = PodNetwork::on_node(plane, node, &[hub_addr, otlp_addr])
+        .await
+        .unwrap();
 
     // The product on the node, as a user installs it (images imported, the node's GPUs, a
     // catalog qualifying the test driver, helm install).
@@ -98,6 +108,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         gpus: 4,
         kubeconfig: plane.kubeconfig_path(),
         work_dir: work.path(),
+        otel_endpoint: Some(&otlp_endpoint),
     };
     if let Err(e) = install(plane, node, &net, &how).await {
         panic!("{e}");
@@ -217,6 +228,23 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
             assert_eq!(claim.read_only, Some(true), "{name}: {claim:?}");
         }
     }
+    // One trace per model download: the admission that created each binding, the binding
+    // controller continuing from the binding, its writer Job handed the trace on.
+    let all_jobs: Vec<Job> = {
+        let mut out = Vec::new();
+        for ns in &names {
+            out.extend(
+                Api::<Job>::namespaced(client.clone(), ns)
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items,
+            );
+        }
+        out
+    };
+    assert_traces(&otlp, &bindings.items, &all_jobs).await;
+
     eprintln!(
         "download once: 4 pods in 3 namespaces (2 sharing domains) -> {} Jobs; the Hub served \
          {served} bytes = {:.1}x the model ({model_bytes} bytes); without warmcache each pod \
@@ -225,4 +253,132 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         served as f64 / model_bytes as f64
     );
     eprintln!("done after {:.1?}", started.elapsed());
+}
+
+/// `00-<trace>-<span>-<flags>` of `annotations`' traceparent.
+fn trace_context(annotations: &BTreeMap<String, String>, what: &str) -> (String, String) {
+    let tp = annotations
+        .get(TRACE_PARENT_ANNOTATION)
+        .unwrap_or_else(|| panic!("{what} carries no {TRACE_PARENT_ANNOTATION}: {annotations:?}"));
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{what}: {tp}");
+    (parts[1].to_owned(), parts[2].to_owned())
+}
+
+/// `s` and its ancestors among the received spans, `s` first, the trace's root last.
+fn ancestry<'s>(spans: &'s [ReceivedSpan], mut s: &'s ReceivedSpan) -> Vec<&'s ReceivedSpan> {
+    let mut out = vec![s];
+    for _ in 0..spans.len() {
+        match find(spans, &s.parent_span_id) {
+            Some(parent) => {
+                out.push(parent);
+                s = parent;
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// Whether `chain` (from [`ancestry`]) begins at the webhook's review of a pod and passes its
+/// `pod_admission` span.
+fn begins_at_a_pod_admission(chain: &[&ReceivedSpan]) -> bool {
+    let Some(root) = chain.last() else {
+        return false;
+    };
+    root.service == "webhook"
+        && root.name == "admission_review"
+        && root.attribute("route") == Some("/mutate-pods")
+        && chain
+            .iter()
+            .any(|s| s.service == "webhook" && s.name == "pod_admission")
+}
+
+fn find<'s>(spans: &'s [ReceivedSpan], span_id: &str) -> Option<&'s ReceivedSpan> {
+    spans.iter().find(|s| s.span_id == span_id)
+}
+
+/// For every binding: the span its traceparent names was exported by the webhook (the
+/// admission that created it), the binding controller's reconcile of it is that span's child,
+/// and its writer Job names a binding-controller span of a trace that began in a webhook
+/// admission (the pod whose download step the Job runs).
+async fn assert_traces(otlp: &OtlpReceiver, bindings: &[DynamicObject], jobs: &[Job]) {
+    let complete = eventually("the spans of every download", READY_TIMEOUT, || {
+        let spans = otlp.spans();
+        async move {
+            let ok = bindings.iter().all(|b| {
+                let (trace, span) = trace_context(b.annotations(), "a binding");
+                find(&spans, &span).is_some()
+                    && spans.iter().any(|s| {
+                        s.trace_id == trace && s.parent_span_id == span && s.name == "reconcile"
+                    })
+            }) && jobs.iter().all(|j| {
+                let (_, span) = trace_context(j.annotations(), "a writer Job");
+                find(&spans, &span).is_some()
+            });
+            ok.then_some(spans)
+        }
+    })
+    .await;
+    let spans = match complete {
+        Ok(spans) => spans,
+        Err(_) => {
+            let seen: Vec<String> = otlp
+                .spans()
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} {} {}/{} <- {}",
+                        s.service, s.name, s.trace_id, s.span_id, s.parent_span_id
+                    )
+                })
+                .collect();
+            panic!(
+                "the traces are incomplete; bindings {:?}, jobs {:?}; spans received:\n{}",
+                bindings
+                    .iter()
+                    .map(|b| b.annotations().get(TRACE_PARENT_ANNOTATION))
+                    .collect::<Vec<_>>(),
+                jobs.iter()
+                    .map(|j| j.annotations().get(TRACE_PARENT_ANNOTATION))
+                    .collect::<Vec<_>>(),
+                seen.join("\n")
+            );
+        }
+    };
+    for b in bindings {
+        let (trace, span) = trace_context(b.annotations(), "a binding");
+        let admission = find(&spans, &span).unwrap();
+        assert_eq!(admission.service, "webhook", "{admission:?}");
+        assert_eq!(admission.trace_id, trace);
+        let chain = ancestry(&spans, admission);
+        assert!(
+            begins_at_a_pod_admission(&chain),
+            "the binding's trace begins at a pod's admission: {chain:#?}"
+        );
+        let reconcile = spans
+            .iter()
+            .find(|s| s.parent_span_id == span && s.name == "reconcile")
+            .unwrap();
+        assert_eq!(reconcile.service, "binding-controller", "{reconcile:?}");
+        assert_eq!(reconcile.trace_id, trace);
+    }
+    for j in jobs {
+        let (trace, span) = trace_context(j.annotations(), "a writer Job");
+        let handed = find(&spans, &span).unwrap();
+        assert_eq!(handed.service, "binding-controller", "{handed:?}");
+        assert_eq!(handed.trace_id, trace);
+        let chain = ancestry(&spans, handed);
+        assert!(
+            begins_at_a_pod_admission(&chain),
+            "the Job's trace begins at a pod's admission: {chain:#?}"
+        );
+        assert!(chain.iter().all(|s| s.trace_id == trace), "{chain:#?}");
+    }
+    eprintln!(
+        "traces: {} spans received; {} bindings and {} writer Jobs each continue a webhook admission's trace",
+        spans.len(),
+        bindings.len(),
+        jobs.len()
+    );
 }

@@ -186,6 +186,7 @@ async fn demo(
         gpus: 8,
         kubeconfig,
         work_dir: work.path(),
+        otel_endpoint: None,
     };
     install(plane, node, &net, &how).await?;
     say(&format!("components Ready after {:.0?}", started.elapsed()));
