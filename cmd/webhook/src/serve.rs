@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -25,7 +26,7 @@ use kube::core::admission::Operation;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
-use tokio::sync::{OnceCell, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, field};
 use warmcache_admission::registration::{
@@ -88,6 +89,11 @@ pub const ADMISSION_BUDGET: Duration = Duration::from_millis(3500);
 /// written through a freshly started kube-apiserver takes about 2 s (measured on the test
 /// plane: 2.03 s, then 7 ms), so this leaves room for it.
 pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Longest a binding create may take. It runs beside the admissions that wait for it (each
+/// waits at most until its own deadline) and is not cancelled when they give up, so a burst of
+/// a new model on a loaded API server still ends with its binding created.
+pub const BINDING_CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Events waiting to be recorded; past this, Events are dropped (and counted), never waited
 /// for.
@@ -268,7 +274,7 @@ async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         caches,
         synced,
         catalog: CatalogMemo::default(),
-        creating: Mutex::new(HashMap::new()),
+        creating: Arc::new(Mutex::new(HashMap::new())),
         metrics,
         events,
         registration: registration(&args.namespace, &options.control_namespace),
@@ -569,6 +575,9 @@ pub enum AdmitError {
 
 type Created = Result<Arc<ModelCacheBinding>, String>;
 
+/// A binding create in flight, which every admission of the binding waits for.
+type PendingCreate = futures::future::Shared<futures::future::BoxFuture<'static, Created>>;
+
 /// Records one admission's outcome and duration exactly once, as `cancelled` when dropped
 /// before it finished.
 struct Pending<'a> {
@@ -618,7 +627,7 @@ struct Admitter {
     synced: Arc<AtomicBool>,
     catalog: CatalogMemo,
     /// Creates in flight by binding name: concurrent admissions of one model share one call.
-    creating: Mutex<HashMap<String, Arc<OnceCell<Created>>>>,
+    creating: Arc<Mutex<HashMap<String, PendingCreate>>>,
     metrics: PodMetrics,
     events: mpsc::Sender<PodEvent>,
     registration: Webhook,
@@ -957,8 +966,8 @@ impl Admitter {
     }
 
     /// Creates `wanted` or reads the binding that won (`create_or_get`), at most
-    /// [`API_CALL_TIMEOUT`]; concurrent admissions of one binding share one call, each waiting
-    /// at most until its own `deadline`.
+    /// [`BINDING_CREATE_TIMEOUT`]; concurrent admissions of one binding share one call, each
+    /// waiting at most until its own `deadline` (the call goes on when they give up).
     async fn create_binding(
         &self,
         wanted: &ModelCacheBinding,
@@ -969,56 +978,77 @@ impl Admitter {
             "{namespace}/{}",
             wanted.metadata.name.as_deref().unwrap_or_default()
         );
-        let cell = Arc::clone(lock(&self.creating).entry(key.clone()).or_default());
-        let shared = cell.get_or_init(|| async {
-            let api: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), &namespace);
-            let call = warmcache_kube::create_or_get(&api, wanted);
-            let (result, created) =
-                match tokio::time::timeout_at(call_deadline(deadline), call).await {
-                    Ok(Ok(created)) => {
-                        let was_created = created.was_created();
-                        (Ok(Arc::new(created.into_inner())), Some(was_created))
+        // One call per binding at a time, in a task of its own: it is not cancelled when the
+        // admissions waiting for it give up (a burst on a loaded API server), so the binding
+        // is created all the same and the next admissions join it from the cache.
+        let pending = {
+            let mut creating = lock(&self.creating);
+            match creating.get(&key) {
+                Some(pending) => pending.clone(),
+                None => {
+                    let api: Api<ModelCacheBinding> =
+                        Api::namespaced(self.client.clone(), &namespace);
+                    let task = tokio::spawn(create_in_background(
+                        api,
+                        wanted.clone(),
+                        key.clone(),
+                        Arc::clone(&self.creating),
+                        self.metrics.clone(),
+                    ));
+                    let pending = async move {
+                        task.await
+                            .unwrap_or_else(|e| Err(format!("the create task failed: {e}")))
                     }
-                    Ok(Err(e)) => (Err(e.to_string()), None),
-                    Err(_) => (Err(NO_ANSWER.to_owned()), None),
-                };
-            let label = match created {
-                Some(true) => "created",
-                Some(false) => "existing",
-                None => "failed",
-            };
-            self.metrics.bindings.with_label_values(&[label]).inc();
-            match &result {
-                Ok(_) if created == Some(true) => {
-                    tracing::info!(binding = %key, "ModelCacheBinding created")
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(binding = %key, %error, "ModelCacheBinding not created")
+                    .boxed()
+                    .shared();
+                    creating.insert(key.clone(), pending.clone());
+                    pending
                 }
             }
-            result
-        });
-        let result = match tokio::time::timeout_at(deadline, shared).await {
-            Ok(result) => result.clone(),
-            Err(_) => Err(
-                "another admission's create of it did not finish in this admission's time"
-                    .to_owned(),
-            ),
         };
-        // Done (or this admission stopped waiting): the next admission reads the binding from
-        // the cache (or, before the watch delivers it, gets AlreadyExists and reads it back).
-        // The cell goes once initialised, or once no admission holds it any more (every waiter
-        // gave up: the next one starts a new call).
-        let mut creating = lock(&self.creating);
-        let last_holder = Arc::strong_count(&cell) <= 2;
-        if (cell.initialized() || last_holder)
-            && creating.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell))
-        {
-            creating.remove(&key);
+        match tokio::time::timeout_at(deadline, pending).await {
+            Ok(result) => result,
+            Err(_) => Err(format!(
+                "{NO_ANSWER} (the create goes on; the next pod of the model joins the binding)"
+            )),
         }
-        result
     }
+}
+
+/// Creates `wanted` or reads the winner back (`create_or_get`) within [`BINDING_CREATE_TIMEOUT`],
+/// counts and logs the result, then forgets the call (`key` in `creating`) so the next miss
+/// makes a new one.
+async fn create_in_background(
+    api: Api<ModelCacheBinding>,
+    wanted: ModelCacheBinding,
+    key: String,
+    creating: Arc<Mutex<HashMap<String, PendingCreate>>>,
+    metrics: PodMetrics,
+) -> Created {
+    let call = warmcache_kube::create_or_get(&api, &wanted);
+    let (result, created) = match tokio::time::timeout(BINDING_CREATE_TIMEOUT, call).await {
+        Ok(Ok(created)) => {
+            let was_created = created.was_created();
+            (Ok(Arc::new(created.into_inner())), Some(was_created))
+        }
+        Ok(Err(e)) => (Err(e.to_string()), None),
+        Err(_) => (Err(NO_ANSWER.to_owned()), None),
+    };
+    let label = match created {
+        Some(true) => "created",
+        Some(false) => "existing",
+        None => "failed",
+    };
+    metrics.bindings.with_label_values(&[label]).inc();
+    match &result {
+        Ok(_) if created == Some(true) => {
+            tracing::info!(binding = %key, "ModelCacheBinding created");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(binding = %key, %error, "ModelCacheBinding not created"),
+    }
+    lock(&creating).remove(&key);
+    result
 }
 
 #[cfg(test)]

@@ -63,6 +63,7 @@
 
 #![warn(missing_docs)]
 
+pub mod api_requests;
 pub mod args;
 pub mod controller;
 mod error;

@@ -23,6 +23,7 @@ use warmcache_telemetry::{
     self as telemetry, Metrics, Readiness, ReconcileMetrics, TelemetryConfig, TelemetryGuard,
 };
 
+use crate::api_requests::{ApiRequestMetrics, CountRequests};
 use crate::args::{AdmissionArgs, LeaderElectionArgs, RuntimeArgs};
 use crate::controller::{self, Controller, Reconciler};
 use crate::error::RuntimeError;
@@ -180,7 +181,8 @@ impl Builder {
         let client = if let Some(client) = self.given_client.clone() {
             Some(client)
         } else if self.client {
-            Some(connect(&self.args).await?)
+            let counted = ApiRequestMetrics::register(metrics.registry())?;
+            Some(connect(&self.args, counted).await?)
         } else {
             None
         };
@@ -234,7 +236,7 @@ impl Builder {
     }
 }
 
-async fn connect(args: &RuntimeArgs) -> Result<Client, RuntimeError> {
+async fn connect(args: &RuntimeArgs, counted: ApiRequestMetrics) -> Result<Client, RuntimeError> {
     let options = KubeConfigOptions {
         context: args.kube_context.clone(),
         ..KubeConfigOptions::default()
@@ -268,10 +270,14 @@ async fn connect(args: &RuntimeArgs) -> Result<Client, RuntimeError> {
                     source: Box::new(err),
                 })?,
         };
-    Client::try_from(config).map_err(|err| RuntimeError::ClientConfig {
-        from: None,
-        source: Box::new(err),
-    })
+    // Every request counted (`api_requests_total`): what this component costs the API server.
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|err| {
+        RuntimeError::ClientConfig {
+            from: None,
+            source: Box::new(err),
+        }
+    })?;
+    Ok(builder.with_layer(&CountRequests(counted)).build())
 }
 
 /// This replica's name: `$POD_NAME`, else the host name.
