@@ -5,7 +5,10 @@
 //! vLLM chart does. Three namespaces: two in one sharing domain, one outside it. Every pod
 //! becomes Ready with an engine that verifies every file's SHA-256 (the repository's
 //! `SHA256SUMS`) through its read-only landing; each sharing domain downloads once (one Job), so
-//! the Hub serves the model twice for four pods (without warmcache: four times).
+//! the Hub serves the model twice for four pods (without warmcache: four times). A fifth pod of
+//! the workload, whose engine tries to write into the shared copy, joins without a download and
+//! finds it read-only; and every download is one trace, exported over real OTLP/gRPC to a
+//! receiver on loopback, from the pod's admission through the binding controller to the Job.
 //!
 //! What the node cannot give and the test supplies, and nothing else: the node has no GPU, so it
 //! advertises the extended resource `nvidia.com/gpu` as a device plugin would; it has no pod
@@ -105,7 +108,8 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         image_tag: IMAGE_TAG,
         bin_dir: &built_binaries_dir().unwrap(),
         hf_image: HF_IMAGE,
-        gpus: 4,
+        // Four replicas and the reader that tries to write.
+        gpus: 5,
         kubeconfig: plane.kubeconfig_path(),
         work_dir: work.path(),
         otel_endpoint: Some(&otlp_endpoint),
@@ -166,6 +170,84 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         );
     }
     eprintln!("all 4 pods Ready after {:.1?}", started.elapsed());
+
+    // A reader that tries to write: the workload's pod whose engine, once the model verifies,
+    // tries to create a file in the landing and to append to one of the model's files, and
+    // says which happened. It joins the domain's cache (no download) and must find it
+    // read-only.
+    let mut spec = workload.spec.template.spec.clone().unwrap();
+    spec.restart_policy = Some("Never".to_owned());
+    let engine = spec
+        .containers
+        .iter_mut()
+        .find(|c| c.name == "engine")
+        .unwrap();
+    engine.readiness_probe = None;
+    engine.command = Some(vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "cd /models/llm && sha256sum -c SHA256SUMS >/dev/null || { echo unverified > /dev/termination-log; exit 2; }; \
+         if touch /models/llm/tampered 2>/dev/null || echo x 2>/dev/null >> /models/llm/config.json; \
+         then echo writable > /dev/termination-log; exit 1; \
+         else echo read-only > /dev/termination-log; fi"
+            .to_owned(),
+    ]);
+    let tamper = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("tamper".to_owned()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        ..Default::default()
+    };
+    let admitted = b
+        .api::<Pod>()
+        .create(&PostParams::default(), &tamper)
+        .await
+        .unwrap();
+    assert!(
+        admitted
+            .annotations()
+            .contains_key(warmcache_e2e::BINDING_ANNOTATION),
+        "the reader joins the cache: {:?}",
+        admitted.annotations()
+    );
+    let pods = b.api::<Pod>();
+    let finished = eventually(
+        "the reader that tries to write to finish",
+        READY_TIMEOUT,
+        || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get("tamper").await.ok()?;
+                let phase = pod.status.as_ref()?.phase.clone()?;
+                (phase == "Succeeded" || phase == "Failed").then_some(pod)
+            }
+        },
+    )
+    .await;
+    let Ok(finished) = finished else {
+        panic!(
+            "the reader that tries to write never finished\n{}",
+            report(&client, &[b.name.as_str(), CONTROL], &net).await
+        );
+    };
+    let message = finished
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == "engine"))
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            message.trim(),
+            finished.status.as_ref().and_then(|s| s.phase.as_deref())
+        ),
+        ("read-only", Some("Succeeded")),
+        "the reader could write to the shared copy, or did not verify it"
+    );
+    eprintln!("a reader that tries to write finds its landing read-only");
 
     // One download per sharing domain.
     let mut jobs = BTreeMap::new();
