@@ -202,10 +202,13 @@ async fn a_cache_miss_burst_of_500_pods_makes_one_binding_and_batched_status_wri
     }
     let rewritten = outcomes.get("rewritten").copied().unwrap_or(0);
     assert_eq!(outcomes.values().sum::<usize>(), PODS, "{outcomes:?}");
+    // `untouched`: the API server stopped waiting for the webhook (its timeoutSeconds) and,
+    // with failurePolicy Ignore, admitted the pod as it was: loaded, the admission never
+    // blocks pod creation.
     assert!(
         outcomes
             .keys()
-            .all(|k| k == "rewritten" || k == "binding-unavailable"),
+            .all(|k| k == "rewritten" || k == "binding-unavailable" || k == "untouched"),
         "{outcomes:?}"
     );
 

@@ -1,4 +1,4 @@
-//! The watch and reconcile families documented in docs/operations.md are the ones the runtime
+//! The watch, reconcile and API request families documented in docs/operations.md are the ones the runtime
 //! registers, and every shared flag is in its tables.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use clap::{CommandFactory, Parser};
+use warmcache_runtime::api_requests::ApiRequestMetrics;
 use warmcache_runtime::{AdmissionArgs, LeaderElectionArgs, RuntimeArgs, WatchMetrics};
 use warmcache_telemetry::{Metrics, ReconcileMetrics};
 
@@ -26,6 +27,8 @@ fn documented_families_are_the_registered_ones() {
     let metrics = Metrics::new("warmcache_doc").unwrap();
     let reconcile = ReconcileMetrics::register(metrics.registry()).unwrap();
     let watch = WatchMetrics::register(metrics.registry()).unwrap();
+    let requests = ApiRequestMetrics::register(metrics.registry()).unwrap();
+    requests.requests.with_label_values(&["get", "pods"]);
     drop(reconcile.start("c"));
     reconcile.failure("c", "x");
     for counter in [&watch.malformed, &watch.errors, &watch.resyncs] {
