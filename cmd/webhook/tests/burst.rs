@@ -224,7 +224,11 @@ async fn a_cache_miss_burst_of_500_pods_makes_one_binding_and_batched_status_wri
                 let [b] = list.items.as_slice() else {
                     return None;
                 };
-                let count = b.status.as_ref()?.request_reference_count?;
+                let count = b
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.request_reference_count)
+                    .unwrap_or(0);
                 (count == rewritten as i64).then(|| b.clone())
             }
         },
