@@ -51,15 +51,37 @@ impl TestNamespace {
     /// Like [`new`](Self::new), with a client of the caller's choosing (for example one from
     /// [`ControlPlane::client_with_faults`]).
     pub async fn create_with(client: Client, prefix: &str) -> Result<TestNamespace, TestkitError> {
+        Self::create_labelled(client, prefix, &[]).await
+    }
+
+    /// Like [`new`](Self::new), with `labels` on the namespace from its creation (a webhook's
+    /// namespace selector or opt-out label holds for its first pod).
+    pub async fn with_labels(
+        prefix: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<TestNamespace, TestkitError> {
+        let plane = ControlPlane::shared().await?;
+        let client = plane.client().await?;
+        Self::create_labelled(client, prefix, labels).await
+    }
+
+    async fn create_labelled(
+        client: Client,
+        prefix: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<TestNamespace, TestkitError> {
         let name = namespace_name(prefix);
+        let mut all = BTreeMap::from([(TESTKIT_NAMESPACE_LABEL.to_owned(), "true".to_owned())]);
+        all.extend(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                labels: Some(BTreeMap::from([(
-                    TESTKIT_NAMESPACE_LABEL.to_owned(),
-                    "true".to_owned(),
-                )])),
+                labels: Some(all),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()

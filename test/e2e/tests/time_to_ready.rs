@@ -15,8 +15,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use warmcache_e2e::{
     APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, model,
@@ -24,7 +23,8 @@ use warmcache_e2e::{
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, built_binaries_dir, eventually, namespace_report,
+    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
+    namespace_report,
 };
 
 const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
@@ -36,39 +36,13 @@ const WEIGHTS: u64 = 8 << 20;
 const LINK: u64 = 8 << 20;
 const REPLICAS: [i32; 3] = [1, 4, 16];
 
-async fn fresh_namespace(client: &Client, prefix: &str, opted_out: bool) -> String {
-    let name = format!("{prefix}-{}", std::process::id());
-    let mut labels = std::collections::BTreeMap::new();
-    if opted_out {
-        labels.insert(OPT_OUT.to_owned(), "true".to_owned());
-    }
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
+/// A fresh namespace, opted out of warmcache from its creation when `opted_out`.
+async fn fresh_namespace(prefix: &str, opted_out: bool) -> String {
+    let labels: &[(&str, &str)] = if opted_out { &[(OPT_OUT, "true")] } else { &[] };
+    TestNamespace::with_labels(prefix, labels)
         .await
-        .unwrap();
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), &name);
-    eventually(
-        "the namespace's default ServiceAccount",
-        READY_TIMEOUT,
-        || {
-            let accounts = accounts.clone();
-            async move { accounts.get_opt("default").await.ok().flatten() }
-        },
-    )
-    .await
-    .unwrap();
-    name
+        .unwrap()
+        .name
 }
 
 /// Deploys `replicas` of the workload in `namespace` and returns the time until all are Ready
@@ -166,16 +140,16 @@ async fn time_to_all_ready_with_and_without_warmcache_on_a_rate_limited_link() {
     if let Err(e) = install(plane, node, &net, &how).await {
         panic!("{e}");
     }
-    let probe = fresh_namespace(&client, "ttr-probe", false).await;
+    let probe = fresh_namespace("ttr-probe", false).await;
     if let Err(e) = webhook_serving(&client, &probe, &workload).await {
         panic!("{e}\n{}", namespace_report(&client, NAMESPACE).await);
     }
 
     let mut rows = Vec::new();
     for replicas in REPLICAS {
-        let with = fresh_namespace(&client, &format!("ttr-with-{replicas}"), false).await;
+        let with = fresh_namespace(&format!("ttr-with-{replicas}"), false).await;
         let (with_time, with_bytes) = run(&client, &hub, &workload, &with, replicas, &net).await;
-        let alone = fresh_namespace(&client, &format!("ttr-alone-{replicas}"), true).await;
+        let alone = fresh_namespace(&format!("ttr-alone-{replicas}"), true).await;
         let (alone_time, alone_bytes) = run(&client, &hub, &workload, &alone, replicas, &net).await;
         assert_eq!(
             with_bytes, model_bytes,
