@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"fmt"
 	"strings"
 	"time"
@@ -81,6 +82,10 @@ func (c *Controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 		return nil, status.Errorf(codes.OutOfRange, "required %d bytes exceeds the limit %d", capacity, limit)
 	}
 	handle := c.profile.handleFor(id, namespace)
+	digest, err := c.profile.createKeyDigest(req.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
 
 	c.store.mu.Lock()
 	defer c.store.mu.Unlock()
@@ -93,8 +98,11 @@ func (c *Controller) CreateVolume(_ context.Context, req *csi.CreateVolumeReques
 		if existing.CapacityBytes != capacity || existing.Handle != handle {
 			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with handle %s and %d bytes", id, existing.Handle, existing.CapacityBytes)
 		}
+		if subtle.ConstantTimeCompare([]byte(existing.KeySHA256), []byte(digest)) != 1 {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with incompatible parameters: %s", id, encryptionMismatch(existing.KeySHA256, digest))
+		}
 	} else {
-		meta := VolumeMeta{ID: id, Name: id, Handle: handle, CapacityBytes: capacity, Modes: modes, Created: time.Now().UTC()}
+		meta := VolumeMeta{ID: id, Name: id, Handle: handle, CapacityBytes: capacity, Modes: modes, Created: time.Now().UTC(), KeySHA256: digest}
 		if err := c.store.createVolume(meta); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
@@ -114,6 +122,15 @@ func (c *Controller) DeleteVolume(_ context.Context, req *csi.DeleteVolumeReques
 	}
 	c.store.mu.Lock()
 	defer c.store.mu.Unlock()
+	meta, err := c.store.readMeta(h.ID)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	// An encrypted volume is deleted only with its key; an absent one (deleted already) is not
+	// checked, so a retried DeleteVolume stays a success.
+	if err := deleteKeyError(h.ID, checkKey(meta, req.GetSecrets())); err != nil {
+		return nil, err
+	}
 	attachments, err := c.store.readAttachments()
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())

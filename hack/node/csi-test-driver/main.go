@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 
@@ -118,18 +119,48 @@ func listenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// logCalls logs every call with its request and outcome (the requests carry no secrets: the
-// driver takes none).
+// logCalls logs every call with its request and outcome. Secret values never reach the log:
+// a request's secrets (the CSI fields marked csi_secret, all a top-level map "secrets") are
+// printed with their entry names only.
 func logCalls(prefix string) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)
 		if err != nil {
-			log.Printf("%s %s %v -> error: %v", prefix, info.FullMethod, req, err)
+			log.Printf("%s %s %v -> error: %v", prefix, info.FullMethod, redactSecrets(req), err)
 		} else if !strings.HasSuffix(info.FullMethod, "/Probe") {
-			log.Printf("%s %s %v -> %v", prefix, info.FullMethod, req, resp)
+			log.Printf("%s %s %v -> %v", prefix, info.FullMethod, redactSecrets(req), resp)
 		}
 		return resp, err
 	}
+}
+
+// redactSecrets returns msg itself unless it is a generated message with a non-empty Secrets map
+// (CreateVolume, DeleteVolume, NodePublishVolume and the other requests that carry secrets);
+// then a new message of the same type with every exported field copied and each secret value
+// replaced by "(redacted)". The request itself is left untouched.
+func redactSecrets(msg any) any {
+	v := reflect.ValueOf(msg)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return msg
+	}
+	src := v.Elem()
+	secrets := src.FieldByName("Secrets")
+	if !secrets.IsValid() || secrets.Kind() != reflect.Map || secrets.Type().Elem().Kind() != reflect.String || secrets.Len() == 0 {
+		return msg
+	}
+	dst := reflect.New(src.Type()).Elem()
+	for i := 0; i < src.NumField(); i++ {
+		if src.Type().Field(i).IsExported() {
+			dst.Field(i).Set(src.Field(i))
+		}
+	}
+	masked := reflect.MakeMapWithSize(secrets.Type(), secrets.Len())
+	redacted := reflect.ValueOf("(redacted)").Convert(secrets.Type().Elem())
+	for _, k := range secrets.MapKeys() {
+		masked.SetMapIndex(k, redacted)
+	}
+	dst.FieldByName("Secrets").Set(masked)
+	return dst.Addr().Interface()
 }
 
 // Identity is the CSI Identity service.

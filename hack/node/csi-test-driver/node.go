@@ -56,9 +56,7 @@ func (n *Node) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRe
 		PodName:      req.GetVolumeContext()[ctxPodName],
 		PodUID:       req.GetVolumeContext()[ctxPodUID],
 	}
-	mountedRO, attachedRO, err := n.publish(req)
-	record.MountedRO = mountedRO
-	record.AttachedRO = attachedRO
+	err := n.publish(req, &record)
 	if err != nil {
 		record.Error = err.Error()
 	}
@@ -71,92 +69,102 @@ func (n *Node) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRe
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-func (n *Node) publish(req *csi.NodePublishVolumeRequest) (bool, *bool, error) {
+// publish mounts the volume, filling the journal record's outcome (MountedRO, AttachedRO,
+// Encrypted) as it learns it.
+func (n *Node) publish(req *csi.NodePublishVolumeRequest, record *PublishRecord) error {
 	target := req.GetTargetPath()
 	if target == "" || !filepath.IsAbs(target) {
-		return false, nil, status.Errorf(codes.InvalidArgument, "target path %q must be absolute", target)
+		return status.Errorf(codes.InvalidArgument, "target path %q must be absolute", target)
 	}
 	if req.GetStagingTargetPath() != "" {
-		return false, nil, status.Error(codes.InvalidArgument, "this driver has no STAGE_UNSTAGE_VOLUME; a staging path was given")
+		return status.Error(codes.InvalidArgument, "this driver has no STAGE_UNSTAGE_VOLUME; a staging path was given")
 	}
 	if err := n.profile.checkCapability(req.GetVolumeCapability()); err != nil {
-		return false, nil, status.Error(codes.InvalidArgument, err.Error())
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	h, err := n.profile.parseHandle(req.GetVolumeId())
 	if err != nil {
-		return false, nil, status.Error(codes.NotFound, err.Error())
+		return status.Error(codes.NotFound, err.Error())
 	}
 	if n.profile.NamespacedHandle {
 		podNS := req.GetVolumeContext()[ctxPodNamespace]
 		if podNS == "" {
-			return false, nil, status.Errorf(codes.FailedPrecondition, "profile %s needs the pod's namespace (the CSIDriver must say podInfoOnMount: true)", n.profile.Name)
+			return status.Errorf(codes.FailedPrecondition, "profile %s needs the pod's namespace (the CSIDriver must say podInfoOnMount: true)", n.profile.Name)
 		}
 		if podNS != h.Namespace {
-			return false, nil, status.Errorf(codes.FailedPrecondition,
+			return status.Errorf(codes.FailedPrecondition,
 				"volume handle %s names namespace %q but the pod is in %q: a reader in another namespace needs a PV whose handle's last segment is its own namespace",
 				req.GetVolumeId(), h.Namespace, podNS)
 		}
 	}
 	meta, err := n.store.readMeta(h.ID)
 	if err != nil {
-		return false, nil, status.Error(codes.Internal, err.Error())
+		return status.Error(codes.Internal, err.Error())
 	}
 	if meta == nil {
-		return false, nil, status.Errorf(codes.NotFound, "volume %s does not exist", h.ID)
+		return status.Errorf(codes.NotFound, "volume %s does not exist", h.ID)
 	}
-	var attachedRO *bool
+	record.Encrypted = meta.KeySHA256 != ""
 	if n.profile.Attach {
 		attachments, err := n.store.readAttachments()
 		if err != nil {
-			return false, nil, status.Error(codes.Internal, err.Error())
+			return status.Error(codes.Internal, err.Error())
 		}
 		for _, a := range attachments {
 			if a.Handle == req.GetVolumeId() && a.NodeID == n.nodeID {
 				ro := a.ReadOnly
-				attachedRO = &ro
+				record.AttachedRO = &ro
 			}
 		}
-		if attachedRO == nil {
-			return false, nil, status.Errorf(codes.FailedPrecondition, "volume %s is not attached to node %s (ControllerPublishVolume first)", req.GetVolumeId(), n.nodeID)
+		if record.AttachedRO == nil {
+			return status.Errorf(codes.FailedPrecondition, "volume %s is not attached to node %s (ControllerPublishVolume first)", req.GetVolumeId(), n.nodeID)
 		}
+	}
+	// An encrypted volume is unlocked only by its key (the PV's nodePublishSecretRef); without it
+	// nothing is mounted. The driver has no NodeStageVolume, so this is the only node-side check.
+	if err := publishKeyError(h.ID, checkKey(meta, req.GetSecrets())); err != nil {
+		return err
 	}
 	flagRO, err := n.profile.readOnlyFromFlags(req.GetVolumeCapability().GetMount().GetMountFlags())
 	if err != nil {
-		return false, attachedRO, status.Error(codes.InvalidArgument, err.Error())
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	readOnly := req.GetReadonly() || flagRO
 
 	if m, ok, err := mountAt(target); err != nil {
-		return false, attachedRO, status.Error(codes.Internal, err.Error())
+		return status.Error(codes.Internal, err.Error())
 	} else if ok {
 		if m.readOnly != readOnly {
-			return m.readOnly, attachedRO, status.Errorf(codes.AlreadyExists, "%s is already published with readonly=%t", target, m.readOnly)
+			record.MountedRO = m.readOnly
+			return status.Errorf(codes.AlreadyExists, "%s is already published with readonly=%t", target, m.readOnly)
 		}
-		return readOnly, attachedRO, nil
+		record.MountedRO = readOnly
+		return nil
 	}
 	if err := os.MkdirAll(target, 0o750); err != nil {
-		return false, attachedRO, status.Errorf(codes.Internal, "creating target %s: %v", target, err)
+		return status.Errorf(codes.Internal, "creating target %s: %v", target, err)
 	}
 	source, err := n.profile.exportDir(n.store.volumeDir(h.ID), req.GetVolumeContext()[ctxPodNamespace])
 	if err != nil {
-		return false, attachedRO, status.Error(codes.FailedPrecondition, err.Error())
+		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if source != n.store.volumeDir(h.ID) {
 		// A tenant's export is created on its first publish, as fresh as a new volume's.
 		if err := n.store.ensureExport(source); err != nil {
-			return false, attachedRO, status.Error(codes.Internal, err.Error())
+			return status.Error(codes.Internal, err.Error())
 		}
 	}
 	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
-		return false, attachedRO, status.Errorf(codes.Internal, "bind mount %s -> %s: %v", source, target, err)
+		return status.Errorf(codes.Internal, "bind mount %s -> %s: %v", source, target, err)
 	}
 	if readOnly {
 		if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			_ = unix.Unmount(target, 0)
-			return false, attachedRO, status.Errorf(codes.Internal, "read-only remount of %s: %v", target, err)
+			return status.Errorf(codes.Internal, "read-only remount of %s: %v", target, err)
 		}
 	}
-	return readOnly, attachedRO, nil
+	record.MountedRO = readOnly
+	return nil
 }
 
 func (n *Node) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {

@@ -32,6 +32,11 @@ type Profile struct {
 	// the writer's handle binds, mounts and sees an empty export: the failure a qualification run
 	// must catch (a claim that binds is not evidence).
 	TenantPerNamespace bool
+	// Encryption: encryption at rest with per-volume keys, as a driver that takes a key from
+	// the provisioner secret (see encryption.go). A volume created with a secret entry "key" is
+	// encrypted: publishing it needs the same key (the PV's nodePublishSecretRef), deleting it
+	// too (the provisioner secret). Profiles without it ignore every secret.
+	Encryption bool
 }
 
 var profiles = map[string]Profile{
@@ -50,7 +55,9 @@ var profiles = map[string]Profile{
 	},
 	// A namespaced block volume (NVMesh): ReadWriteOnce writers and ReadOnlyMany readers, the
 	// consuming namespace in the handle, real attachments with one read-write attachment at a
-	// time, XFS reader options.
+	// time, XFS reader options, and encryption at rest with a per-volume key when the
+	// StorageClass names a provisioner secret (a simulation of a driver with per-volume keys,
+	// not NVMesh's own mechanism).
 	"namespaced-block": {
 		Name: "namespaced-block",
 		Modes: []csi.VolumeCapability_AccessMode_Mode{
@@ -62,6 +69,7 @@ var profiles = map[string]Profile{
 		NamespacedHandle: true,
 		Attach:           true,
 		MountFlags:       []string{"ro", "norecovery", "nouuid"},
+		Encryption:       true,
 	},
 	// A shared file system whose exports are per tenant (one tenant per namespace): ReadWriteMany
 	// and ReadOnlyMany, a handle without namespace, no attach, but a pod in namespace B publishing

@@ -28,6 +28,9 @@ type VolumeMeta struct {
 	CapacityBytes int64     `json:"capacityBytes"`
 	Modes         []string  `json:"modes"`
 	Created       time.Time `json:"created"`
+	// KeySHA256 is the hex SHA-256 of the volume's key for an encrypted volume (never the key
+	// itself), empty for an unencrypted one.
+	KeySHA256 string `json:"keySha256,omitempty"`
 }
 
 // Attachment is one ControllerPublishVolume that has not been unpublished.
@@ -51,6 +54,9 @@ type PublishRecord struct {
 	PodUID       string    `json:"podUid"`
 	Error        string    `json:"error,omitempty"`
 	AttachedRO   *bool     `json:"attachedReadOnly,omitempty"`
+	// Encrypted: the volume exists and is encrypted (false when the publish failed before the
+	// volume was found).
+	Encrypted bool `json:"encrypted"`
 }
 
 func newStore(dir string) (*Store, error) {
