@@ -39,6 +39,8 @@
 //! | `leases` | get | control namespace | a fresh read of the writer Lease before releasing a writer view claim an earlier writer left behind |
 //! | `jobs` | get | the writer Lease's namespace | confirming the holder's Job is gone (only NotFound means gone) |
 //! | `events` | create | | Events on bindings |
+//! | `secrets` | get (metadata only), create | control namespace | an encrypted cache's key Secret (`spec.resources.secretNames`): created with a generated key before the staging Job; read back as metadata only, so the controller never receives a key |
+//! | `storageclasses` | get, create | cluster | an encrypted cache's StorageClass (`spec.resources.storageClassNames`), derived from nvcf-sc; and nvcf-sc itself, read while the encrypted class is missing |
 //!
 //! No `delete` on PersistentVolumes, Jobs or bindings: deleting data is the reaper's.
 
@@ -48,9 +50,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
@@ -65,6 +67,7 @@ use warmcache_kube::{
     set_condition, update_with_retry,
 };
 use warmcache_modelvolume::DownloadStep;
+use warmcache_modelvolume::encryption::{self, EncryptionNames};
 use warmcache_modelvolume::keys::{
     BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
     MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, URI_ANNOTATION,
@@ -127,6 +130,9 @@ pub enum Failure {
         /// `namespace/name`.
         lease: String,
     },
+    /// The operating system's random source failed while generating an encrypted cache's key.
+    #[error("generating the key of an encrypted cache: {0}")]
+    KeyGeneration(String),
 }
 
 impl ReconcileError for Failure {
@@ -137,6 +143,7 @@ impl ReconcileError for Failure {
         "foreign_object",
         "condition",
         "writer_lease_lost",
+        "key_generation",
     ];
 
     fn category(&self) -> &'static str {
@@ -148,6 +155,7 @@ impl ReconcileError for Failure {
             Self::Foreign { .. } => "foreign_object",
             Self::Condition(_) => "condition",
             Self::LeaseLost { .. } => "writer_lease_lost",
+            Self::KeyGeneration(_) => "key_generation",
         }
     }
 
@@ -158,7 +166,8 @@ impl ReconcileError for Failure {
             Self::Owner { .. }
             | Self::NotLeader
             | Self::CompletionNotStored { .. }
-            | Self::LeaseLost { .. } => false,
+            | Self::LeaseLost { .. }
+            | Self::KeyGeneration(_) => false,
         }
     }
 }
@@ -899,11 +908,103 @@ impl Bindings {
                 Action::DeleteWaitingReaders { namespaces } => {
                     self.delete_waiting_readers(binding, namespaces).await?;
                 }
+                Action::CreateKeySecret(names) => self.create_key_secret(binding, names).await?,
+                Action::CreateEncryptedClass(class) => {
+                    let api: Api<StorageClass> = Api::all(self.client.clone());
+                    if self.create(&api, class.as_ref()).await? {
+                        tracing::info!(class = %class.name_any(), "created the encrypted cache's StorageClass");
+                    }
+                }
             }
             Ok(())
         }
         .instrument(span)
         .await
+    }
+
+    /// Creates an encrypted cache's key Secret with a key from the operating system's random
+    /// source. The key is in the request body only: nothing logs it, no error carries the
+    /// object, and an AlreadyExists (another replica or an earlier reconcile won) keeps the
+    /// stored key.
+    async fn create_key_secret(
+        &self,
+        binding: &ModelCacheBinding,
+        names: &EncryptionNames,
+    ) -> Result<(), Failure> {
+        self.ensure_leader()?;
+        let mut bytes = [0u8; encryption::KEY_BYTES];
+        getrandom::fill(&mut bytes).map_err(|e| Failure::KeyGeneration(e.to_string()))?;
+        let secret = encryption::key_secret(
+            binding,
+            names,
+            &encryption::EncryptionKey::from_bytes(bytes),
+        );
+        bytes.fill(0);
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &names.namespace);
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => {
+                tracing::info!(secret = %names.secret, namespace = %names.namespace, "created the encrypted cache's key Secret");
+                if let Some(recorder) = &self.recorder {
+                    recorder
+                        .normal(
+                            binding,
+                            "KeyCreated",
+                            "CreateKeySecret",
+                            Some(&format!(
+                                "generated the key of this encrypted cache into Secret {}/{}",
+                                names.namespace, names.secret
+                            )),
+                        )
+                        .await;
+                }
+                Ok(())
+            }
+            Err(err) if warmcache_kube::is_already_exists(&err) => Ok(()),
+            Err(err) => Err(api_error("create", api.resource_url(), &names.secret, err)),
+        }
+    }
+
+    /// An encrypted binding's objects ([`lifecycle::EncryptionObserved`]): the key Secret's
+    /// metadata (a metadata-only GET: the controller never receives the key), the encrypted
+    /// StorageClass, and, while that is missing, the decision's StorageClass it is derived from.
+    /// Nothing is read for other bindings, or when the binding's names are not the derived ones
+    /// (the step reports that).
+    async fn encryption_objects(
+        &self,
+        binding: &ModelCacheBinding,
+    ) -> Result<
+        (
+            Option<ObjectMeta>,
+            Option<StorageClass>,
+            Option<StorageClass>,
+        ),
+        Failure,
+    > {
+        let Ok(Some(names)) = encryption::encryption_names(binding) else {
+            return Ok((None, None, None));
+        };
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &names.namespace);
+        let secret = secrets
+            .get_metadata_opt(&names.secret)
+            .await
+            .map_err(|e| api_error("get", secrets.resource_url(), &names.secret, e))?
+            .map(|m| m.metadata);
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        let class = classes
+            .get_opt(&names.class)
+            .await
+            .map_err(|e| api_error("get", classes.resource_url(), &names.class, e))?;
+        let base = match class {
+            Some(_) => None,
+            None => {
+                let name = &binding.spec.storage_class.name;
+                classes
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| api_error("get", classes.resource_url(), name, e))?
+            }
+        };
+        Ok((secret, class, base))
     }
 
     /// Releases a writer view claim an earlier writer namespace left behind: reads the writer
@@ -1279,6 +1380,8 @@ fn action_label(action: &Action) -> &'static str {
         Action::CreateView(..) => "create_view",
         Action::DeleteWaitingReaders { .. } => "delete_waiting_readers",
         Action::WriteLease(_) => "write_lease",
+        Action::CreateKeySecret(_) => "create_key_secret",
+        Action::CreateEncryptedClass(_) => "create_encrypted_class",
     }
 }
 
@@ -1400,6 +1503,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 _ => Vec::new(),
             };
             let writer_view_claim = self.claim(&writer_ns, &writer_pvc_name(identity));
+            let encryption = self.encryption_objects(b).await?;
             let job = self
                 .jobs
                 .store()
@@ -1455,6 +1559,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 retained,
                 attachments,
                 primary_claim_holders,
+                encryption,
             ))
         }
         .instrument(tracing::info_span!("dereference"))
@@ -1480,6 +1585,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             retained,
             attachments,
             primary_claim_holders,
+            (key_secret, encrypted_class, base_class),
         ) = observed;
 
         // Decide (pure).
@@ -1513,6 +1619,11 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 retained: retained.iter().map(AsRef::as_ref).collect(),
                 attachments,
                 primary_claim_holders,
+                encryption: lifecycle::EncryptionObserved {
+                    secret: key_secret.as_ref(),
+                    class: encrypted_class.as_ref(),
+                    base_class: base_class.as_ref(),
+                },
                 config: &self.settings.lifecycle,
             })
         };

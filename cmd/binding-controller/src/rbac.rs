@@ -147,6 +147,22 @@ const OWN: &[Permission] = &[
         names: &[CONFIG_MAP_NAME],
         why: "decision drift: the catalog, in the webhook's namespace (--catalog-namespace; the chart installs both in the release namespace)",
     },
+    Permission {
+        group: "",
+        resource: "secrets",
+        verbs: &["get", "create"],
+        scope: Scope::ControlNamespace,
+        names: &[],
+        why: "an encrypted cache's key Secret: created with a generated key before the staging Job, read back as metadata only (the controller never receives a key)",
+    },
+    Permission {
+        group: "storage.k8s.io",
+        resource: "storageclasses",
+        verbs: &["get", "create"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "an encrypted cache's StorageClass, derived from nvcf-sc (read while the encrypted class is missing)",
+    },
     events(Scope::ControlNamespace),
 ];
 

@@ -59,6 +59,7 @@ pub fn wait_script() -> String {
 
 pub mod agent;
 pub mod drift;
+pub mod encryption;
 pub mod lease;
 pub mod lifecycle;
 pub mod open_root;
@@ -69,7 +70,10 @@ pub mod view;
 pub mod volume_keys;
 pub mod writer;
 
-pub use lifecycle::{Action, LifecycleConfig, Observed, Reason, Step, StepSource, WantedCondition};
+pub use lifecycle::{
+    Action, EncryptionObserved, LifecycleConfig, Observed, Reason, Step, StepSource,
+    WantedCondition,
+};
 pub use view::{
     ViewError, read_only_view, reader_view, view_mount_options, view_size, writer_view,
 };

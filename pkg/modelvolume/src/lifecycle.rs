@@ -38,8 +38,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{EnvVar, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::v2beta1::{
     BindingPhase, FailureRecord, ModelCacheBinding, ModelCacheBindingStatus, PopulationState,
@@ -47,6 +48,7 @@ use warmcache_api_modelcache::v2beta1::{
 };
 use warmcache_api_modelcache::{identity_hash, writer_pvc_name};
 
+use crate::encryption::{self, EncryptionNames};
 use crate::keys::TRACE_PARENT_ANNOTATION;
 use crate::lease::{Election, LeaseWrite};
 use crate::step::DownloadStep;
@@ -123,6 +125,15 @@ pub enum Reason {
     /// (`kubernetes.io/pvc-protection`: a pod mounts it) past
     /// [`LifecycleConfig::primary_release_grace_seconds`]; the message names the pods.
     PrimaryClaimHeld,
+    /// An encrypted cache's key Secret is gone while its data exists: readers cannot open it,
+    /// and a new key never could, so none is created.
+    EncryptionKeyMissing,
+    /// An encrypted cache's StorageClass cannot be derived: the StorageClass the decision was
+    /// taken on is gone or changed.
+    EncryptionClassUnavailable,
+    /// An encrypted binding names other objects than the ones derived from its identity, or
+    /// asks for encryption on a flow that has none.
+    InvalidEncryption,
 }
 
 impl Reason {
@@ -154,6 +165,9 @@ impl Reason {
             Self::ReleasingPrimary => "ReleasingPrimary",
             Self::WaitingForDetach => "WaitingForDetach",
             Self::PrimaryClaimHeld => "PrimaryClaimHeld",
+            Self::EncryptionKeyMissing => "EncryptionKeyMissing",
+            Self::EncryptionClassUnavailable => "EncryptionClassUnavailable",
+            Self::InvalidEncryption => "InvalidEncryption",
         }
     }
 }
@@ -255,6 +269,13 @@ pub enum Action {
     /// wrote first). When it precedes a [`Action::CreateJob`], a lost write stops the actions:
     /// the next reconcile decides again from the winner.
     WriteLease(LeaseWrite),
+    /// Create an encrypted cache's key Secret. The controller generates the key at the create
+    /// (no action carries it); AlreadyExists means another replica or an earlier reconcile won,
+    /// and that key stays.
+    CreateKeySecret(EncryptionNames),
+    /// Create an encrypted cache's StorageClass (AlreadyExists is fine: it is checked on the next
+    /// reconcile).
+    CreateEncryptedClass(Box<StorageClass>),
 }
 
 /// What to do next.
@@ -394,8 +415,22 @@ pub struct Observed<'a> {
     /// read once the claim is being deleted: `kubernetes.io/pvc-protection` keeps it while they
     /// do. Empty otherwise.
     pub primary_claim_holders: Vec<String>,
+    /// An encrypted binding's objects as read (all `None` for a binding that is not encrypted).
+    pub encryption: EncryptionObserved<'a>,
     /// Settings.
     pub config: &'a LifecycleConfig,
+}
+
+/// What the controller read of an encrypted binding's objects.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EncryptionObserved<'a> {
+    /// The key Secret's metadata (the controller never reads the key).
+    pub secret: Option<&'a ObjectMeta>,
+    /// The encrypted StorageClass.
+    pub class: Option<&'a StorageClass>,
+    /// The StorageClass the decision was taken on (`nvcf-sc`), read when the encrypted class is
+    /// missing: it is derived from it.
+    pub base_class: Option<&'a StorageClass>,
 }
 
 /// The stored references merged with the live ones seen: stale ones dropped, new ones added
@@ -731,6 +766,16 @@ fn rwx(
     let b = obs.binding;
     let claim_name = writer_pvc_name(&b.spec.identity);
     let writer_ns = obs.writer.namespace.as_str();
+    if b.spec.decision.encryption_required {
+        // Admission never decides this (encryption is roxReadOnly only); a hand-written binding
+        // would otherwise get an unencrypted cache.
+        degraded(
+            out,
+            Reason::InvalidEncryption,
+            "the decision requires encryption, which only the roxReadOnly flow provides; nothing is created for this binding".to_owned(),
+        );
+        return;
+    }
 
     // 1. The primary claim (a warm start adopts a retained complete primary).
     let Some(primary_claim) = obs.primary_claim else {
@@ -1044,6 +1089,21 @@ fn rox(
         _ => None,
     };
 
+    // An encrypted cache: its names, and its Secret and class must be warmcache's for it.
+    let encrypted = match encryption::encryption_names(b) {
+        Ok(names) => names,
+        Err(e) => {
+            degraded(out, Reason::InvalidEncryption, e.to_string());
+            return;
+        }
+    };
+    if let Some(names) = &encrypted
+        && let Err(what) = foreign_encryption(obs, names)
+    {
+        degraded(out, Reason::ForeignObject, what);
+        return;
+    }
+
     // 1. A complete primary: the bound one, or the retained one its released claim left
     // (also while the PV controller has not yet moved it from Bound to Released).
     let complete = bound
@@ -1068,6 +1128,19 @@ fn rox(
         );
         out.set(READY, true, Reason::Downloaded, words);
         out.set(DEGRADED, false, Reason::AsExpected, "");
+        if let Some(names) = &encrypted
+            && obs.encryption.secret.is_none()
+        {
+            out.set(
+                DEGRADED,
+                true,
+                Reason::EncryptionKeyMissing,
+                format!(
+                    "the key Secret {}/{} of this encrypted cache is gone: readers cannot open PersistentVolume {pv_name}, and a new key could not either, so none is created (restore the Secret from a backup, or let the cache retire and download again)",
+                    names.namespace, names.secret
+                ),
+            );
+        }
         if let Some(claim) = obs.primary_claim {
             // Bound to the complete PV (else `complete` would be a retained PV and the claim
             // would be absent): released so the volume detaches.
@@ -1171,6 +1244,14 @@ fn rox(
         if !job_is_ours(b, job) {
             return foreign_job(writer_ns, job, out);
         }
+        // The agent provisions the primary on the encrypted class: it must (still) exist.
+        if let Some(names) = &encrypted
+            && !job_condition(job, "Failed")
+            && !encryption_prerequisites(obs, names, out)
+        {
+            out.actions.extend(record);
+            return;
+        }
         if job_condition(job, "Failed") {
             job_failed(obs, job, realized, failure, out);
             out.actions.extend(record);
@@ -1211,8 +1292,76 @@ fn rox(
         realized.population_state = Some(PopulationState::Populating);
     }
 
-    // 4. No Job: start (or retry) the staging download.
-    start_download(obs, realized, failure, out, failed_before, |_| true);
+    // 4. No Job: start (or retry) the staging download; an encrypted cache's key and class
+    // come first.
+    start_download(obs, realized, failure, out, failed_before, |out| {
+        encrypted
+            .as_ref()
+            .is_none_or(|names| encryption_prerequisites(obs, names, out))
+    });
+}
+
+/// An encrypted cache's Secret or class under its name that is not warmcache's for this cache:
+/// its description.
+fn foreign_encryption(obs: &Observed<'_>, names: &EncryptionNames) -> Result<(), String> {
+    let b = obs.binding;
+    if let Some(meta) = obs.encryption.secret {
+        encryption::check_ours(meta, b).map_err(|why| {
+            format!(
+                "Secret {}/{} (the key of this encrypted cache): {why}",
+                names.namespace, names.secret
+            )
+        })?;
+    }
+    if let Some(class) = obs.encryption.class {
+        encryption::check_class(class, b, names).map_err(|why| {
+            format!(
+                "StorageClass {} (this encrypted cache's): {why}",
+                names.class
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Encrypted roxReadOnly: what the primary needs before the agent provisions it: the key Secret
+/// (created only while no primary claim exists: data written under a key that is gone cannot be
+/// opened with a new one) and the encrypted StorageClass (derived from the StorageClass the
+/// decision was taken on). `false` when one cannot be had (Degraded is set).
+fn encryption_prerequisites(
+    obs: &Observed<'_>,
+    names: &EncryptionNames,
+    out: &mut Builder,
+) -> bool {
+    let b = obs.binding;
+    if obs.encryption.secret.is_none() {
+        if let Some(claim) = obs.primary_claim {
+            degraded(
+                out,
+                Reason::EncryptionKeyMissing,
+                format!(
+                    "the key Secret {}/{} of this encrypted cache is gone while the primary claim {} exists; a new key could not open what was written under the old one, so none is created (restore the Secret, or delete the claim so the download starts over)",
+                    names.namespace,
+                    names.secret,
+                    claim.metadata.name.as_deref().unwrap_or_default()
+                ),
+            );
+            return false;
+        }
+        out.actions.push(Action::CreateKeySecret(names.clone()));
+    }
+    if obs.encryption.class.is_none() {
+        match encryption::encrypted_class(b, names, obs.encryption.base_class) {
+            Ok(class) => out
+                .actions
+                .push(Action::CreateEncryptedClass(Box::new(class))),
+            Err(e) => {
+                degraded(out, Reason::EncryptionClassUnavailable, e.to_string());
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// No Job: start (or retry) the download unless a failure record still holds (a failure stored
@@ -1573,8 +1722,8 @@ fn retained_candidate<'p>(
             let csi_ok = spec.csi.as_ref().is_some_and(|c| {
                 c.driver == b.spec.decision.provisioner && c.read_only != Some(true)
             });
-            let class_ok =
-                spec.storage_class_name.as_deref() == Some(b.spec.storage_class.name.as_str());
+            let class_ok = spec.storage_class_name.as_deref()
+                == Some(crate::encryption::primary_class(b).as_str());
             let names_claim = |r: &k8s_openapi::api::core::v1::ObjectReference| {
                 r.name.as_deref() == Some(claim.as_str())
                     && r.namespace.as_deref() == Some(control.as_str())
@@ -1973,6 +2122,7 @@ mod tests {
             retained: Vec::new(),
             attachments: BTreeMap::new(),
             primary_claim_holders: Vec::new(),
+            encryption: EncryptionObserved::default(),
             config,
         }
     }
@@ -3206,6 +3356,199 @@ mod tests {
                 (SOURCE_NAMESPACE_LABEL.to_owned(), "team-a".to_owned()),
             ]);
         claim
+    }
+
+    /// An encrypted block cache: the key Secret and the encrypted class come before the staging
+    /// Job, derived only from the StorageClass the decision recorded; a foreign Secret or class
+    /// stops everything; a key that is gone is never recreated once a primary exists; the
+    /// encrypted flow on ReadWriteMany, or a binding naming other objects, creates nothing.
+    #[test]
+    fn an_encrypted_block_cache_gets_its_key_and_class_before_the_staging_job() {
+        use crate::encryption::{self, EncryptionNames};
+        use k8s_openapi::api::storage::v1::StorageClass;
+
+        let config = LifecycleConfig::default();
+        let mut b = binding(Transition::RoxReadOnly);
+        b.spec.decision.encryption_required = true;
+        let hash = identity_hash(&b.spec.identity);
+        b.spec.resources.secret_names = vec![hash.clone()];
+        b.spec.resources.storage_class_names = vec![format!("{hash}-sc")];
+        let base = StorageClass {
+            metadata: ObjectMeta {
+                name: Some("nvcf-sc".into()),
+                uid: Some(b.spec.storage_class.uid.clone()),
+                ..ObjectMeta::default()
+            },
+            provisioner: b.spec.decision.provisioner.clone(),
+            reclaim_policy: Some("Retain".into()),
+            ..StorageClass::default()
+        };
+        b.spec.storage_class.configuration_digest = warmcache_catalog::storage_class_digest(&base);
+        let names = EncryptionNames {
+            secret: hash.clone(),
+            namespace: "nvca-modelcache-init".into(),
+            class: format!("{hash}-sc"),
+        };
+
+        let mut o = observed(&b, &config);
+        o.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        o.encryption.base_class = Some(&base);
+        let s = step(&o);
+        let [
+            Action::CreateKeySecret(n),
+            Action::CreateEncryptedClass(class),
+            Action::CreateJob(_),
+        ] = &s.actions[..]
+        else {
+            panic!("{:?}", s.actions);
+        };
+        assert_eq!(n, &names);
+        assert_eq!(
+            **class,
+            encryption::encrypted_class(&b, &names, Some(&base)).unwrap()
+        );
+        assert_eq!(condition(&s, PROGRESSING).reason, Reason::StartingDownload);
+
+        // Both exist (as created): only the Job.
+        let secret = encryption::key_secret(
+            &b,
+            &names,
+            &encryption::EncryptionKey::from_bytes([7; encryption::KEY_BYTES]),
+        );
+        o.encryption = EncryptionObserved {
+            secret: Some(&secret.metadata),
+            class: Some(class),
+            base_class: None,
+        };
+        let s = step(&o);
+        assert!(
+            matches!(&s.actions[..], [Action::CreateJob(_)]),
+            "{:?}",
+            s.actions
+        );
+
+        // The class is derived only from the StorageClass the decision was taken on.
+        let mut recreated = base.clone();
+        recreated.metadata.uid = Some("another".into());
+        o.encryption = EncryptionObserved {
+            secret: Some(&secret.metadata),
+            class: None,
+            base_class: Some(&recreated),
+        };
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(
+            condition(&s, DEGRADED).reason,
+            Reason::EncryptionClassUnavailable
+        );
+        o.encryption.base_class = None;
+        assert_eq!(
+            condition(&step(&o), DEGRADED).reason,
+            Reason::EncryptionClassUnavailable
+        );
+
+        // A Secret under the key's name that is not warmcache's: nothing is created.
+        let mut foreign = secret.metadata.clone();
+        foreign.labels = None;
+        o.encryption = EncryptionObserved {
+            secret: Some(&foreign),
+            class: Some(class),
+            base_class: None,
+        };
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::ForeignObject);
+        assert!(
+            condition(&s, DEGRADED)
+                .message
+                .contains(&format!("Secret nvca-modelcache-init/{hash}"))
+        );
+
+        // The agent's primary claim exists and the key is gone: never a new key.
+        let claim = bound_claim(&b);
+        assert_eq!(
+            claim.spec.as_ref().unwrap().storage_class_name.as_deref(),
+            Some(names.class.as_str())
+        );
+        let staging = job_with(&b, None);
+        o.job = Some(&staging);
+        o.primary_claim = Some(&claim);
+        o.encryption = EncryptionObserved {
+            secret: None,
+            class: Some(class),
+            base_class: None,
+        };
+        let s = step(&o);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::EncryptionKeyMissing);
+
+        // Staging without a claim yet: a class deleted meanwhile is created again.
+        o.primary_claim = None;
+        o.encryption = EncryptionObserved {
+            secret: Some(&secret.metadata),
+            class: None,
+            base_class: Some(&base),
+        };
+        let s = step(&o);
+        assert!(
+            matches!(&s.actions[..], [Action::CreateEncryptedClass(_)]),
+            "{:?}",
+            s.actions
+        );
+        assert_eq!(condition(&s, READY).reason, Reason::Staging);
+
+        // Complete and retained, the key gone: still Ready (the data is there), Degraded says
+        // readers cannot open it, and no key is created.
+        let mut complete = primary_pv();
+        let (l, a) = completion_marks(&b, Some(42), "team-a");
+        complete.metadata.labels = Some(l);
+        complete
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(a);
+        let spec = complete.spec.as_mut().unwrap();
+        spec.persistent_volume_reclaim_policy = Some("Retain".into());
+        spec.storage_class_name = Some(names.class.clone());
+        spec.claim_ref = None;
+        complete.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: Some("Released".into()),
+            ..Default::default()
+        });
+        o.job = None;
+        o.retained = vec![&complete];
+        o.encryption = EncryptionObserved {
+            secret: None,
+            class: Some(class),
+            base_class: None,
+        };
+        let s = step(&o);
+        assert!(condition(&s, READY).status, "{:?}", s.conditions);
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::EncryptionKeyMissing);
+        assert!(
+            !s.actions
+                .iter()
+                .any(|a| matches!(a, Action::CreateKeySecret(_)))
+        );
+
+        // A binding that names other objects, or encryption on ReadWriteMany: nothing.
+        let mut other = b.clone();
+        other.spec.resources.secret_names = vec!["registry-credentials".into()];
+        let mut o2 = observed(&other, &config);
+        o2.step = o.step.clone();
+        let s = step(&o2);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::InvalidEncryption);
+        let mut rwx = binding(Transition::RwxReadOnly);
+        rwx.spec.decision.encryption_required = true;
+        let mut o3 = observed(&rwx, &config);
+        o3.step = o.step.clone();
+        let s = step(&o3);
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert_eq!(condition(&s, DEGRADED).reason, Reason::InvalidEncryption);
     }
 
     /// The block flow from the first reading pod to its view: the staging Job (no claim: the

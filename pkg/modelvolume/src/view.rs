@@ -411,8 +411,9 @@ pub fn writer_view_in(
 }
 
 /// The primary claim of an RWX cache: `rw-pvc-<hash>` in the binding's namespace (the control
-/// namespace), ReadWriteMany on the binding's StorageClass, of `size` (the operator's nominal
-/// RWX size: nothing is measured before the download).
+/// namespace), ReadWriteMany on the binding's StorageClass (an encrypted cache's own class,
+/// [`crate::encryption::primary_class`]), of `size` (the operator's nominal RWX size: nothing is
+/// measured before the download).
 pub fn primary_claim(binding: &ModelCacheBinding, size: Quantity) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -423,7 +424,7 @@ pub fn primary_claim(binding: &ModelCacheBinding, size: Quantity) -> PersistentV
         },
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec![READ_WRITE_MANY.to_owned()]),
-            storage_class_name: Some(binding.spec.storage_class.name.clone()),
+            storage_class_name: Some(crate::encryption::primary_class(binding)),
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([("storage".to_owned(), size)])),
                 limits: None,
