@@ -255,8 +255,9 @@ struct World {
     landing: String,
     /// The bind root of hostPath readers (in the node's mount namespace), this test's own.
     bind_root: String,
-    /// The catalog the admissions decided from.
+    /// The catalog the admissions decided from, and the gates.
     catalog: CatalogSnapshot,
+    gates: Gates,
     agent: AgentProcess,
     _account: ComponentAccount,
     stop: tokio_util::sync::CancellationToken,
@@ -281,6 +282,9 @@ async fn setup(download: &str, stale_claim: bool, shared: bool, reader_mode: Rea
 enum Flow {
     /// The namespaced-block profile: roxReadOnly, the agent's staging copy.
     Block,
+    /// The same with `ModelCacheEncryption` on and the catalog listing `encryptionSupported`:
+    /// an encrypted cache (the profile's volumes created with a key refuse a publish without it).
+    EncryptedBlock,
     /// The root-owned shared-filesystem profile (fresh exports root-owned 0755, no fsGroup on
     /// ReadWriteMany): rwxReadOnly with writer identity root, the binding controller relying on
     /// the agent to open fresh roots for a non-root writer.
@@ -296,7 +300,7 @@ async fn setup_on(
 ) -> World {
     let one = ONE_CLASS.lock().await;
     let driver = match flow {
-        Flow::Block => TestCsiDriver::NamespacedBlock,
+        Flow::Block | Flow::EncryptedBlock => TestCsiDriver::NamespacedBlock,
         Flow::RootOwnedRwx => TestCsiDriver::RootOwnedFs,
     };
     let node = RealNode::shared().await.unwrap();
@@ -334,6 +338,9 @@ async fn setup_on(
         Flow::Block => {
             "provider: nvmesh\n    accessModes: [ReadWriteOnce, ReadOnlyMany]\n    readerMountOptions: [ro]"
         }
+        Flow::EncryptedBlock => {
+            "provider: nvmesh\n    accessModes: [ReadWriteOnce, ReadOnlyMany]\n    readerMountOptions: [ro]\n    encryptionSupported: true"
+        }
         Flow::RootOwnedRwx => {
             "provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []"
         }
@@ -343,15 +350,16 @@ async fn setup_on(
         driver.driver_name()
     ))
     .unwrap();
+    let gates = Gates {
+        caching_support: true,
+        helm_model_caching: true,
+        model_cache_encryption: flow == Flow::EncryptedBlock,
+    };
     let storage = StorageInputs {
         storage_class: Some(&nvcf_sc),
         csi_driver: Some(&csi_driver),
         catalog: CatalogInput::Loaded(&catalog),
-        gates: Gates {
-            caching_support: true,
-            helm_model_caching: true,
-            model_cache_encryption: false,
-        },
+        gates,
     };
 
     // The binding controller, in process.
@@ -437,7 +445,7 @@ async fn setup_on(
     assert_eq!(
         first.transition,
         match flow {
-            Flow::Block => Transition::RoxReadOnly,
+            Flow::Block | Flow::EncryptedBlock => Transition::RoxReadOnly,
             Flow::RootOwnedRwx => Transition::RwxReadOnly,
         }
     );
@@ -492,6 +500,7 @@ async fn setup_on(
         engine,
         landing,
         bind_root,
+        gates,
         catalog,
         agent,
         _account: account,
@@ -523,11 +532,7 @@ impl World {
             storage_class: Some(&nvcf_sc),
             csi_driver: Some(&csi_driver),
             catalog: CatalogInput::Loaded(&self.catalog),
-            gates: Gates {
-                caching_support: true,
-                helm_model_caching: true,
-                model_cache_encryption: false,
-            },
+            gates: self.gates,
         };
         let options = Options {
             control_namespace: self.control.name.clone(),
@@ -757,6 +762,254 @@ async fn a_block_download_is_staged_copied_sized_released_and_read_read_only() {
         .unwrap();
     assert_eq!(staging.items.len(), 1, "one download for the domain");
 
+    w.finish().await;
+}
+
+/// An encrypted cache on the block profile (`ModelCacheEncryption` on, the catalog entry lists
+/// `encryptionSupported`): the binding controller generates the key into the binding's Secret
+/// and derives the encrypted StorageClass before the staging Job; the agent's primary claim is
+/// provisioned on it (the driver records the key's digest: the volume is encrypted), every view
+/// carries the key's reference, and readers in both namespaces of the sharing domain read the
+/// bytes read-only. A reader of the same volume through a PV without the reference is refused
+/// by the driver. The key appears in no Event, object, or log of the agent and the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_block_cache_is_read_with_its_key_and_refused_without_it() {
+    use k8s_openapi::api::core::v1::{Event, Secret, SecretReference};
+    use sha2::Digest;
+    use warmcache_modelvolume::encryption::{KEY_ENTRY, check_class, encryption_names};
+
+    let w = setup_on(
+        Flow::EncryptedBlock,
+        DOWNLOAD_SCRIPT,
+        false,
+        true,
+        ReaderMode::Pvc,
+    )
+    .await;
+    assert!(w.stored.spec.decision.encryption_required);
+    let client = w.client.clone();
+    let ready = w.settled().await.unwrap_or_else(|b| {
+        panic!(
+            "the encrypted download failed: {:?}\n{}",
+            b.status,
+            w.agent_log()
+        )
+    });
+    let names = encryption_names(&ready).unwrap().unwrap();
+    assert_eq!(names.namespace, w.control.name);
+
+    // The key Secret: a generated 64-hex key, immutable; the class derived from nvcf-sc.
+    let secret = w.control.api::<Secret>().get(&names.secret).await.unwrap();
+    assert_eq!(secret.immutable, Some(true));
+    let key = String::from_utf8(secret.data.as_ref().unwrap()[KEY_ENTRY].0.clone()).unwrap();
+    assert_eq!(key.len(), 64);
+    assert!(key.bytes().all(|b| b.is_ascii_hexdigit()), "not hex");
+    let class = w.classes.get(&names.class).await.unwrap();
+    check_class(&class, &ready, &names).unwrap();
+
+    // The primary: provisioned on the encrypted class with the key (the driver's digest).
+    let realized = ready.status.as_ref().unwrap().realized.clone().unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let primary = pvs
+        .get(realized.bound_persistent_volume_name.as_ref().unwrap())
+        .await
+        .unwrap();
+    let spec = primary.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.storage_class_name.as_deref(),
+        Some(names.class.as_str())
+    );
+    let reference = SecretReference {
+        name: Some(names.secret.clone()),
+        namespace: Some(names.namespace.clone()),
+    };
+    let csi = spec.csi.as_ref().unwrap();
+    assert_eq!(csi.node_publish_secret_ref.as_ref(), Some(&reference));
+    let digest = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+    assert_eq!(
+        w.node
+            .csi_volume_key_digest(TestCsiDriver::NamespacedBlock, &csi.volume_handle),
+        Some(digest),
+        "the primary volume is encrypted with the Secret's key"
+    );
+
+    // Readers in both namespaces read the bytes read-only through views carrying the key.
+    let done = wait_pod_finished(&w.pods, "qwen3-reader", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(
+        state_exit(&done, WAIT_CONTAINER),
+        Some(0),
+        "{:?}",
+        done.status
+    );
+    assert_reads_read_only(&termination_message(&done, &w.engine).unwrap());
+    let second = w.second_reader().await;
+    assert_reads_read_only(&termination_message(&second, &w.engine).unwrap());
+    let b = w.bindings.get(&w.binding_name).await.unwrap();
+    let views = b
+        .status
+        .as_ref()
+        .unwrap()
+        .realized
+        .as_ref()
+        .unwrap()
+        .views
+        .clone();
+    assert_eq!(views.len(), 2, "{views:?}");
+    for v in &views {
+        let pv = pvs.get(&v.persistent_volume_name).await.unwrap();
+        let csi = pv.spec.as_ref().unwrap().csi.as_ref().unwrap();
+        assert_eq!(
+            csi.node_publish_secret_ref.as_ref(),
+            Some(&reference),
+            "{}",
+            v.namespace
+        );
+    }
+    let publishes = w
+        .node
+        .csi_publishes(TestCsiDriver::NamespacedBlock)
+        .unwrap();
+    let read = publishes
+        .iter()
+        .find(|p| p.pod_namespace == w.app.name && p.pod_name == "qwen3-reader")
+        .unwrap();
+    assert!(read.encrypted && read.error.is_none(), "{read:?}");
+
+    // A reader of the same volume through a PV without the key's reference: refused.
+    let own_view = views.iter().find(|v| v.namespace == w.app.name).unwrap();
+    let mut bare = pvs.get(&own_view.persistent_volume_name).await.unwrap();
+    let bare_name = format!("nokey-{}", w.app.name);
+    bare.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: Some(bare_name.clone()),
+        ..k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default()
+    };
+    let spec = bare.spec.as_mut().unwrap();
+    spec.csi.as_mut().unwrap().node_publish_secret_ref = None;
+    spec.csi.as_mut().unwrap().node_stage_secret_ref = None;
+    spec.claim_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
+        namespace: Some(w.app.name.clone()),
+        name: Some("nokey".into()),
+        ..Default::default()
+    });
+    bare.status = None;
+    pvs.create(&PostParams::default(), &bare).await.unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": { "name": "nokey" },
+        "spec": {
+            "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": bare_name,
+            "resources": { "requests": { "storage": "1Gi" } },
+        },
+    }))
+    .unwrap();
+    w.app
+        .api::<PersistentVolumeClaim>()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let reader: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "nokey-reader" },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "reader", "image": TOOLS_IMAGE, "imagePullPolicy": "Never",
+                "command": ["cat", "/m/qwen3/config.json"],
+                "volumeMounts": [{ "name": "m", "mountPath": "/m", "readOnly": true }],
+            }],
+            "volumes": [{ "name": "m", "persistentVolumeClaim": { "claimName": "nokey", "readOnly": true } }],
+        },
+    }))
+    .unwrap();
+    w.pods
+        .create(&PostParams::default(), &reader)
+        .await
+        .unwrap();
+    let node = w.node;
+    let app = w.app.name.clone();
+    let refused = eventually("the driver refusing the keyless publish", TIMEOUT, || {
+        let app = app.clone();
+        async move {
+            node.csi_publishes(TestCsiDriver::NamespacedBlock)
+                .ok()?
+                .into_iter()
+                .find(|p| p.pod_namespace == app && p.pod_name == "nokey-reader")
+        }
+    })
+    .await
+    .unwrap();
+    assert!(refused.encrypted, "{refused:?}");
+    let error = refused.error.clone().unwrap_or_default();
+    assert!(error.contains("carries no key"), "{refused:?}");
+    let pod = w.pods.get("nokey-reader").await.unwrap();
+    assert_ne!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded"),
+        "the keyless reader must not have read the model"
+    );
+    w.pods
+        .delete("nokey-reader", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+
+    // The key is in no Event, no object warmcache wrote, no log of the agent or the node.
+    let events = Api::<Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for e in &events.items {
+        let text = serde_json::to_string(e).unwrap();
+        assert!(!text.contains(&key), "the key is in an Event: {text}");
+    }
+    let mut texts = vec![
+        serde_json::to_string(&b).unwrap(),
+        serde_json::to_string(&class).unwrap(),
+    ];
+    for pv in pvs.list(&ListParams::default()).await.unwrap().items {
+        texts.push(serde_json::to_string(&pv).unwrap());
+    }
+    for pod in w
+        .control
+        .api::<Pod>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        texts.push(serde_json::to_string(&pod).unwrap());
+    }
+    for job in w
+        .app
+        .api::<Job>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+    {
+        texts.push(serde_json::to_string(&job).unwrap());
+    }
+    texts.push(w.agent_log());
+    for component in [
+        "kubelet",
+        "csi-namespaced-block",
+        "provisioner-namespaced-block",
+        "attacher-namespaced-block",
+    ] {
+        texts.push(w.node.log_tail(component, 100_000));
+    }
+    for t in &texts {
+        assert!(
+            !t.contains(&key),
+            "the key leaked: {}",
+            &t[..t.len().min(400)]
+        );
+    }
+
+    let _ = pvs.delete(&bare_name, &DeleteParams::default()).await;
+    let _ = w
+        .classes
+        .delete(&names.class, &DeleteParams::default())
+        .await;
     w.finish().await;
 }
 
@@ -1032,7 +1285,7 @@ async fn a_host_path_reader_is_served_and_unpended_only_with_a_verified_bind() {
             name: Some("qwen3-long".into()),
             labels: done.metadata.labels.clone(),
             annotations: done.metadata.annotations.clone(),
-            ..kube::api::ObjectMeta::default()
+            ..k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default()
         },
         spec: done.spec.clone(),
         status: None,

@@ -193,6 +193,9 @@ pub struct CsiPublish {
     pub pod_uid: String,
     /// The error returned to the kubelet, if the publish failed.
     pub error: Option<String>,
+    /// Whether the volume is encrypted (the namespaced-block profile: created with a key in
+    /// its provisioner secret; a publish without that key is refused).
+    pub encrypted: bool,
 }
 
 pub(crate) fn read_publish_journal(path: &Path) -> Result<Vec<CsiPublish>, TestkitError> {
@@ -228,6 +231,7 @@ pub(crate) fn read_publish_journal(path: &Path) -> Result<Vec<CsiPublish>, Testk
             pod_name: s("podName"),
             pod_uid: s("podUid"),
             error: v["error"].as_str().map(str::to_owned),
+            encrypted: v["encrypted"].as_bool().unwrap_or(false),
         });
     }
     Ok(out)

@@ -317,6 +317,22 @@ impl RealNode {
         csi::state_dir(&self.dir, driver).join("volumes").join(id)
     }
 
+    /// The hex SHA-256 of the key a test CSI volume was created with (the driver records the
+    /// digest, never the key), for the volume handle `handle`; `None` for a volume created
+    /// without a key or one the driver does not know.
+    pub fn csi_volume_key_digest(&self, driver: TestCsiDriver, handle: &str) -> Option<String> {
+        let id = match driver {
+            TestCsiDriver::NamespacedBlock => handle.rsplit_once(':').map_or(handle, |(id, _)| id),
+            _ => handle,
+        };
+        let meta = csi::state_dir(&self.dir, driver)
+            .join("meta")
+            .join(format!("{id}.json"));
+        let text = std::fs::read_to_string(meta).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v["keySha256"].as_str().map(str::to_owned)
+    }
+
     /// Stops every node process and removes the node's cgroups and directory, waiting for all
     /// of it. Dropping the node does the same.
     pub fn shutdown(self) {
