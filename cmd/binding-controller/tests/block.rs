@@ -867,3 +867,142 @@ async fn a_crash_after_the_nth_write_of_the_block_flow_converges_for_every_n() {
 async fn a_primary_claim_held_by_a_pod_is_reported_and_nothing_is_deleted() {
     block_flow("blk-held", Mode::Held).await;
 }
+
+/// An encrypted block cache, the controller run as the chart's ServiceAccount (the generated
+/// roles): before the staging Job it generates the key into the binding's Secret and derives the
+/// encrypted StorageClass from the class the decision recorded; the key is in the Secret only
+/// (not in the binding, not in an Event). The agent's claim would ask for the encrypted class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_block_cache_gets_its_key_and_class_before_the_staging_job() {
+    use k8s_openapi::api::core::v1::{Event, Secret};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use warmcache_modelvolume::encryption::{self, KEY_ENTRY};
+
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+    let control = TestNamespace::new("blk-enc-ctl").await.unwrap();
+    let a = TestNamespace::new("blk-enc-a").await.unwrap();
+    let domain = format!("domain-{}", control.name);
+    label_domain(&client, &a.name, &domain).await;
+
+    // The class the decision was taken on (its own name here: nvcf-sc is cluster-wide and
+    // other tests of this plane use it), recorded by UID and configuration digest.
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let base_name = format!("{}-base", control.name);
+    let base: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": { "name": base_name },
+        "provisioner": DRIVER,
+        "parameters": { "csi.storage.k8s.io/fstype": "xfs" },
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+    }))
+    .unwrap();
+    let base = classes.create(&PostParams::default(), &base).await.unwrap();
+    let mut wanted = block_binding(&control.name, &a.name, &domain);
+    wanted.spec.decision.encryption_required = true;
+    wanted.spec.storage_class.name = base_name.clone();
+    wanted.spec.storage_class.uid = base.uid().unwrap();
+    wanted.spec.storage_class.configuration_digest = warmcache_catalog::storage_class_digest(&base);
+    let hash = identity_hash(&wanted.spec.identity);
+    wanted.spec.resources.secret_names = vec![hash.clone()];
+    wanted.spec.resources.storage_class_names = vec![format!("{hash}-sc")];
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let created = bindings
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    let name = created.name_any();
+    let names = encryption::encryption_names(&created).unwrap().unwrap();
+
+    let (stop, task, _) = running_controller(plane, &control.name, None, &Mode::Clean).await;
+    a.api::<Pod>()
+        .create(&PostParams::default(), &reader_pod("reader-0", &created))
+        .await
+        .unwrap();
+
+    // The staging Job starts, and the Secret and class exist by then (created first).
+    let jobs: Api<Job> = a.api();
+    let job_name = writer_job_name(&created.spec.identity);
+    eventually("the staging Job", WAIT, || {
+        let jobs = jobs.clone();
+        let job_name = job_name.clone();
+        async move { jobs.get_opt(&job_name).await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    let secret = control.api::<Secret>().get(&names.secret).await.unwrap();
+    encryption::check_ours(&secret.metadata, &created).unwrap();
+    assert_eq!(secret.immutable, Some(true));
+    let data = secret.data.as_ref().unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), vec![KEY_ENTRY]);
+    let key = String::from_utf8(data[KEY_ENTRY].0.clone()).unwrap();
+    assert_eq!(key.len(), 64);
+    assert!(
+        key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "lowercase hex"
+    );
+    let class = classes.get(&names.class).await.unwrap();
+    encryption::check_class(&class, &created, &names).unwrap();
+    assert_eq!(
+        class.parameters.as_ref().unwrap()["csi.storage.k8s.io/fstype"],
+        "xfs",
+        "the base class's own parameters are kept"
+    );
+    assert_eq!(class.volume_binding_mode.as_deref(), Some("Immediate"));
+
+    // The agent's claim asks for the encrypted class.
+    let current = bindings.get(&name).await.unwrap();
+    let jp = job_pod(&client, &a.name, &job_name).await;
+    let staged = warmcache_modelvolume::agent::Staged {
+        namespace: a.name.clone(),
+        name: jp.name_any(),
+        uid: jp.uid().unwrap(),
+        binding: name.clone(),
+        binding_uid: current.uid().unwrap(),
+        staging_volume: "nvsnap-staging".into(),
+        job: None,
+    };
+    let claim = staged_primary_claim(&current, &staged, NODE, BYTES, 0);
+    assert_eq!(
+        claim.spec.as_ref().unwrap().storage_class_name.as_deref(),
+        Some(names.class.as_str())
+    );
+
+    // The key is in the Secret only: not in the binding, not in any Event of the cache.
+    let events = eventually("the KeyCreated Event", WAIT, || {
+        let api: Api<Event> = control.api();
+        async move {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("KeyCreated"))
+                .then_some(list.items)
+        }
+    })
+    .await
+    .unwrap();
+    for e in &events {
+        assert!(!serde_json::to_string(e).unwrap().contains(&key), "{e:?}");
+    }
+    let stored = serde_json::to_string(&bindings.get(&name).await.unwrap()).unwrap();
+    assert!(!stored.contains(&key));
+    let job = serde_json::to_string(&jobs.get(&job_name).await.unwrap()).unwrap();
+    assert!(!job.contains(&key));
+
+    stop.cancel();
+    let _ = task.await;
+    bindings
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    for class in [&names.class, &base_name] {
+        let _ = classes.delete(class, &DeleteParams::default()).await;
+    }
+    a.cleanup().await;
+    control.cleanup().await;
+}
