@@ -146,6 +146,8 @@ mod tests {
         assert!(text.contains(r#"kept_total{reason="inside_retention",rule="expired-primary"} 1"#));
         assert!(text.contains(r#"sweeps_total{result="failed"} 0"#));
         assert!(text.contains(r#"kept_total{reason="settling",rule="orphan-claim"} 0"#));
+        assert!(text.contains(r#"kept_total{reason="class_exists",rule="orphan-encryption"} 0"#));
+        assert!(text.contains(r#"actions_total{action="delete",rule="orphan-encryption"} 0"#));
         assert!(Metrics::register(&registry).is_err(), "registered twice");
     }
 }

@@ -3,8 +3,11 @@
 //!
 //! The reaper deletes, so its roles are the widest of warmcache's on storage objects; each
 //! delete is guarded in code (UID precondition, warmcache's labels, the rule's proof) and the
-//! `why` says which rule makes it. It reads no Secret and touches no StorageClass: an
-//! encrypted cache's key and class live as long as its data, not its binding.
+//! `why` says which rule makes it. An encrypted cache's key Secret and StorageClass live as long
+//! as its data, not its binding: only `orphan-encryption` deletes them, once no binding, volume
+//! or claim can need them. The Secrets are listed and deleted as metadata only: the reaper
+//! never receives a key (RBAC cannot say so: `list` on secrets would allow reading them, so the
+//! grant is limited to the control namespace, where only warmcache's keys live).
 
 use warmcache_kube::rbac::{Permission, Scope, events, leader_election};
 
@@ -18,7 +21,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "get", "delete", "patch"],
         scope: Scope::ControlNamespace,
         names: &[],
-        why: "bindings listed page by page; a Retiring one read afresh, deleted once what it names is gone (UID precondition) and its finalizer removed (JSON patch testing its UID and finalizers); the binding of a complete primary's model read afresh before its storage goes",
+        why: "bindings listed page by page; a Retiring one read afresh, deleted once what it names is gone (UID precondition) and its finalizer removed (JSON patch testing its UID and finalizers); the binding of a complete primary's model (or of an encrypted cache) read afresh before its storage (or its key and class) goes",
     },
     Permission {
         group: "nvca.nvcf.nvidia.io",
@@ -50,7 +53,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "get", "delete"],
         scope: Scope::Cluster,
         names: &[],
-        why: "orphan-claim: view claims (warmcache's labels) listed page by page; retired-binding: the claims a binding names, read and deleted (UID precondition); the claim a Released PV names, read afresh to prove it gone",
+        why: "orphan-claim: view claims (warmcache's labels) listed page by page; orphan-encryption: every claim, for the StorageClass it asks for; retired-binding: the claims a binding names, read and deleted (UID precondition); the claim a Released PV names, read afresh to prove it gone",
     },
     Permission {
         group: "",
@@ -58,7 +61,7 @@ const OWN: &[Permission] = &[
         verbs: &["list", "get", "delete", "patch"],
         scope: Scope::Cluster,
         names: &[],
-        why: "volume rules: PVs listed page by page; a retirement's claims checked for their PV's reclaim policy; view PV objects deleted (UID and resourceVersion preconditions); a primary's reclaim policy set to Delete and its last use stamped (merge patch with resourceVersion)",
+        why: "volume rules: PVs listed page by page (orphan-encryption: every PV, for the classes and Secrets it names); a retirement's claims checked for their PV's reclaim policy; view PV objects deleted (UID and resourceVersion preconditions); a primary's reclaim policy set to Delete and its last use stamped (merge patch with resourceVersion)",
     },
     Permission {
         group: "storage.k8s.io",
@@ -92,6 +95,22 @@ const OWN: &[Permission] = &[
         names: &[],
         why: "retired-binding: the writer Lease a binding names",
     },
+    Permission {
+        group: "",
+        resource: "secrets",
+        verbs: &["list", "delete"],
+        scope: Scope::ControlNamespace,
+        names: &[],
+        why: "orphan-encryption: the key Secrets of encrypted caches (warmcache's encryption labels) listed as metadata only (never a key), deleted once nothing can need them (UID and resourceVersion preconditions, metadata-only answer)",
+    },
+    Permission {
+        group: "storage.k8s.io",
+        resource: "storageclasses",
+        verbs: &["list", "delete"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "orphan-encryption: the StorageClasses of encrypted caches (warmcache's encryption labels) listed, and a key Secret's class looked up by name before the Secret goes; a class deleted once no binding, volume or claim uses it (UID and resourceVersion preconditions)",
+    },
     events(Scope::ControlNamespace),
 ];
 
@@ -119,6 +138,17 @@ mod tests {
                     || p.resource == "events"
             ),
             "the reaper reads afresh and creates nothing of its own"
+        );
+        // Secrets: listed (as metadata) and deleted in the control namespace only; never read.
+        let secrets: Vec<_> = permissions
+            .iter()
+            .filter(|p| p.resource == "secrets")
+            .collect();
+        assert_eq!(secrets.len(), 1, "{secrets:?}");
+        assert_eq!(secrets[0].verbs, ["list", "delete"]);
+        assert_eq!(
+            secrets[0].scope,
+            warmcache_kube::rbac::Scope::ControlNamespace
         );
     }
 }

@@ -16,10 +16,17 @@
 //! 3. **PVs** (page by page, slimmed, with every VolumeAttachment): `orphan-view`,
 //!    `abandoned-primary`, `expired-primary`, each deletion preceded by fresh reads (the claim
 //!    its PV names, the binding of its model, the pods of its claim's namespace).
+//! 4. **Encrypted caches' StorageClasses and key Secrets** (warmcache's encryption labels; the
+//!    Secrets as metadata only, never a key), against fresh lists of every PV, every claim and
+//!    the bindings, read in that order after the candidates: `orphan-encryption`. A class goes
+//!    in one sweep, its Secret in a later one; each deletion is preceded by a fresh read of the
+//!    binding of the cache (and, for a Secret, of its class). Nothing is listed beyond the
+//!    candidates when there are none.
 //!
 //! API calls (the list [`crate::rbac`] grants): bindings list/get/delete/patch, bindings/status
 //! update; pods list (cluster) and delete (mount holders); claims list/get/delete; PVs
 //! list/get/delete/patch; VolumeAttachments list; namespaces get; Jobs and Leases get (metadata)
+//! and delete; Secrets of the control namespace list (metadata) and delete; StorageClasses list
 //! and delete; Events.
 //!
 //! Every delete carries the UID read as a precondition (volume and claim rules also the
@@ -33,24 +40,27 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, DeleteParams, ListParams, ObjectList, Patch, PatchParams, PostParams, Preconditions,
     PropagationPolicy,
 };
+use kube::core::PartialObjectMeta;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 use warmcache_api_modelcache::FINALIZER;
 use warmcache_api_modelcache::v2beta1::{BindingPhase, ModelCacheBinding};
 use warmcache_kube::{EventRecorder, Leadership};
+use warmcache_modelvolume::encryption::{ROLE_ENCRYPTION, class_name};
 use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
 use warmcache_modelvolume::reaper::{
-    self, BindingVerdict, ClaimVerdict, Cleanup, Config, Keep, Kind, NamespaceState, PvClass,
-    PvFacts, PvVerdict, Rule, Seen, Target, ViewFacts,
+    self, BindingVerdict, ClaimVerdict, Cleanup, Config, EncryptionObject, EncryptionUses,
+    EncryptionVerdict, Keep, Kind, NamespaceState, PvClass, PvFacts, PvVerdict, Rule, Seen, Target,
+    ViewFacts,
 };
 use warmcache_modelvolume::volume_keys::{COMPLETE_LABEL, LAST_USED_ANNOTATION, VOLUME_ROLE_LABEL};
 
@@ -188,7 +198,12 @@ impl Sweeper {
                 }
             };
             self.claims(at(started), &known, &mut report).await?;
-            self.volumes(at(started), &known, &mut report).await
+            self.volumes(at(started), &known, &mut report).await?;
+            // After the primary rules: a primary whose storage they just handed to the
+            // provisioner still exists (DeleteVolume needs the key), and keeps its key.
+            self.encryption(&mut report)
+                .instrument(tracing::info_span!("reaper.encryption"))
+                .await
         }
         .instrument(span)
         .await;
@@ -266,6 +281,28 @@ impl Sweeper {
         let mut params = params.limit(self.settings.page_size);
         loop {
             let page: ObjectList<K> = api.list(&params).await?;
+            let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+            page.items.into_iter().for_each(&mut each);
+            match next {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// [`Sweeper::list_all`], metadata only (the API server sends no `data`, no `spec`).
+    async fn list_all_metadata<K>(
+        &self,
+        api: &Api<K>,
+        params: ListParams,
+        mut each: impl FnMut(PartialObjectMeta<K>),
+    ) -> Result<(), kube::Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        let mut params = params.limit(self.settings.page_size);
+        loop {
+            let page = api.list_metadata(&params).await?;
             let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
             page.items.into_iter().for_each(&mut each);
             match next {
@@ -1018,6 +1055,11 @@ impl Sweeper {
         let Some(hash) = pv.labels().get(MODEL_LABEL) else {
             return Ok(false);
         };
+        self.binding_of_cache_exists(hash).await
+    }
+
+    /// Whether the binding of the cache `hash` (`model-cache-<hash>`) exists, read afresh.
+    async fn binding_of_cache_exists(&self, hash: &str) -> Result<bool, SweepError> {
         let name = format!(
             "{}{hash}",
             warmcache_api_modelcache::names::BINDING_NAME_PREFIX
@@ -1253,6 +1295,187 @@ impl Sweeper {
         }
         Ok(())
     }
+    // ---- encrypted caches' Secrets and classes ----
+
+    /// `orphan-encryption`: the encrypted StorageClasses and key Secrets of the control
+    /// namespace's caches (warmcache's encryption labels), against fresh lists of what may
+    /// need them. The candidates are listed first, then every PV, every claim and the bindings,
+    /// in that order: whatever provisions on a class, or copies a volume naming a Secret, has a
+    /// binding (or a claim, or a PV) that exists before it and is read after it. Every list must
+    /// succeed: a failed read is never proof that nothing uses them.
+    async fn encryption(&self, report: &mut Report) -> Result<(), Stop> {
+        let config = &self.settings.config;
+        let control = config.control_namespace.as_str();
+        let selector =
+            format!("{VOLUME_ROLE_LABEL}={ROLE_ENCRYPTION},{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+        let mut uses = EncryptionUses::default();
+        let classes_api: Api<StorageClass> = Api::all(self.client.clone());
+        let mut classes = Vec::new();
+        let listed = self
+            .list_all(
+                &classes_api,
+                ListParams::default().labels(&selector),
+                |class| {
+                    // Every listed class keeps its Secret, also one the rule ignores.
+                    uses.add_class(&class.name_any());
+                    if reaper::encryption_hash(EncryptionObject::StorageClass(&class), config)
+                        .is_some()
+                    {
+                        classes.push(class);
+                    }
+                },
+            )
+            .await;
+        if let Err(e) = listed {
+            self.error(report, &failed("list", "encrypted StorageClasses")(e));
+            return Ok(());
+        }
+        let secrets_api: Api<Secret> = Api::namespaced(self.client.clone(), control);
+        let mut secrets: Vec<ObjectMeta> = Vec::new();
+        let listed = self
+            .list_all_metadata(
+                &secrets_api,
+                ListParams::default().labels(&selector),
+                |secret| {
+                    if reaper::encryption_hash(EncryptionObject::Secret(&secret.metadata), config)
+                        .is_some()
+                    {
+                        secrets.push(secret.metadata);
+                    }
+                },
+            )
+            .await;
+        if let Err(e) = listed {
+            self.error(
+                report,
+                &failed("list", format!("encryption Secrets of namespace {control}"))(e),
+            );
+            return Ok(());
+        }
+        if classes.is_empty() && secrets.is_empty() {
+            return Ok(());
+        }
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let claims: Api<PersistentVolumeClaim> = Api::all(self.client.clone());
+        let bindings: Api<ModelCacheBinding> = Api::namespaced(self.client.clone(), control);
+        let read = async {
+            self.list_all(&pvs, ListParams::default(), |pv| uses.add_volume(&pv))
+                .await
+                .map_err(failed("list", "PersistentVolumes"))?;
+            self.list_all(&claims, ListParams::default(), |c| uses.add_claim(&c))
+                .await
+                .map_err(failed("list", "PersistentVolumeClaims"))?;
+            self.list_all(&bindings, ListParams::default(), |b| uses.add_binding(&b))
+                .await
+                .map_err(failed("list", "ModelCacheBindings"))?;
+            Ok::<(), SweepError>(())
+        };
+        if let Err(e) = read.await {
+            self.error(report, &e);
+            return Ok(());
+        }
+        // The classes first: a Secret whose class was listed (deleted now or not) is kept this
+        // sweep and looked at again next sweep, from fresh lists.
+        for class in &classes {
+            self.encryption_object(
+                EncryptionObject::StorageClass(class),
+                &uses,
+                classes_api.clone(),
+                report,
+            )
+            .await?;
+        }
+        for secret in &secrets {
+            self.encryption_object(
+                EncryptionObject::Secret(secret),
+                &uses,
+                classes_api.clone(),
+                report,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The `orphan-encryption` verdict for one object, acted on: before a deletion the binding
+    /// of its cache is read afresh (and, for a Secret, its class by name, with any labels); the
+    /// delete carries the UID and resourceVersion listed.
+    async fn encryption_object(
+        &self,
+        object: EncryptionObject<'_>,
+        uses: &EncryptionUses,
+        classes: Api<StorageClass>,
+        report: &mut Report,
+    ) -> Result<(), Stop> {
+        let config = &self.settings.config;
+        let control = config.control_namespace.as_str();
+        let rule = Rule::OrphanEncryption;
+        let Some(hash) = reaper::encryption_hash(object, config) else {
+            return Ok(());
+        };
+        let what = object.describe();
+        let mut facts = uses.facts(object, hash, control);
+        let mut verdict = reaper::encryption_verdict(object, &facts, config);
+        if verdict == EncryptionVerdict::Delete {
+            let fresh = async {
+                facts.binding |= self.binding_of_cache_exists(hash).await?;
+                if matches!(object, EncryptionObject::Secret(_)) {
+                    let class = class_name(hash);
+                    let params = ListParams::default()
+                        .fields(&format!("metadata.name={class}"))
+                        .limit(1);
+                    let found = classes
+                        .list_metadata(&params)
+                        .await
+                        .map_err(failed("list", format!("StorageClass {class}")))?;
+                    facts.class_exists |= !found.items.is_empty();
+                }
+                Ok::<(), SweepError>(())
+            };
+            if let Err(e) = fresh.await {
+                self.error(report, &e);
+                return Ok(());
+            }
+            verdict = reaper::encryption_verdict(object, &facts, config);
+        }
+        match verdict {
+            EncryptionVerdict::Ignore => Ok(()),
+            EncryptionVerdict::Keep(reason) => {
+                self.keep(report, rule, reason, &what);
+                Ok(())
+            }
+            EncryptionVerdict::Delete => {
+                let why = match object {
+                    EncryptionObject::StorageClass(_) => {
+                        "no binding of its cache, no volume and no claim uses it"
+                    }
+                    EncryptionObject::Secret(_) => {
+                        "no binding of its cache, no volume, no claim and no StorageClass uses it"
+                    }
+                };
+                self.act(report, rule, "delete", format!("delete {what}: {why}"));
+                if self.settings.dry_run {
+                    return Ok(());
+                }
+                self.may_write()?;
+                let name = object.meta().name.clone().unwrap_or_default();
+                let deleted = match object {
+                    EncryptionObject::StorageClass(class) => {
+                        delete_exact(classes, &name, &class.metadata).await
+                    }
+                    EncryptionObject::Secret(meta) => {
+                        delete_secret_exact(&self.client, control, &name, meta).await
+                    }
+                };
+                match deleted {
+                    Ok(true) => {}
+                    Ok(false) => self.keep(report, rule, Keep::Changed, &what),
+                    Err(e) => self.error(report, &failed("delete", what)(e)),
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// `pv` with only what the volume rules read (names, labels and annotations, times, claim
@@ -1394,6 +1617,41 @@ where
         Err(e) => Err(e),
     }
 }
+
+/// Deletes the Secret `name` of `namespace` if it still is the object `read` describes (UID and
+/// resourceVersion preconditions), as [`delete_exact`], asking for the answer as metadata: the
+/// API server returns a deleted object that still has finalizers, and the reaper never receives
+/// a key. The answer is not read.
+async fn delete_secret_exact(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    read: &ObjectMeta,
+) -> Result<bool, kube::Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: read.uid.clone(),
+            resource_version: read.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    let mut request = kube::core::Request::new(Secret::url_path(&(), Some(namespace)))
+        .delete(name, &params)
+        .map_err(kube::Error::BuildRequest)?;
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(METADATA_ONLY),
+    );
+    match client.request_text(request).await {
+        Ok(_) => Ok(true),
+        Err(e) if warmcache_kube::is_not_found(&e) => Ok(true),
+        Err(e) if warmcache_kube::is_conflict(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The media type of a metadata-only answer (what `list_metadata` asks for).
+const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
 fn with_uid(uid: &str) -> DeleteParams {
     DeleteParams {

@@ -1274,3 +1274,227 @@ async fn a_binding_left_deleting_with_its_finalizer_is_finished() {
     );
     gone(&bindings, &b.name_any()).await;
 }
+
+/// An encrypted cache's StorageClass and key Secret, as the binding controller makes them for
+/// `b`.
+fn encryption_objects(
+    b: &ModelCacheBinding,
+) -> (
+    k8s_openapi::api::core::v1::Secret,
+    k8s_openapi::api::storage::v1::StorageClass,
+) {
+    use warmcache_modelvolume::encryption::{
+        EncryptionKey, KEY_BYTES, SECRET_PARAMETERS, encryption_names, key_secret,
+    };
+    let names = encryption_names(b).unwrap().unwrap();
+    let secret = key_secret(b, &names, &EncryptionKey::from_bytes([7; KEY_BYTES]));
+    let mut parameters = BTreeMap::new();
+    for (name, namespace) in SECRET_PARAMETERS {
+        parameters.insert(name.to_owned(), names.secret.clone());
+        parameters.insert(namespace.to_owned(), names.namespace.clone());
+    }
+    let class = k8s_openapi::api::storage::v1::StorageClass {
+        metadata: kube::api::ObjectMeta {
+            name: Some(names.class.clone()),
+            labels: secret.metadata.labels.clone(),
+            ..kube::api::ObjectMeta::default()
+        },
+        provisioner: DRIVER.into(),
+        parameters: Some(parameters),
+        reclaim_policy: Some("Retain".into()),
+        volume_binding_mode: Some("WaitForFirstConsumer".into()),
+        ..k8s_openapi::api::storage::v1::StorageClass::default()
+    };
+    (secret, class)
+}
+
+/// The primary of an encrypted cache as the external-provisioner records it: provisioned on the
+/// encrypted class, the key Secret in its CSI references and its deletion-secret annotations.
+/// Not bound (a claim of another size and access mode cannot bind it).
+fn encrypted_pv(name: &str, class: &str, control: &str, secret: &str) -> PersistentVolume {
+    let reference = json!({ "name": secret, "namespace": control });
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                "pv.kubernetes.io/provisioned-by": DRIVER,
+                "volume.kubernetes.io/provisioner-deletion-secret-name": secret,
+                "volume.kubernetes.io/provisioner-deletion-secret-namespace": control,
+            },
+        },
+        "spec": {
+            "capacity": { "storage": "1Gi" },
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": class,
+            "csi": {
+                "driver": DRIVER, "volumeHandle": format!("{name}-handle"),
+                "nodeStageSecretRef": reference, "nodePublishSecretRef": reference,
+            },
+        },
+    }))
+    .unwrap()
+}
+
+/// `orphan-encryption`: an encrypted cache's class and key Secret stay while a binding of the
+/// cache, a PV naming them or a claim asking for the class exists; then the class goes, and
+/// the Secret in the next sweep. Secrets under such names without warmcache's labels, and
+/// classes with the labels under other names, are never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_caches_class_then_key_go_once_nothing_can_need_them() {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use warmcache_api_modelcache::v2beta1::Transition;
+
+    let _turn = serial().await;
+    let w = World::new("reap-enc").await;
+    let control = &w.control.name;
+    let mut b = warmcache_api_modelcache::fixtures::binding_with(
+        control,
+        &w.writer.name,
+        identity("domain-enc"),
+        Transition::RoxReadOnly,
+    );
+    let hash = identity_hash(&b.spec.identity);
+    b.spec.decision.encryption_required = true;
+    b.spec.resources.secret_names = vec![hash.clone()];
+    b.spec.resources.storage_class_names = vec![format!("{hash}-sc")];
+    let bindings: Api<ModelCacheBinding> = w.control.api();
+    let b = create(&bindings, &b).await;
+    let secrets: Api<Secret> = w.control.api();
+    let classes: Api<StorageClass> = Api::all(w.admin.clone());
+    let pvs: Api<PersistentVolume> = Api::all(w.admin.clone());
+    let (secret, class) = encryption_objects(&b);
+    let (secret_name, class_name) = (secret.name_any(), class.name_any());
+    create(&secrets, &secret).await;
+    create(&classes, &class).await;
+    let pv = format!("{control}-encrypted");
+    create(&pvs, &encrypted_pv(&pv, &class_name, control, &secret_name)).await;
+    // Look-alikes: a Secret named after another cache's hash without the labels; a class with
+    // the labels under a name that is not derived from its model label.
+    let foreign_secret = identity_hash(&identity("domain-enc-foreign"));
+    let foreign: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": foreign_secret },
+        "data": { "key": "c2VjcmV0" },
+    }))
+    .unwrap();
+    create(&secrets, &foreign).await;
+    let mut lookalike = class.clone();
+    let lookalike_name = format!("{control}-lookalike-sc");
+    lookalike.metadata.name = Some(lookalike_name.clone());
+    create(&classes, &lookalike).await;
+
+    let kept = |report: &Report, reason| {
+        report
+            .kept
+            .get(&(Rule::OrphanEncryption, reason))
+            .copied()
+            .unwrap_or(0)
+    };
+    // The binding keeps both (its phase does not matter).
+    let report = w.sweep(w.config()).await;
+    assert_eq!(kept(&report, Keep::BindingExists), 2, "{report:?}");
+
+    // The binding gone (deleted, its finalizer removed): the PV keeps both.
+    bindings
+        .delete(&b.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    bindings
+        .patch(
+            &b.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    gone(&bindings, &b.name_any()).await;
+    let report = w.sweep(w.config()).await;
+    assert_eq!(kept(&report, Keep::VolumeUses), 2, "{report:?}");
+    assert_eq!(kept(&report, Keep::BindingExists), 0, "{report:?}");
+
+    // A claim asking for the class (its volume may be being provisioned) keeps both too.
+    let pending: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": "encrypted-pending" },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": class_name,
+            "resources": { "requests": { "storage": "100Gi" } },
+        },
+    }))
+    .unwrap();
+    let reader_claims: Api<PersistentVolumeClaim> = w.reader.api();
+    create(&reader_claims, &pending).await;
+    pvs.delete(&pv, &DeleteParams::default()).await.unwrap();
+    gone(&pvs, &pv).await;
+    let report = w.sweep(w.config()).await;
+    assert_eq!(kept(&report, Keep::ClaimUses), 2, "{report:?}");
+
+    // Nothing uses them: a dry run says the class would go and deletes nothing.
+    reader_claims
+        .delete("encrypted-pending", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&reader_claims, "encrypted-pending").await;
+    let report = w
+        .sweeper(w.config(), true)
+        .await
+        .sweep(Timestamp::now())
+        .await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        report.lines.iter().any(|l| l
+            .starts_with(&format!("would delete StorageClass {class_name}"))
+            && l.ends_with("(orphan-encryption)")),
+        "{report:?}"
+    );
+    assert!(
+        exists(&classes, &class_name).await,
+        "a dry run deletes nothing"
+    );
+
+    // The class goes first; its Secret is kept while the class was listed.
+    let report = w.sweep(w.config()).await;
+    assert!(
+        report
+            .lines
+            .iter()
+            .any(|l| l.starts_with(&format!("delete StorageClass {class_name}"))),
+        "{report:?}"
+    );
+    assert_eq!(kept(&report, Keep::ClassExists), 1, "{report:?}");
+    gone(&classes, &class_name).await;
+    assert!(
+        exists(&secrets, &secret_name).await,
+        "the key outlives its class"
+    );
+
+    // The next sweep: the key goes.
+    let report = w.sweep(w.config()).await;
+    assert!(
+        report
+            .lines
+            .iter()
+            .any(|l| l.starts_with(&format!("delete Secret {control}/{secret_name}"))),
+        "{report:?}"
+    );
+    gone(&secrets, &secret_name).await;
+
+    // Never touched: the Secret without the labels, the class under a foreign name.
+    let report = w.sweep(w.config()).await;
+    assert!(
+        report
+            .lines
+            .iter()
+            .all(|l| !l.contains(&foreign_secret) && !l.contains(&lookalike_name)),
+        "{report:?}"
+    );
+    assert!(exists(&secrets, &foreign_secret).await);
+    assert!(exists(&classes, &lookalike_name).await);
+    classes
+        .delete(&lookalike_name, &DeleteParams::default())
+        .await
+        .ok();
+}

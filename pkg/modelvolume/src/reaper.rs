@@ -11,6 +11,7 @@
 //! | `abandoned-primary` | an incomplete primary PV, the provisioner's volume for a primary claim | its views, then its storage (reclaim policy set to Delete; the PV controller and the provisioner delete it) | released for longer than the abandon age (since the later of its creation and its last phase change), no view that may be read |
 //! | `expired-primary` | a complete primary PV | its views, then its storage (reclaim Delete) | released, no binding records it or holds its model, retention > 0 passed since its last use, no view that may be read |
 //! | `orphan-claim` | a read-only view claim | the claim, then the mount holders that use it | no binding records it as a view, older than the orphan age, and no pod other than mount holders uses it |
+//! | `orphan-encryption` | an encrypted cache's StorageClass `<hash>-sc` and key Secret `<hash>` ([`encryption_verdict`]) | the class, then (a later sweep) the Secret | no binding of the cache (any phase), no PV naming it (class: `storageClassName`; Secret: a CSI secret reference, the provisioner's deletion-secret annotations, or its class), no claim asking for the class; the Secret also only once its class is gone |
 //!
 //! Guards every rule shares: a PV with a VolumeAttachment or a claim a live pod uses is kept this
 //! sweep; a namespace is gone only on NotFound ([`NamespaceState`]); Released counts only with
@@ -20,9 +21,10 @@
 //! is never deleted (deleting it could delete the primary's storage on drivers whose views share
 //! its handle).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, SecretReference};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
@@ -31,6 +33,7 @@ use warmcache_api_modelcache::{
 };
 
 use crate::agent::{COMPONENT_LABEL, MOUNT_HOLDER};
+use crate::encryption::{ROLE_ENCRYPTION, SECRET_PARAMETERS, class_name, secret_name};
 use crate::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
 use crate::view::{RETAIN, writer_view_pv_name_in};
 use crate::volume_keys::{
@@ -104,17 +107,23 @@ pub enum Rule {
     ExpiredPrimary,
     /// A read-only view claim no pod uses is deleted, then its mount holders.
     OrphanClaim,
+    /// An encrypted cache's StorageClass, then its key Secret, are deleted once no binding,
+    /// volume or claim can need them.
+    OrphanEncryption,
 }
 
 impl Rule {
     /// Every rule, in the order a sweep applies them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::IdleRetirement,
         Self::RetiredBinding,
         Self::OrphanClaim,
         Self::OrphanView,
         Self::AbandonedPrimary,
         Self::ExpiredPrimary,
+        // After the primary rules: a primary's storage is deleted with its key (DeleteVolume
+        // needs it), so the key goes only once the storage has.
+        Self::OrphanEncryption,
     ];
 
     /// The rule's name (metric label, logs, `--dry-run` output).
@@ -126,6 +135,7 @@ impl Rule {
             Self::AbandonedPrimary => "abandoned-primary",
             Self::ExpiredPrimary => "expired-primary",
             Self::OrphanClaim => "orphan-claim",
+            Self::OrphanEncryption => "orphan-encryption",
         }
     }
 }
@@ -171,11 +181,24 @@ pub enum Keep {
     /// Retiring (or deleted) for less than the retiring grace: admissions that read it while
     /// it was Active may still be arriving.
     Settling,
+    /// An encrypted cache's Secret or class: a ModelCacheBinding of the cache exists (any
+    /// phase, also one being deleted).
+    BindingExists,
+    /// An encrypted cache's Secret or class: a PersistentVolume names it (the class as its
+    /// `storageClassName`; the Secret in a CSI secret reference, in the provisioner's
+    /// deletion-secret annotations, or through its class).
+    VolumeUses,
+    /// An encrypted cache's Secret or class: a PersistentVolumeClaim asks for the class (its
+    /// volume may be being provisioned).
+    ClaimUses,
+    /// An encrypted cache's Secret whose StorageClass still exists: the class goes first, the
+    /// Secret in a later sweep.
+    ClassExists,
 }
 
 impl Keep {
     /// Every reason.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 21] = [
         Self::Referenced,
         Self::NotRecordedIdle,
         Self::NotIdleLongEnough,
@@ -193,6 +216,10 @@ impl Keep {
         Self::Terminating,
         Self::Changed,
         Self::Settling,
+        Self::BindingExists,
+        Self::VolumeUses,
+        Self::ClaimUses,
+        Self::ClassExists,
     ];
 
     /// The reason's name (metric label, logs).
@@ -215,6 +242,10 @@ impl Keep {
             Self::Terminating => "terminating",
             Self::Changed => "changed",
             Self::Settling => "settling",
+            Self::BindingExists => "binding_exists",
+            Self::VolumeUses => "volume_uses",
+            Self::ClaimUses => "claim_uses",
+            Self::ClassExists => "class_exists",
         }
     }
 
@@ -240,6 +271,16 @@ impl Keep {
             Self::Terminating => "it is being deleted",
             Self::Changed => "it changed since it was read",
             Self::Settling => "it became Retiring less than the retiring grace ago",
+            Self::BindingExists => "a ModelCacheBinding of its cache exists",
+            Self::VolumeUses => {
+                "a PersistentVolume names it (its storage, or a view of it, needs the key)"
+            }
+            Self::ClaimUses => {
+                "a PersistentVolumeClaim asks for its StorageClass (a volume may be being provisioned)"
+            }
+            Self::ClassExists => {
+                "its StorageClass still exists: the class goes first, the Secret in a later sweep"
+            }
         }
     }
 }
@@ -449,9 +490,10 @@ pub fn writer_namespaces(binding: &ModelCacheBinding) -> Vec<String> {
 /// someone else's object), PVs of `spec.resources` aside (they must carry the binding's label).
 ///
 /// Never its primary PV (`status.realized.boundPersistentVolumeName`): the data outlives the
-/// binding and is the retention rules'. Nor the StorageClasses and Secrets of an encrypted
-/// cache: they hold what reads and deletes its data, which a later binding may adopt, so they
-/// live as long as the primary, not the binding.
+/// binding and is the retention rules'. Nor the StorageClass and Secret of an encrypted cache:
+/// they hold what reads and deletes its data, which a later binding may adopt, so they live as
+/// long as the data, not the binding; `orphan-encryption` ([`encryption_verdict`]) deletes them
+/// once no binding of the cache, no volume and no claim can need them.
 pub fn named_resources(binding: &ModelCacheBinding) -> Vec<Target> {
     let identity = &binding.spec.identity;
     let control = binding.metadata.namespace.clone().unwrap_or_default();
@@ -916,6 +958,274 @@ pub fn claim_verdict(
         return ClaimVerdict::Keep(Keep::InUse);
     }
     ClaimVerdict::Delete
+}
+
+// ---- orphan-encryption ----
+
+/// Annotation the external-provisioner records on a PV it provisioned with a provisioner
+/// secret: the name of the Secret DeleteVolume receives.
+pub const DELETION_SECRET_NAME_ANNOTATION: &str =
+    "volume.kubernetes.io/provisioner-deletion-secret-name";
+/// Its namespace ([`DELETION_SECRET_NAME_ANNOTATION`]).
+pub const DELETION_SECRET_NAMESPACE_ANNOTATION: &str =
+    "volume.kubernetes.io/provisioner-deletion-secret-namespace";
+/// The deprecated annotation that names the StorageClass of a claim or PV (before
+/// `spec.storageClassName`); still honoured by the PV controller.
+pub const BETA_STORAGE_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
+
+/// An encrypted cache's object ([`crate::encryption`]) as the reaper reads it.
+#[derive(Clone, Copy, Debug)]
+pub enum EncryptionObject<'a> {
+    /// The key Secret: its metadata only (the reaper never reads a key).
+    Secret(&'a ObjectMeta),
+    /// The encrypted StorageClass.
+    StorageClass(&'a StorageClass),
+}
+
+impl<'a> EncryptionObject<'a> {
+    /// Its metadata.
+    pub const fn meta(self) -> &'a ObjectMeta {
+        match self {
+            Self::Secret(m) => m,
+            Self::StorageClass(c) => &c.metadata,
+        }
+    }
+
+    /// `Secret <namespace>/<name>` or `StorageClass <name>` (logs, `--dry-run`).
+    pub fn describe(self) -> String {
+        let m = self.meta();
+        let name = m.name.as_deref().unwrap_or_default();
+        match self {
+            Self::Secret(_) => format!(
+                "Secret {}/{name}",
+                m.namespace.as_deref().unwrap_or_default()
+            ),
+            Self::StorageClass(_) => format!("StorageClass {name}"),
+        }
+    }
+}
+
+/// Whether `hash` has the shape of [`warmcache_api_modelcache::identity_hash`]: 48 lowercase
+/// hex characters.
+fn is_identity_hash(hash: &str) -> bool {
+    hash.len() == 48
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The identity hash of the cache `object` belongs to, when it is warmcache's encryption object
+/// of the control namespace: labelled `app.kubernetes.io/managed-by=warmcache`,
+/// `nvsnap.io/role=encryption` and `nvsnap.io/model=<hash>` (an identity hash), and named as
+/// the binding controller names it for that hash: the Secret `<hash>` in the control
+/// namespace; the class `<hash>-sc`, whose CSI secret parameters ([`SECRET_PARAMETERS`]) all
+/// name that Secret (a class of another control namespace is that one's). `None` otherwise:
+/// never touched.
+pub fn encryption_hash<'a>(object: EncryptionObject<'a>, config: &Config) -> Option<&'a str> {
+    let meta = object.meta();
+    if !is_ours(meta, None) || label(meta, VOLUME_ROLE_LABEL) != Some(ROLE_ENCRYPTION) {
+        return None;
+    }
+    let hash = label(meta, MODEL_LABEL).filter(|h| is_identity_hash(h))?;
+    let name = meta.name.as_deref()?;
+    let secret = secret_name(hash);
+    let control = config.control_namespace.as_str();
+    let ok = match object {
+        EncryptionObject::Secret(_) => name == secret && meta.namespace.as_deref() == Some(control),
+        EncryptionObject::StorageClass(class) => {
+            let params = class.parameters.as_ref();
+            let param = |key: &str| params.and_then(|p| p.get(key)).map(String::as_str);
+            name == class_name(hash)
+                && SECRET_PARAMETERS
+                    .iter()
+                    .all(|(n, ns)| param(n) == Some(secret.as_str()) && param(ns) == Some(control))
+        }
+    };
+    ok.then_some(hash)
+}
+
+/// The StorageClass `pv` was provisioned on: `spec.storageClassName`, else the deprecated
+/// annotation.
+pub fn volume_class(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+        .or_else(|| annotation(&pv.metadata, BETA_STORAGE_CLASS_ANNOTATION))
+}
+
+/// The StorageClass `claim` asks for: `spec.storageClassName`, else the deprecated annotation.
+pub fn claim_class(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+        .or_else(|| annotation(&claim.metadata, BETA_STORAGE_CLASS_ANNOTATION))
+}
+
+/// Every Secret `pv` names, as (namespace, name): its CSI secret references (controller
+/// publish and expand, node stage, publish and expand) and the provisioner's deletion-secret
+/// annotations (what DeleteVolume receives). A reference without a namespace names the Secret
+/// in any namespace (`None`).
+pub fn volume_secrets(pv: &PersistentVolume) -> Vec<(Option<&str>, &str)> {
+    let mut out = Vec::new();
+    if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+        let refs: [Option<&SecretReference>; 5] = [
+            csi.controller_publish_secret_ref.as_ref(),
+            csi.controller_expand_secret_ref.as_ref(),
+            csi.node_stage_secret_ref.as_ref(),
+            csi.node_publish_secret_ref.as_ref(),
+            csi.node_expand_secret_ref.as_ref(),
+        ];
+        for r in refs.into_iter().flatten() {
+            if let Some(name) = r.name.as_deref().filter(|n| !n.is_empty()) {
+                out.push((r.namespace.as_deref().filter(|n| !n.is_empty()), name));
+            }
+        }
+    }
+    if let Some(name) =
+        annotation(&pv.metadata, DELETION_SECRET_NAME_ANNOTATION).filter(|n| !n.is_empty())
+    {
+        let namespace = annotation(&pv.metadata, DELETION_SECRET_NAMESPACE_ANNOTATION)
+            .filter(|n| !n.is_empty());
+        out.push((namespace, name));
+    }
+    out
+}
+
+/// What the lists of one sweep say uses encrypted caches' objects, collected page by page (only
+/// names are kept).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EncryptionUses {
+    /// The identity hashes of the control namespace's bindings (any phase).
+    pub bindings: BTreeSet<String>,
+    /// The StorageClasses PVs were provisioned on ([`volume_class`]).
+    pub volume_classes: BTreeSet<String>,
+    /// The Secrets PVs name ([`volume_secrets`]).
+    pub volume_secrets: BTreeSet<(Option<String>, String)>,
+    /// The StorageClasses claims ask for ([`claim_class`]).
+    pub claim_classes: BTreeSet<String>,
+    /// The StorageClasses that exist (the encrypted ones listed).
+    pub classes: BTreeSet<String>,
+}
+
+impl EncryptionUses {
+    /// Records a binding of the control namespace.
+    pub fn add_binding(&mut self, binding: &ModelCacheBinding) {
+        self.bindings
+            .insert(warmcache_api_modelcache::identity_hash(
+                &binding.spec.identity,
+            ));
+    }
+
+    /// Records a PV (any PV: not only warmcache's).
+    pub fn add_volume(&mut self, pv: &PersistentVolume) {
+        if let Some(class) = volume_class(pv) {
+            self.volume_classes.insert(class.to_owned());
+        }
+        for (namespace, name) in volume_secrets(pv) {
+            self.volume_secrets
+                .insert((namespace.map(str::to_owned), name.to_owned()));
+        }
+    }
+
+    /// Records a claim (any namespace).
+    pub fn add_claim(&mut self, claim: &PersistentVolumeClaim) {
+        if let Some(class) = claim_class(claim) {
+            self.claim_classes.insert(class.to_owned());
+        }
+    }
+
+    /// Records an existing StorageClass.
+    pub fn add_class(&mut self, name: &str) {
+        self.classes.insert(name.to_owned());
+    }
+
+    /// The facts of `object`, warmcache's encryption object of the cache `hash`
+    /// ([`encryption_hash`]) in the control namespace `control`.
+    pub fn facts(
+        &self,
+        object: EncryptionObject<'_>,
+        hash: &str,
+        control: &str,
+    ) -> EncryptionFacts {
+        let class = class_name(hash);
+        let secret = secret_name(hash);
+        let secret_named = self.volume_secrets.iter().any(|(namespace, name)| {
+            *name == secret && namespace.as_deref().is_none_or(|n| n == control)
+        });
+        let class_named = self.volume_classes.contains(&class);
+        EncryptionFacts {
+            binding: self.bindings.contains(hash),
+            volume: match object {
+                EncryptionObject::StorageClass(_) => class_named,
+                // A volume of the class needs the key its parameters name, even without a
+                // reference of its own.
+                EncryptionObject::Secret(_) => secret_named || class_named,
+            },
+            claim: self.claim_classes.contains(&class),
+            class_exists: self.classes.contains(&class),
+        }
+    }
+}
+
+/// What is known about an encrypted cache's Secret or class besides the object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EncryptionFacts {
+    /// A ModelCacheBinding of the control namespace has the cache's identity hash (any phase,
+    /// also one being deleted).
+    pub binding: bool,
+    /// A PV names it: for the class, its `storageClassName`; for the Secret, a CSI secret
+    /// reference or the provisioner's deletion-secret annotations naming it (or the class).
+    pub volume: bool,
+    /// A claim in any namespace asks for the class `<hash>-sc`.
+    pub claim: bool,
+    /// The class `<hash>-sc` exists (only the Secret's verdict reads it).
+    pub class_exists: bool,
+}
+
+/// What `orphan-encryption` decides for an encrypted cache's Secret or class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncryptionVerdict {
+    /// Not warmcache's encryption object of this control namespace: never touched.
+    Ignore,
+    /// Kept this sweep.
+    Keep(Keep),
+    /// Delete it, with the UID (and resourceVersion) read as preconditions.
+    Delete,
+}
+
+/// The `orphan-encryption` rule for `object`. An encrypted cache's Secret and StorageClass live
+/// as long as anything can need them: the driver needs the key to open the data and to
+/// DeleteVolume the primary's storage, so deleting it earlier would leave a volume that can be
+/// neither read nor deleted. Kept while a binding of the cache exists (it adopts them), while a
+/// PV names them, while a claim asks for the class (CreateVolume may be in flight before its PV
+/// exists); the Secret also while the class exists, so the class goes in one sweep and the
+/// Secret in a later one, from fresh lists (a new binding of the cache recreates the class
+/// before it provisions anything, and that keeps the Secret).
+pub fn encryption_verdict(
+    object: EncryptionObject<'_>,
+    facts: &EncryptionFacts,
+    config: &Config,
+) -> EncryptionVerdict {
+    if encryption_hash(object, config).is_none() {
+        return EncryptionVerdict::Ignore;
+    }
+    let keep = if object.meta().deletion_timestamp.is_some() {
+        Some(Keep::Terminating)
+    } else if facts.binding {
+        Some(Keep::BindingExists)
+    } else if facts.volume {
+        Some(Keep::VolumeUses)
+    } else if facts.claim {
+        Some(Keep::ClaimUses)
+    } else if matches!(object, EncryptionObject::Secret(_)) && facts.class_exists {
+        Some(Keep::ClassExists)
+    } else {
+        None
+    };
+    keep.map_or(EncryptionVerdict::Delete, EncryptionVerdict::Keep)
 }
 
 #[cfg(test)]
@@ -1675,6 +1985,337 @@ mod tests {
         assert!(is_ours(&m, Some("model-cache-b")));
         m.labels.as_mut().unwrap().remove(MANAGED_BY_LABEL);
         assert!(!is_ours(&m, Some("model-cache-b")));
+    }
+
+    /// An encrypted binding and its Secret (metadata) and class, as the binding controller
+    /// makes them.
+    fn encrypted_cache() -> (ModelCacheBinding, ObjectMeta, StorageClass) {
+        use crate::encryption::{EncryptionKey, KEY_BYTES, encryption_names, key_secret};
+        let mut b = crate::testing::binding(Transition::RoxReadOnly);
+        b.spec.decision.encryption_required = true;
+        let hash = warmcache_api_modelcache::identity_hash(&b.spec.identity);
+        b.spec.resources.secret_names = vec![hash.clone()];
+        b.spec.resources.storage_class_names = vec![format!("{hash}-sc")];
+        let names = encryption_names(&b).unwrap().unwrap();
+        let secret = key_secret(&b, &names, &EncryptionKey::from_bytes([7; KEY_BYTES]));
+        let mut parameters = BTreeMap::new();
+        for (name, namespace) in SECRET_PARAMETERS {
+            parameters.insert(name.to_owned(), names.secret.clone());
+            parameters.insert(namespace.to_owned(), names.namespace.clone());
+        }
+        let class = StorageClass {
+            metadata: ObjectMeta {
+                name: Some(names.class.clone()),
+                labels: secret.metadata.labels.clone(),
+                ..ObjectMeta::default()
+            },
+            provisioner: b.spec.decision.provisioner.clone(),
+            parameters: Some(parameters),
+            reclaim_policy: Some("Retain".into()),
+            ..StorageClass::default()
+        };
+        (b, secret.metadata, class)
+    }
+
+    fn verdicts(
+        uses: &EncryptionUses,
+        secret: &ObjectMeta,
+        class: &StorageClass,
+    ) -> (EncryptionVerdict, EncryptionVerdict) {
+        let c = config();
+        let one = |object: EncryptionObject<'_>| {
+            let Some(hash) = encryption_hash(object, &c) else {
+                return EncryptionVerdict::Ignore;
+            };
+            let facts = uses.facts(object, hash, &c.control_namespace);
+            encryption_verdict(object, &facts, &c)
+        };
+        (
+            one(EncryptionObject::Secret(secret)),
+            one(EncryptionObject::StorageClass(class)),
+        )
+    }
+
+    fn reference(namespace: Option<&str>, name: &str) -> SecretReference {
+        SecretReference {
+            name: Some(name.into()),
+            namespace: namespace.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn encryption_objects_are_kept_while_a_binding_of_their_cache_exists() {
+        let (b, secret, class) = encrypted_cache();
+        let mut uses = EncryptionUses::default();
+        uses.add_class(class.metadata.name.as_deref().unwrap());
+        // Any phase, also being deleted: the binding is only its identity here.
+        let mut deleting = b.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(at(0)));
+        uses.add_binding(&deleting);
+        assert_eq!(
+            verdicts(&uses, &secret, &class),
+            (
+                EncryptionVerdict::Keep(Keep::BindingExists),
+                EncryptionVerdict::Keep(Keep::BindingExists)
+            )
+        );
+        // A binding of another cache does not count.
+        let mut other = b;
+        other.spec.identity = warmcache_api_modelcache::v2beta1::BindingIdentity::new(
+            warmcache_api_modelcache::v2beta1::Workflow::HelmModelCache,
+            "domain-2",
+            crate::testing::HANDLE,
+        );
+        let mut uses = EncryptionUses::default();
+        uses.add_binding(&other);
+        assert_eq!(
+            verdicts(&uses, &secret, &class),
+            (EncryptionVerdict::Delete, EncryptionVerdict::Delete)
+        );
+    }
+
+    #[test]
+    fn encryption_objects_are_kept_while_a_volume_names_them() {
+        let (_, secret, class) = encrypted_cache();
+        let hash = secret.name.clone().unwrap();
+        let control = "nvca-modelcache-init";
+        let class_name = class.metadata.name.clone().unwrap();
+        // The primary: provisioned on the class, the references the provisioner records.
+        let mut primary = crate::testing::primary_pv();
+        primary.spec.as_mut().unwrap().storage_class_name = Some(class_name.clone());
+        let uses_of = |pv: &PersistentVolume| {
+            let mut uses = EncryptionUses::default();
+            uses.add_volume(pv);
+            uses
+        };
+        assert_eq!(
+            verdicts(&uses_of(&primary), &secret, &class),
+            (
+                EncryptionVerdict::Keep(Keep::VolumeUses),
+                EncryptionVerdict::Keep(Keep::VolumeUses)
+            ),
+            "the class names the key: its volumes keep both"
+        );
+        // The same through the deprecated class annotation.
+        let mut beta = crate::testing::primary_pv();
+        beta.spec.as_mut().unwrap().storage_class_name = None;
+        beta.metadata.annotations = Some(BTreeMap::from([(
+            BETA_STORAGE_CLASS_ANNOTATION.to_owned(),
+            class_name.clone(),
+        )]));
+        assert_eq!(
+            verdicts(&uses_of(&beta), &secret, &class).1,
+            EncryptionVerdict::Keep(Keep::VolumeUses)
+        );
+        // A read-only view: no class, only secret references. Each reference of the CSI source
+        // keeps the Secret (not the class: a view needs the key, not the class).
+        type Set = fn(&mut CSIPersistentVolumeSource, SecretReference);
+        let setters: [Set; 5] = [
+            |c, r| c.node_publish_secret_ref = Some(r),
+            |c, r| c.node_stage_secret_ref = Some(r),
+            |c, r| c.controller_publish_secret_ref = Some(r),
+            |c, r| c.controller_expand_secret_ref = Some(r),
+            |c, r| c.node_expand_secret_ref = Some(r),
+        ];
+        for (i, set) in setters.iter().enumerate() {
+            for (namespace, kept) in [(Some(control), true), (None, true), (Some("team-a"), false)]
+            {
+                let mut view = crate::testing::primary_pv();
+                view.spec.as_mut().unwrap().storage_class_name = Some(String::new());
+                set(
+                    view.spec.as_mut().unwrap().csi.as_mut().unwrap(),
+                    reference(namespace, &hash),
+                );
+                let want = if kept {
+                    EncryptionVerdict::Keep(Keep::VolumeUses)
+                } else {
+                    EncryptionVerdict::Delete
+                };
+                assert_eq!(
+                    verdicts(&uses_of(&view), &secret, &class),
+                    (want, EncryptionVerdict::Delete),
+                    "reference {i} in {namespace:?}"
+                );
+            }
+            // Another Secret's name in the control namespace: not ours.
+            let mut other = crate::testing::primary_pv();
+            set(
+                other.spec.as_mut().unwrap().csi.as_mut().unwrap(),
+                reference(Some(control), "registry-credentials"),
+            );
+            assert_eq!(
+                verdicts(&uses_of(&other), &secret, &class),
+                (EncryptionVerdict::Delete, EncryptionVerdict::Delete)
+            );
+        }
+        // The annotations DeleteVolume reads the Secret from.
+        let mut deletable = crate::testing::primary_pv();
+        deletable.metadata.annotations = Some(BTreeMap::from([
+            (DELETION_SECRET_NAME_ANNOTATION.to_owned(), hash.clone()),
+            (
+                DELETION_SECRET_NAMESPACE_ANNOTATION.to_owned(),
+                control.to_owned(),
+            ),
+        ]));
+        assert_eq!(
+            verdicts(&uses_of(&deletable), &secret, &class),
+            (
+                EncryptionVerdict::Keep(Keep::VolumeUses),
+                EncryptionVerdict::Delete
+            )
+        );
+    }
+
+    #[test]
+    fn encryption_objects_are_kept_while_a_claim_asks_for_the_class() {
+        let (_, secret, class) = encrypted_cache();
+        let class_name = class.metadata.name.clone().unwrap();
+        let b = binding();
+        let mut claim = crate::view::primary_claim(&b, crate::view::view_size(1));
+        claim.spec.as_mut().unwrap().storage_class_name = Some(class_name.clone());
+        let mut uses = EncryptionUses::default();
+        uses.add_class(&class_name);
+        uses.add_claim(&claim);
+        assert_eq!(
+            verdicts(&uses, &secret, &class),
+            (
+                EncryptionVerdict::Keep(Keep::ClaimUses),
+                EncryptionVerdict::Keep(Keep::ClaimUses)
+            )
+        );
+        let mut beta = claim.clone();
+        beta.spec.as_mut().unwrap().storage_class_name = None;
+        beta.metadata.annotations = Some(BTreeMap::from([(
+            BETA_STORAGE_CLASS_ANNOTATION.to_owned(),
+            class_name,
+        )]));
+        let mut uses = EncryptionUses::default();
+        uses.add_claim(&beta);
+        assert_eq!(
+            verdicts(&uses, &secret, &class).1,
+            EncryptionVerdict::Keep(Keep::ClaimUses)
+        );
+    }
+
+    #[test]
+    fn the_class_goes_first_and_the_secret_in_a_later_sweep() {
+        let (_, secret, class) = encrypted_cache();
+        let mut uses = EncryptionUses::default();
+        uses.add_class(class.metadata.name.as_deref().unwrap());
+        // An unrelated volume and claim.
+        uses.add_volume(&crate::testing::primary_pv());
+        assert_eq!(
+            verdicts(&uses, &secret, &class),
+            (
+                EncryptionVerdict::Keep(Keep::ClassExists),
+                EncryptionVerdict::Delete
+            )
+        );
+        // The next sweep's lists: the class is gone.
+        uses.classes.clear();
+        assert_eq!(
+            verdicts(&uses, &secret, &class).0,
+            EncryptionVerdict::Delete
+        );
+        // Being deleted already: waited on, not deleted again.
+        let mut terminating = secret.clone();
+        terminating.deletion_timestamp = Some(Time(at(0)));
+        assert_eq!(
+            verdicts(&uses, &terminating, &class).0,
+            EncryptionVerdict::Keep(Keep::Terminating)
+        );
+    }
+
+    #[test]
+    fn only_warmcaches_encryption_objects_of_the_control_namespace_are_looked_at() {
+        let (_, secret, class) = encrypted_cache();
+        let c = config();
+        let hash = secret.name.clone().unwrap();
+        assert_eq!(
+            encryption_hash(EncryptionObject::Secret(&secret), &c),
+            Some(hash.as_str())
+        );
+        assert_eq!(
+            encryption_hash(EncryptionObject::StorageClass(&class), &c),
+            Some(hash.as_str())
+        );
+        let uses = EncryptionUses::default();
+        let ignored = |s: &ObjectMeta, k: &StorageClass| {
+            assert_eq!(
+                verdicts(&uses, s, k),
+                (EncryptionVerdict::Ignore, EncryptionVerdict::Ignore)
+            );
+        };
+        // Without any one of the three labels.
+        for key in [MANAGED_BY_LABEL, MODEL_LABEL, VOLUME_ROLE_LABEL] {
+            let mut s = secret.clone();
+            s.labels.as_mut().unwrap().remove(key);
+            let mut k = class.clone();
+            k.metadata.labels.as_mut().unwrap().remove(key);
+            ignored(&s, &k);
+        }
+        // Another role, another manager.
+        let mut s = secret.clone();
+        s.labels
+            .as_mut()
+            .unwrap()
+            .insert(VOLUME_ROLE_LABEL.into(), ROLE_PRIMARY.into());
+        let mut k = class.clone();
+        k.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(MANAGED_BY_LABEL.into(), "helm".into());
+        ignored(&s, &k);
+        // A name that is not the one derived from its model label (another cache's, or a
+        // user's name with our labels), or a model label that is not an identity hash.
+        let other = "0".repeat(48);
+        let mut s = secret.clone();
+        s.labels
+            .as_mut()
+            .unwrap()
+            .insert(MODEL_LABEL.into(), other.clone());
+        let mut k = class.clone();
+        k.metadata.name = Some(format!("{hash}-other"));
+        ignored(&s, &k);
+        let mut s = secret.clone();
+        s.name = Some("registry-credentials".into());
+        s.labels
+            .as_mut()
+            .unwrap()
+            .insert(MODEL_LABEL.into(), "registry-credentials".into());
+        let mut k = class.clone();
+        k.metadata.name = Some("nvcf-sc".into());
+        k.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(MODEL_LABEL.into(), "nvcf".into());
+        ignored(&s, &k);
+        // The Secret outside the control namespace; a class whose parameters name a Secret of
+        // another control namespace (another installation's) or another Secret.
+        let mut s = secret.clone();
+        s.namespace = Some("team-a".into());
+        let mut k = class.clone();
+        k.parameters.as_mut().unwrap().insert(
+            SECRET_PARAMETERS[1].1.to_owned(),
+            "other-control-namespace".into(),
+        );
+        ignored(&s, &k);
+        let mut k = class.clone();
+        k.parameters
+            .as_mut()
+            .unwrap()
+            .insert(SECRET_PARAMETERS[0].0.to_owned(), "someone-elses".into());
+        assert_eq!(verdicts(&uses, &secret, &k).1, EncryptionVerdict::Ignore);
+        let mut k = class.clone();
+        k.parameters = None;
+        assert_eq!(verdicts(&uses, &secret, &k).1, EncryptionVerdict::Ignore);
+        // Ours and unused: both go (the class first: it is not in the listed classes here).
+        assert_eq!(
+            verdicts(&uses, &secret, &class),
+            (EncryptionVerdict::Delete, EncryptionVerdict::Delete)
+        );
     }
 
     #[test]
