@@ -15,6 +15,7 @@
 //! | `status` | [`RULE_PHASE_KEPT`] | [`MSG_PHASE_KEPT`] |
 //! | `status` | [`RULE_RETIRING_IS_FINAL`] | [`MSG_RETIRING_IS_FINAL`] |
 //! | `status` | [`RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE`] | [`MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE`] |
+//! | `status` | [`RULE_RESOLVED_REVISION_IMMUTABLE`] | [`MSG_RESOLVED_REVISION_IMMUTABLE`] |
 //!
 //! Rules that read `oldSelf` are transition rules: the API server runs them only on update and
 //! only when the old object has the field the rule sits on, so creating a binding and the first
@@ -79,9 +80,15 @@ pub const RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE: &str = "!has(oldSelf.realized) 
 /// Refusal message of [`RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE`].
 pub const MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE: &str = "status.realized.providerDataIdentity is immutable once recorded: it must stay present and unchanged";
 
+/// CEL (`status`): `resolvedRevision`, once recorded, stays present and unchanged: readers were
+/// told which commit their copy holds.
+pub const RULE_RESOLVED_REVISION_IMMUTABLE: &str = "!has(oldSelf.resolvedRevision) || (has(self.resolvedRevision) && self.resolvedRevision == oldSelf.resolvedRevision)";
+/// Refusal message of [`RULE_RESOLVED_REVISION_IMMUTABLE`].
+pub const MSG_RESOLVED_REVISION_IMMUTABLE: &str = "status.resolvedRevision is immutable once recorded: the copy holds that commit; a refresh downloads into a new binding";
+
 /// Every CEL rule of the CRD with its refusal message, in schema order (object, spec,
 /// spec.decision, status).
-pub const CEL_RULES: [(&str, &str); 8] = [
+pub const CEL_RULES: [(&str, &str); 9] = [
     (RULE_STATUS_KEPT, MSG_STATUS_KEPT),
     (RULE_SPEC_IMMUTABLE, MSG_SPEC_IMMUTABLE),
     (
@@ -96,6 +103,10 @@ pub const CEL_RULES: [(&str, &str); 8] = [
         RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE,
         MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE,
     ),
+    (
+        RULE_RESOLVED_REVISION_IMMUTABLE,
+        MSG_RESOLVED_REVISION_IMMUTABLE,
+    ),
 ];
 
 // Schema patterns (RE2 and Rust `regex` agree on these).
@@ -106,6 +117,7 @@ const DNS1123_SUBDOMAIN_PATTERN: &str =
     "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 const VERSION_PATTERN: &str = "^v[0-9]+((alpha|beta)[0-9]+)?$";
 const MOUNT_OPTION_PATTERN: &str = "^\\S(.*\\S)?$";
+const COMMIT_PATTERN: &str = "^[0-9a-f]{40}$";
 
 /// Which cache this is and the storage decision taken for it, recorded before any claim, Job or
 /// PersistentVolume existed. Immutable: the API server refuses any change after creation.
@@ -144,6 +156,12 @@ const MOUNT_OPTION_PATTERN: &str = "^\\S(.*\\S)?$";
         type_ = "string",
         json_path = ".status.modelUri",
         description = "The model identity URI the cache holds (from the first reading pod)"
+    ),
+    printcolumn(
+        name = "Revision",
+        type_ = "string",
+        json_path = ".status.resolvedRevision",
+        description = "The commit the copy holds, recorded by the download (a floating revision such as main or a tag is pinned to it until a refresh)"
     ),
     printcolumn(
         name = "Ready",
@@ -471,7 +489,8 @@ pub struct BindingResources {
 #[x_kube(
     validation = Rule::new(RULE_PHASE_KEPT).message(MSG_PHASE_KEPT),
     validation = Rule::new(RULE_RETIRING_IS_FINAL).message(MSG_RETIRING_IS_FINAL),
-    validation = Rule::new(RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE).message(MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE)
+    validation = Rule::new(RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE).message(MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE),
+    validation = Rule::new(RULE_RESOLVED_REVISION_IMMUTABLE).message(MSG_RESOLVED_REVISION_IMMUTABLE)
 )]
 #[schemars(transform = unwrap_descriptions)]
 #[serde(rename_all = "camelCase")]
@@ -518,6 +537,14 @@ pub struct ModelCacheBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024), transform = not_nullable)]
     pub model_uri: Option<String>,
+    /// The commit (40 lowercase hex digits) the copy holds, as the download resolved it: a
+    /// floating revision (none, a branch, a tag) is pinned to it, and later pods naming the same
+    /// revision read this copy until a refresh (another nvsnap.io/cache-salt, the namespace's
+    /// refresh label, or the webhook's maximum age of floating revisions) downloads into a new
+    /// binding. Absent for sources without commits and until the download finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(COMMIT_PATTERN), transform = not_nullable)]
+    pub resolved_revision: Option<String>,
     /// The metadata.generation the controller last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0), transform = not_nullable)]

@@ -207,6 +207,11 @@ fn crd_carries_exactly_the_documented_rules() {
             v2beta1::RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE,
             v2beta1::MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE,
         ),
+        (
+            "status",
+            v2beta1::RULE_RESOLVED_REVISION_IMMUTABLE,
+            v2beta1::MSG_RESOLVED_REVISION_IMMUTABLE,
+        ),
     ]
     .into_iter()
     .map(|(p, r, m)| (p.to_owned(), r.to_owned(), m.to_owned()))

@@ -52,6 +52,15 @@ pub struct RewriteArgs {
     /// The control namespace bindings live in.
     #[arg(long = "control-namespace", value_name = "NS", default_value = warmcache_api_modelcache::DEFAULT_CONTROL_NAMESPACE)]
     pub control_namespace: String,
+    /// Maximum age of the copy of a floating revision (a Hugging Face branch or tag, or none):
+    /// the first pod of each window of this many seconds downloads anew into a new binding. 0
+    /// keeps a floating revision's copy until its salt or its namespace's refresh label changes.
+    #[arg(
+        long = "floating-revision-max-age",
+        value_name = "SECONDS",
+        default_value_t = 0
+    )]
+    pub floating_revision_max_age: u64,
 }
 
 impl RewriteArgs {
@@ -72,6 +81,8 @@ impl RewriteArgs {
             wait_image: self.wait_image.clone(),
             wait_deadline_seconds: self.wait_deadline,
             poll_seconds: DEFAULT_POLL_SECONDS.min(self.wait_deadline.max(1)),
+            floating_revision_max_age_seconds: (self.floating_revision_max_age > 0)
+                .then_some(self.floating_revision_max_age),
             ..Options::default()
         };
         options.validate()?;

@@ -17,7 +17,7 @@ use warmcache_cli::input::{self, Source};
 use warmcache_cli::{text, yaml};
 use warmcache_modelid::{LeaderWorkerSet, WorkloadError, decode, lws_from_object, pod_from_object};
 use warmcache_modelvolume::{
-    BindingAction, Options, Request, StorageInputs, Verdict, admit, leader_worker_set_name,
+    BindingAction, Options, Request, StorageInputs, Verdict, leader_worker_set_name,
 };
 
 use crate::Error;
@@ -264,7 +264,23 @@ fn preview_one(
                 && b.metadata.namespace.as_deref().is_none_or(|n| n == ns)
         })
     };
-    Ok(match admit(&req, lookup, &storage) {
+    // The maximum age of floating revisions picks the binding by the current window; every
+    // failure record is taken as holding, as `admit` does (no clock for those).
+    let verdict = match warmcache_modelvolume::plan(&req) {
+        Err(v) => v,
+        Ok(plan) => {
+            let plan = plan.at(k8s_openapi::jiff::Timestamp::now());
+            let found = lookup(plan.binding_namespace(), plan.binding_name());
+            warmcache_modelvolume::decide(
+                &req,
+                plan,
+                found,
+                &storage,
+                k8s_openapi::jiff::Timestamp::MIN,
+            )
+        }
+    };
+    Ok(match verdict {
         Verdict::Rewrite(r) => {
             match &r.binding {
                 BindingAction::Create(b) => writeln!(

@@ -770,9 +770,11 @@ impl Admitter {
             traceparent: traceparent.map(String::as_str),
             options: &self.options,
         };
+        let now = k8s_openapi::jiff::Timestamp::now();
         let verdict = match plan(&req) {
             Err(verdict) => verdict,
             Ok(plan) => {
+                let plan = plan.at(now);
                 let span = tracing::Span::current();
                 span.record("model.uri", plan.uri());
                 span.record("binding", plan.binding_name());
@@ -809,13 +811,7 @@ impl Admitter {
                     catalog,
                     gates: self.gates,
                 };
-                decide(
-                    &req,
-                    plan,
-                    binding.as_deref(),
-                    &storage,
-                    k8s_openapi::jiff::Timestamp::now(),
-                )
+                decide(&req, plan, binding.as_deref(), &storage, now)
             }
         };
         let (ending, reply) = match verdict {

@@ -10,7 +10,7 @@ use warmcache_catalog::{CatalogInput, DecisionInputs, Gates, Outcome};
 use warmcache_cli::text::shown;
 
 use crate::binding::{accept_winner, check_joinable, desired_binding};
-use crate::keys::BINDING_UID_ANNOTATION;
+use crate::keys::{BINDING_UID_ANNOTATION, REVISION_ANNOTATION};
 use crate::options::ReaderMode;
 use crate::plan::{Plan, Request, plan};
 use crate::rewrite::render;
@@ -254,10 +254,22 @@ pub fn decide(
             let pending = !has_view(b, &plan.namespace);
             let selection = Selection::durable(workflow, &b.spec.decision, &b.spec.storage_class)
                 .with_binding(plan.binding_name.clone(), uid.clone());
-            let pod = with_selection(
+            let mut pod = with_selection(
                 render(req.pod, &plan, req.options, mode, Some(&uid), pending),
                 &selection,
             );
+            // The commit the copy holds, once the download recorded it.
+            if let Some(revision) = b
+                .status
+                .as_ref()
+                .and_then(|s| s.resolved_revision.as_ref())
+                .filter(|r| crate::handle::is_commit(r))
+            {
+                pod.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(REVISION_ANNOTATION.to_owned(), revision.clone());
+            }
             Verdict::Rewrite(Box::new(Rewrite {
                 pod,
                 binding: BindingAction::Join {
@@ -332,7 +344,7 @@ pub fn admit_at<'b>(
     now: Timestamp,
 ) -> Verdict {
     let plan = match plan(req) {
-        Ok(p) => p,
+        Ok(p) => p.at(now),
         Err(v) => return v,
     };
     let found = lookup(plan.binding_namespace(), plan.binding_name());

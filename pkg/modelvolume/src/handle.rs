@@ -10,6 +10,17 @@
 //! - Each **endpoint** a download reads from (a Hugging Face mirror, an S3-compatible store) is
 //!   part of the handle: the same name on another store may hold other bytes. Endpoints are
 //!   sorted and deduplicated, so the order of the variables that set them does not matter.
+//! - A **salt** (`&salt=`, the pod's `nvsnap.io/cache-salt` annotation) folds an operator-chosen
+//!   value in, for changes the identity cannot see (a floating tag re-pointed, a wheel installed
+//!   at start): another salt is another copy.
+//! - A **refresh** (`&refresh=`) separates the copies of a *floating* revision (none, a branch
+//!   or a tag: anything but a commit) over time: the administrator's refresh label of the
+//!   namespace and the window of the maximum age of floating revisions
+//!   ([`crate::Options::floating_revision_max_age_seconds`]). A commit never gets one: its bytes
+//!   cannot change.
+//!
+//! Without a salt or a refresh the handle is what it always was, so existing caches keep their
+//! names.
 
 use std::fmt;
 
@@ -62,6 +73,24 @@ pub struct CacheHandle {
     identity: Identity,
     layout: Layout,
     endpoints: Vec<String>,
+    salt: Option<String>,
+    refresh: Option<String>,
+}
+
+/// Whether `identity` names a floating revision: a Hugging Face repository without a revision,
+/// or with a branch or tag name, i.e. anything but a full commit hash (40 lowercase hex). Other
+/// schemes carry no revision the Hub could move.
+pub fn is_floating(identity: &Identity) -> bool {
+    identity.scheme() == warmcache_modelid::Scheme::Hf
+        && !identity.revision().is_some_and(is_commit)
+}
+
+/// Whether `revision` is a full commit hash (40 lowercase hex digits).
+pub fn is_commit(revision: &str) -> bool {
+    revision.len() == 40
+        && revision
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// An endpoint as recorded: surrounding blanks and trailing slashes removed.
@@ -99,7 +128,33 @@ impl CacheHandle {
             identity,
             layout,
             endpoints,
+            salt: None,
+            refresh: None,
         }
+    }
+
+    /// The handle with `salt` folded in (an empty salt is none).
+    pub fn with_salt(mut self, salt: Option<&str>) -> CacheHandle {
+        self.salt = salt.filter(|s| !s.is_empty()).map(str::to_owned);
+        self
+    }
+
+    /// The handle with the refresh `parts` folded in, only when the identity is floating
+    /// ([`is_floating`]); empty parts are dropped, the rest joined with `.` in the order given.
+    pub fn with_refresh(mut self, parts: &[&str]) -> CacheHandle {
+        let parts: Vec<&str> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+        self.refresh = (is_floating(&self.identity) && !parts.is_empty()).then(|| parts.join("."));
+        self
+    }
+
+    /// The salt, when one is folded in.
+    pub fn salt(&self) -> Option<&str> {
+        self.salt.as_deref()
+    }
+
+    /// The refresh, when one is folded in.
+    pub fn refresh(&self) -> Option<&str> {
+        self.refresh.as_deref()
     }
 
     /// The artifact.
@@ -123,6 +178,12 @@ impl fmt::Display for CacheHandle {
         write!(f, "{}?layout={}", self.identity, self.layout)?;
         for e in &self.endpoints {
             write!(f, "&endpoint={}", encode(e))?;
+        }
+        if let Some(salt) = &self.salt {
+            write!(f, "&salt={}", encode(salt))?;
+        }
+        if let Some(refresh) = &self.refresh {
+            write!(f, "&refresh={}", encode(refresh))?;
         }
         Ok(())
     }
@@ -173,5 +234,42 @@ mod tests {
             h.to_string(),
             "hf://Qwen/Qwen3-0.6B@v1?layout=hub&endpoint=http://x%26layout%3Dflat"
         );
+    }
+
+    #[test]
+    fn salts_and_refreshes_separate_copies_and_cannot_forge_parts() {
+        let plain = CacheHandle::new(hf(), Layout::Hub, &[]);
+        let salted = plain.clone().with_salt(Some("wheel-2&layout=flat"));
+        assert_eq!(
+            salted.to_string(),
+            "hf://Qwen/Qwen3-0.6B@v1?layout=hub&salt=wheel-2%26layout%3Dflat"
+        );
+        assert_eq!(plain.clone().with_salt(Some("")), plain);
+        assert_eq!(plain.clone().with_salt(None), plain);
+        // A tag is floating: the refresh parts separate its copies.
+        let refreshed = plain.clone().with_refresh(&["ops-7", "", "w20"]);
+        assert_eq!(
+            refreshed.to_string(),
+            "hf://Qwen/Qwen3-0.6B@v1?layout=hub&refresh=ops-7.w20"
+        );
+        assert_eq!(plain.clone().with_refresh(&["", ""]), plain);
+        // A commit never moves: no refresh.
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let commit = CacheHandle::new(
+            Identity::hf("Qwen/Qwen3-0.6B", Some(sha)).unwrap(),
+            Layout::Hub,
+            &[],
+        );
+        assert_eq!(commit.clone().with_refresh(&["ops-7"]), commit);
+        // No revision is floating (main).
+        let none = CacheHandle::new(
+            Identity::hf("Qwen/Qwen3-0.6B", None).unwrap(),
+            Layout::Hub,
+            &[],
+        );
+        assert_eq!(none.with_refresh(&["w1"]).refresh(), Some("w1"));
+        assert!(is_commit(sha));
+        assert!(!is_commit(&sha.to_uppercase()));
+        assert!(!is_commit("main"));
     }
 }

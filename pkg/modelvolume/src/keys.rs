@@ -25,6 +25,24 @@ pub const PENDING_LABEL: &str = "nvsnap.io/model-pending";
 /// Pod annotation: the model identity URI (`hf://org/repo@rev`).
 pub const URI_ANNOTATION: &str = "nvsnap.io/model-uri";
 
+/// Pod annotation (from its template): an operator-chosen value folded into the cache handle,
+/// for changes the identity cannot see (a floating tag re-pointed, a wheel installed at start).
+/// Another value is another copy.
+pub const CACHE_SALT_ANNOTATION: &str = "nvsnap.io/cache-salt";
+
+/// Longest salt folded into a handle (bytes).
+pub const MAX_SALT_BYTES: usize = 253;
+
+/// Namespace label an administrator sets (or changes) to refresh the copies of floating
+/// revisions its pods read: its value folds into the handle of every floating revision (none, a
+/// branch, a tag), so the next pods download anew into a new binding. Namespaces of one
+/// sharing domain share a copy only while their values are equal.
+pub const REFRESH_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-refresh";
+
+/// Reader pod annotation: the commit its copy holds, when the binding it joins has recorded one
+/// (`status.resolvedRevision`: the download of a floating revision resolved it).
+pub const REVISION_ANNOTATION: &str = "nvsnap.io/model-revision";
+
 /// Pod annotation: the landing, the directory the main container reads the model from.
 pub const LANDING_ANNOTATION: &str = "nvsnap.io/model-landing";
 
@@ -88,6 +106,10 @@ pub const COMPLETE_MARKER: &str = ".nvsnap-complete";
 
 /// The failure marker at the root of a cache whose download failed (its content is the reason).
 pub const FAILURE_MARKER: &str = ".nvsnap-failed";
+
+/// File beside the completion marker: the commit the download resolved (40 lowercase hex), when
+/// it could tell (a Hugging Face download).
+pub const REVISION_FILE: &str = ".nvsnap-revision";
 
 /// Default root of hostPath reader directories on the nodes (`<root>/<identity hash>`).
 pub const DEFAULT_HOST_ROOT: &str = "/var/lib/containerd/nvsnap-models";

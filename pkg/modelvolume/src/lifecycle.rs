@@ -555,6 +555,30 @@ pub fn measured_bytes(pods: &[&Pod]) -> Option<u64> {
     })
 }
 
+/// The commit a successful writer recorded (`revision=` in the termination message of its
+/// `download` container, or init container in the block flow's staging pod), once it exited 0.
+pub fn resolved_revision(pods: &[&Pod]) -> Option<String> {
+    pods.iter().find_map(|p| {
+        let status = p.status.as_ref()?;
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(status.init_container_statuses.iter().flatten())
+            .filter(|c| c.name == WRITER_CONTAINER)
+            .find_map(|c| {
+                let t = c.state.as_ref()?.terminated.as_ref()?;
+                (t.exit_code == 0)
+                    .then(|| {
+                        t.message
+                            .as_deref()
+                            .and_then(writer::revision_from_termination_message)
+                    })
+                    .flatten()
+            })
+    })
+}
+
 /// Whether the primary PV stores the completion labels and Retain.
 pub fn is_complete(binding: &ModelCacheBinding, pv: &PersistentVolume) -> bool {
     let labels = pv.metadata.labels.as_ref();
@@ -699,6 +723,9 @@ pub fn step(obs: &Observed<'_>) -> Step {
     }
     if status.model_uri.is_none() {
         status.model_uri.clone_from(&obs.model_uri);
+    }
+    if status.resolved_revision.is_none() {
+        status.resolved_revision = resolved_revision(&obs.job_pods);
     }
     let mut realized = status.realized.clone().unwrap_or_default();
 
@@ -2364,6 +2391,23 @@ mod tests {
         assert_eq!(labels[COMPLETE_LABEL], "true");
         assert_eq!(labels[SOURCE_NAMESPACE_LABEL], "team-a");
         assert_eq!(annotations[BYTES_ANNOTATION], "123456");
+        assert_eq!(s.status.resolved_revision, None, "no commit recorded");
+        // A download that resolved a commit: recorded with the completion, never changed after.
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let pinned = pod_terminated(0, &format!("123456 revision={sha}"));
+        obs.job_pods = vec![&pinned];
+        assert_eq!(step(&obs).status.resolved_revision.as_deref(), Some(sha));
+        let mut recorded = b.clone();
+        recorded
+            .status
+            .get_or_insert_with(Default::default)
+            .resolved_revision = Some(sha.into());
+        let other = pod_terminated(0, &format!("123456 revision={}", "f".repeat(40)));
+        let mut again = obs.clone();
+        again.binding = &recorded;
+        again.job_pods = vec![&other];
+        assert_eq!(step(&again).status.resolved_revision.as_deref(), Some(sha));
+        obs.job_pods = vec![&done];
         assert_eq!(population(&s), Some(PopulationState::Populating));
         assert!(!condition(&s, DEGRADED).status);
         obs.completion_error = Some("5 conflicting writes".into());
@@ -3943,5 +3987,15 @@ mod tests {
         assert!(last_words(&job, &[]).starts_with("DeadlineExceeded"));
         assert_eq!(measured_bytes(&[&silent]), None);
         assert_eq!(measured_bytes(&[&pod_terminated(0, "42\n")]), Some(42));
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let pinned = pod_terminated(0, &format!("42 revision={sha}\n"));
+        assert_eq!(measured_bytes(&[&pinned]), Some(42));
+        assert_eq!(resolved_revision(&[&pinned]).as_deref(), Some(sha));
+        assert_eq!(resolved_revision(&[&pod_terminated(0, "42")]), None);
+        assert_eq!(
+            resolved_revision(&[&pod_terminated(1, &format!("42 revision={sha}"))]),
+            None,
+            "only a writer that exited 0"
+        );
     }
 }

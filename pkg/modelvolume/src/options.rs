@@ -77,6 +77,11 @@ pub struct Options {
     pub download_resources: ResourceRequirements,
     /// The user added containers run as when the pod names none or names root.
     pub fallback_user: i64,
+    /// Maximum age of a floating revision's copy (seconds), or `None` to keep it until a refresh
+    /// is asked for. Copies are kept per window of this length (Unix time divided by it), the
+    /// same in every webhook replica: the first pod of a new window downloads anew into a new
+    /// binding ([`crate::Plan::at`]).
+    pub floating_revision_max_age_seconds: Option<u64>,
 }
 
 fn resources(cpu: (&str, &str), memory: (&str, &str)) -> ResourceRequirements {
@@ -107,6 +112,7 @@ impl Default for Options {
             wait_resources: resources(("10m", "100m"), ("16Mi", "64Mi")),
             download_resources: resources(("1", "2"), ("1Gi", "4Gi")),
             fallback_user: DEFAULT_NON_ROOT_USER,
+            floating_revision_max_age_seconds: None,
         }
     }
 }

@@ -17,8 +17,8 @@ use warmcache_modelid::{
 use crate::handle::{CacheHandle, Layout};
 use crate::identify::identify;
 use crate::keys::{
-    BINDING_ANNOTATION, HANDLE_ANNOTATION, MODEL_VOLUME, SCRATCH_PATH, SCRATCH_VOLUME,
-    WAIT_CONTAINER, WAIT_MOUNT_PATH,
+    BINDING_ANNOTATION, CACHE_SALT_ANNOTATION, HANDLE_ANNOTATION, MAX_SALT_BYTES, MODEL_VOLUME,
+    REFRESH_LABEL, SCRATCH_PATH, SCRATCH_VOLUME, WAIT_CONTAINER, WAIT_MOUNT_PATH,
 };
 use crate::options::Options;
 use crate::safety::{extra_repositories, landing_shared};
@@ -114,9 +114,39 @@ pub struct Plan {
     pub(crate) step: DownloadStep,
     pub(crate) step_json: String,
     pub(crate) traceparent: Option<String>,
+    /// The namespace's refresh label ([`crate::keys::REFRESH_LABEL`]), for [`Plan::at`].
+    pub(crate) refresh_label: Option<String>,
+    /// The maximum age of floating revisions, for [`Plan::at`].
+    pub(crate) max_age_seconds: Option<u64>,
 }
 
 impl Plan {
+    /// The plan at `now`: with a maximum age of floating revisions configured, a floating
+    /// identity's handle gets the window `w<unix seconds / max age>`, so every admission in one
+    /// window reads one copy and the first admission of the next downloads a new one (the old
+    /// binding idles out by the reaper's rules). Unchanged without a maximum age, for a commit,
+    /// or without a clock ([`Timestamp::MIN`], as `admit` passes).
+    pub fn at(mut self, now: k8s_openapi::jiff::Timestamp) -> Plan {
+        let Some(max_age) = self.max_age_seconds.filter(|s| *s > 0) else {
+            return self;
+        };
+        if now == k8s_openapi::jiff::Timestamp::MIN {
+            return self;
+        }
+        let seconds = u64::try_from(now.as_second()).unwrap_or(0);
+        let window = format!("w{}", seconds / max_age);
+        let label = self.refresh_label.clone().unwrap_or_default();
+        self.handle = self.handle.with_refresh(&[&label, &window]);
+        self.identity = BindingIdentity::new(
+            self.sharing.workflow,
+            &self.sharing.domain,
+            &self.handle.to_string(),
+        );
+        self.binding_name = binding_name(&self.identity);
+        self.hash = identity_hash(&self.identity);
+        self
+    }
+
     /// The name of the binding the pod reads (`model-cache-<hash>`).
     pub fn binding_name(&self) -> &str {
         &self.binding_name
@@ -1041,7 +1071,24 @@ fn inner_plan(
             ),
         ));
     }
-    let handle = CacheHandle::new(res.identity.clone(), layout, &endpoints);
+    let salt = annotation(pod, CACHE_SALT_ANNOTATION);
+    if let Some(salt) = salt.filter(|s| s.len() > MAX_SALT_BYTES) {
+        return Err(Skip::new(
+            SkipReason::InvalidReference,
+            format!(
+                "metadata.annotations[{CACHE_SALT_ANNOTATION}]: {} bytes, at most {MAX_SALT_BYTES} fold into a cache's identity",
+                salt.len()
+            ),
+        ));
+    }
+    let refresh_label = req
+        .namespace_labels
+        .get(REFRESH_LABEL)
+        .filter(|v| !v.is_empty())
+        .cloned();
+    let handle = CacheHandle::new(res.identity.clone(), layout, &endpoints)
+        .with_salt(salt)
+        .with_refresh(&[refresh_label.as_deref().unwrap_or_default()]);
     let identity = BindingIdentity::new(sharing.workflow, &sharing.domain, &handle.to_string());
     let traceparent = req
         .traceparent
@@ -1081,6 +1128,8 @@ fn inner_plan(
         step,
         step_json,
         traceparent,
+        refresh_label,
+        max_age_seconds: options.floating_revision_max_age_seconds,
     })
 }
 

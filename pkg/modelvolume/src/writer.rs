@@ -55,7 +55,7 @@ use warmcache_api_modelcache::{identity_hash, writer_job_name, writer_pvc_name};
 
 use crate::keys::{
     BINDING_ANNOTATION, COMPLETE_MARKER, FAILURE_MARKER, MANAGED_BY_LABEL, MANAGED_BY_VALUE,
-    MODEL_VOLUME,
+    MODEL_VOLUME, REVISION_FILE,
 };
 use crate::options::DEFAULT_NON_ROOT_USER;
 use crate::step::DownloadStep;
@@ -196,9 +196,20 @@ pub fn writer_script() -> String {
 dest="$1"; shift
 tmp={WRITER_TMP_PATH}
 words() {{ printf '%s\n' "$1" > /dev/termination-log 2>/dev/null || true; }}
+revision() {{
+  r=$( {{ for f in "$dest"/hub/models--*/refs/* "$dest"/models--*/refs/*; do [ -f "$f" ] && head -n 1 "$f" && echo; done
+         [ -d "$dest/.cache/huggingface/download" ] && find "$dest/.cache/huggingface/download" -type f -name '*.metadata' -exec head -n 1 {{}} \; ; }} 2>/dev/null \
+       | tr -d ' \r\t' | grep -v '^$' | sort -u )
+  case "$r" in *[!0-9a-f]*|'') return 0;; esac
+  [ ${{#r}} -eq 40 ] && printf '%s' "$r"
+  return 0
+}}
+recorded() {{
+  if [ -f "$dest/{REVISION_FILE}" ]; then printf ' revision=%s' "$(head -c 40 "$dest/{REVISION_FILE}")"; fi
+}}
 if [ -e "$dest/{COMPLETE_MARKER}" ]; then
   echo "nvsnap: model already complete"
-  words "$(cat "$dest/{COMPLETE_MARKER}")"
+  words "$(cat "$dest/{COMPLETE_MARKER}")$(recorded)"
   exit 0
 fi
 wait_open=${{{OPEN_ROOT_WAIT_ENV}:-0}}
@@ -230,16 +241,41 @@ fi
 sync
 n=$(du -sb "$dest" 2>/dev/null | cut -f1)
 case "$n" in ''|*[!0-9]*) n=$(( $(du -sk "$dest" | cut -f1) * 1024 ));; esac
+rev=$(revision)
+if [ -n "$rev" ]; then
+  printf '%s' "$rev" > "$dest/{REVISION_FILE}.tmp" && mv "$dest/{REVISION_FILE}.tmp" "$dest/{REVISION_FILE}"
+  echo "nvsnap: the download resolved commit $rev"
+fi
 printf '%s' "$n" > "$dest/{COMPLETE_MARKER}.tmp" && mv "$dest/{COMPLETE_MARKER}.tmp" "$dest/{COMPLETE_MARKER}"
 sync
-words "$n"
+words "$n$(recorded)"
 echo "nvsnap: model complete, $n bytes""#
     )
 }
 
-/// The byte count a successful writer left in its termination message, if it is one.
+/// The byte count a successful writer left in its termination message (`<bytes>[
+/// revision=<commit>]`), if it is one.
 pub fn bytes_from_termination_message(message: &str) -> Option<u64> {
-    message.trim().parse().ok()
+    let mut words = message.split_whitespace();
+    let bytes = words.next()?.parse().ok()?;
+    match words.next() {
+        None => Some(bytes),
+        Some(w) if w.starts_with("revision=") && words.next().is_none() => Some(bytes),
+        Some(_) => None,
+    }
+}
+
+/// The commit a successful writer resolved (`<bytes> revision=<40 lowercase hex>` in its
+/// termination message): the Hugging Face cache's `refs/<revision>`, or the commit `hf download
+/// --local-dir` records for its files; `None` when the message holds none (another source, or
+/// the files named several commits).
+pub fn revision_from_termination_message(message: &str) -> Option<String> {
+    bytes_from_termination_message(message)?;
+    message
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("revision="))
+        .filter(|r| crate::handle::is_commit(r))
+        .map(str::to_owned)
 }
 
 /// The hold container's loop (`sh -c SCRIPT nvsnap-hold <handoff dir>`): exit 0 on
@@ -808,6 +844,23 @@ mod tests {
     #[test]
     fn termination_messages_carry_bytes() {
         assert_eq!(bytes_from_termination_message("1234\n"), Some(1234));
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let with = format!("1234 revision={sha}\n");
+        assert_eq!(bytes_from_termination_message(&with), Some(1234));
+        assert_eq!(
+            revision_from_termination_message(&with).as_deref(),
+            Some(sha)
+        );
+        assert_eq!(revision_from_termination_message("1234"), None);
+        assert_eq!(
+            revision_from_termination_message("1234 revision=main"),
+            None
+        );
+        assert_eq!(bytes_from_termination_message("1234 and more"), None);
+        assert_eq!(
+            revision_from_termination_message(&format!("x revision={sha}")),
+            None
+        );
         assert_eq!(
             bytes_from_termination_message("nvsnap: download exited 1: boom"),
             None
@@ -1021,6 +1074,96 @@ mod tests {
         let again = run(&["sh", "-c", "exit 9"]);
         assert!(again.status.success());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// The wrapper, run for real, records the commit a Hugging Face download resolved: from the
+    /// hub cache's `refs/<revision>`, or from the first line of every `--local-dir` metadata
+    /// file when they agree; nothing when they disagree or hold no commit. The termination
+    /// message carries it after the bytes, and a complete landing repeats it.
+    #[test]
+    fn the_wrapper_records_the_commit_a_download_resolved() {
+        use std::process::Command;
+        let Ok(dir) = std::env::temp_dir().canonicalize() else {
+            return;
+        };
+        let a = "0123456789abcdef0123456789abcdef01234567";
+        let b = "fedcba9876543210fedcba9876543210fedcba98";
+        let cases: [(&str, String, Option<&str>); 5] = [
+            (
+                "hub",
+                format!("mkdir -p \"$0/hub/models--org--m/refs\"; printf '{a}' > \"$0/hub/models--org--m/refs/v1\""),
+                Some(a),
+            ),
+            (
+                "hubcache",
+                format!("mkdir -p \"$0/models--org--m/refs\"; printf '{a}\\n' > \"$0/models--org--m/refs/main\""),
+                Some(a),
+            ),
+            (
+                "localdir",
+                format!("d=\"$0/.cache/huggingface/download/sub\"; mkdir -p \"$d\"; printf '{a}\\netag\\n1.0\\n' > \"$d/x.metadata\"; printf '{a}\\netag2\\n2.0\\n' > \"$0/.cache/huggingface/download/y.metadata\""),
+                Some(a),
+            ),
+            (
+                "disagree",
+                format!("d=\"$0/.cache/huggingface/download\"; mkdir -p \"$d\"; printf '{a}\\n' > \"$d/x.metadata\"; printf '{b}\\n' > \"$d/y.metadata\""),
+                None,
+            ),
+            (
+                "garbage",
+                "mkdir -p \"$0/hub/models--org--m/refs\"; printf 'main; rm -rf /' > \"$0/hub/models--org--m/refs/main\"".to_owned(),
+                None,
+            ),
+        ];
+        for (name, download, want) in cases {
+            let root = dir.join(format!("writer-rev-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            let (dest, tmp) = (root.join("dest"), root.join("tmp"));
+            std::fs::create_dir_all(&dest).unwrap();
+            std::fs::create_dir_all(&tmp).unwrap();
+            let script = writer_script()
+                .replace(WRITER_TMP_PATH, tmp.to_str().unwrap())
+                .replace("/dev/termination-log", root.join("term").to_str().unwrap());
+            let run = |argv: &[&str]| {
+                Command::new("/bin/sh")
+                    .arg("-c")
+                    .arg(&script)
+                    .arg("nvsnap-writer")
+                    .arg(&dest)
+                    .args(argv)
+                    .output()
+                    .unwrap()
+            };
+            let ok = run(&["sh", "-c", &download, dest.to_str().unwrap()]);
+            assert!(ok.status.success(), "{name}: {ok:?}");
+            let term = std::fs::read_to_string(root.join("term")).unwrap();
+            assert!(
+                bytes_from_termination_message(&term).is_some(),
+                "{name}: {term}"
+            );
+            assert_eq!(
+                revision_from_termination_message(&term).as_deref(),
+                want,
+                "{name}: {term}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(dest.join(REVISION_FILE))
+                    .ok()
+                    .as_deref(),
+                want,
+                "{name}"
+            );
+            // Complete: the recorded commit is repeated without downloading again.
+            let again = run(&["sh", "-c", "exit 9"]);
+            assert!(again.status.success());
+            let term = std::fs::read_to_string(root.join("term")).unwrap();
+            assert_eq!(
+                revision_from_termination_message(&term).as_deref(),
+                want,
+                "{name} again"
+            );
+            std::fs::remove_dir_all(&root).unwrap();
+        }
     }
 
     /// With [`OPEN_ROOT_WAIT_ENV`], the wrapper (run for real, as a non-root user: through

@@ -1645,3 +1645,172 @@ fn ctx_skip_without_selection(p: &Pod) -> Skip {
     );
     s
 }
+
+/// Revision pinning and refresh: a floating revision's copy is one binding until a refresh; a
+/// salt (the pod's `nvsnap.io/cache-salt`), the namespace's refresh label or a new window of the
+/// maximum age downloads into another binding; a commit never refreshes; a pod joining a binding
+/// whose download recorded its commit carries it.
+#[test]
+fn salts_refreshes_and_windows_pick_another_binding_and_joins_carry_the_pinned_commit() {
+    use k8s_openapi::jiff::Timestamp;
+    use warmcache_modelvolume::keys::{CACHE_SALT_ANNOTATION, REFRESH_LABEL, REVISION_ANNOTATION};
+
+    let ctx = Ctx::default();
+    let floating = engine_pod(); // Qwen/Qwen3-8B, no revision: main
+    let base = ctx.rewrite(&floating, None);
+    let base_name = base.plan.binding_name().to_owned();
+    assert!(!base.plan.handle().to_string().contains("&salt="));
+
+    // A salt: another copy; the same salt: the same copy.
+    let mut salted = floating.clone();
+    salted
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(CACHE_SALT_ANNOTATION.into(), "tag-moved-2026-12".into());
+    let s1 = ctx.rewrite(&salted, None);
+    assert_ne!(s1.plan.binding_name(), base_name);
+    assert!(
+        s1.plan
+            .handle()
+            .to_string()
+            .ends_with("&salt=tag-moved-2026-12")
+    );
+    assert_eq!(
+        ctx.rewrite(&salted, None).plan.binding_name(),
+        s1.plan.binding_name()
+    );
+    let mut long = floating.clone();
+    long.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(CACHE_SALT_ANNOTATION.into(), "x".repeat(254));
+    let skip = ctx.skip(&long, None);
+    assert_eq!(skip.reason, SkipReason::InvalidReference);
+    assert!(
+        skip.message.contains(CACHE_SALT_ANNOTATION),
+        "{}",
+        skip.message
+    );
+
+    // The administrator's refresh label: another copy of a floating revision only.
+    let refreshed = Ctx {
+        labels: BTreeMap::from([(REFRESH_LABEL.to_owned(), "2026-12-06".to_owned())]),
+        ..Ctx::default()
+    };
+    let r1 = refreshed.rewrite(&floating, None);
+    assert_ne!(r1.plan.binding_name(), base_name);
+    assert!(
+        r1.plan
+            .handle()
+            .to_string()
+            .ends_with("&refresh=2026-12-06")
+    );
+    let sha = "0123456789abcdef0123456789abcdef01234567";
+    let pinned_pod = pod(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: qwen}}
+spec:
+  containers:
+    - name: vllm
+      image: vllm/vllm-openai:v0.20.0
+      args: [--model, Qwen/Qwen3-8B, --revision, {sha}]
+      env:
+        - {{name: HF_HOME, value: /models/hf}}
+      resources:
+        limits: {{nvidia.com/gpu: "1"}}
+      volumeMounts:
+        - {{name: m, mountPath: /models}}
+  volumes:
+    - {{name: m, emptyDir: {{}}}}
+"#
+    ));
+    assert_eq!(
+        refreshed.rewrite(&pinned_pod, None).plan.binding_name(),
+        ctx.rewrite(&pinned_pod, None).plan.binding_name(),
+        "a commit never refreshes"
+    );
+
+    // The maximum age: one binding per window, the same in every replica; none without a clock.
+    let aged = Ctx {
+        options: Options {
+            floating_revision_max_age_seconds: Some(86_400),
+            ..common::options(None)
+        },
+        ..Ctx::default()
+    };
+    let req = |c: &'_ Ctx, p: &'_ Pod| {
+        plan(&Request {
+            pod: p,
+            namespace: &c.namespace,
+            namespace_labels: &c.labels,
+            leader_worker_set: None,
+            traceparent: None,
+            options: &c.options,
+        })
+        .unwrap()
+    };
+    let day = |d: i64| Timestamp::from_second(d * 86_400 + 3_600).unwrap();
+    let w1 = req(&aged, &floating).at(day(20_000));
+    let w1_later =
+        req(&aged, &floating).at(day(20_000) + k8s_openapi::jiff::SignedDuration::from_hours(20));
+    let w2 = req(&aged, &floating).at(day(20_001));
+    assert_eq!(w1.binding_name(), w1_later.binding_name());
+    assert_ne!(w1.binding_name(), w2.binding_name());
+    assert_ne!(w1.binding_name(), base_name);
+    assert!(
+        w1.handle().to_string().ends_with("&refresh=w20000"),
+        "{}",
+        w1.handle()
+    );
+    assert_eq!(
+        req(&aged, &floating).at(Timestamp::MIN).binding_name(),
+        base_name
+    );
+    assert_eq!(
+        req(&aged, &pinned_pod).at(day(20_000)).binding_name(),
+        ctx.rewrite(&pinned_pod, None).plan.binding_name(),
+        "a commit has no window"
+    );
+    // The label and the window together.
+    let both = Ctx {
+        labels: refreshed.labels.clone(),
+        ..aged
+    };
+    let wl = req(&both, &floating).at(day(20_000));
+    assert!(
+        wl.handle()
+            .to_string()
+            .ends_with("&refresh=2026-12-06.w20000"),
+        "{}",
+        wl.handle()
+    );
+
+    // Joining a binding whose download recorded its commit: the reader carries it.
+    let mut stored = common::stored(&created(&base), Some(BindingPhase::Active), None);
+    let joined = ctx.rewrite(&floating, Some(&stored));
+    assert!(
+        !joined
+            .pod
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .contains_key(REVISION_ANNOTATION)
+    );
+    stored.status.as_mut().unwrap().resolved_revision = Some(sha.into());
+    let joined = ctx.rewrite(&floating, Some(&stored));
+    assert_eq!(
+        joined
+            .pod
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get(REVISION_ANNOTATION)
+            .map(String::as_str),
+        Some(sha)
+    );
+}

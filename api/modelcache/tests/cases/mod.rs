@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use warmcache_api_modelcache::v2beta1::{BindingIdentity, Workflow};
 use warmcache_api_modelcache::v2beta1::{
     MSG_ACCESS_MODES_MATCH_TRANSITION, MSG_ENCRYPTION_NEEDS_ROX, MSG_PHASE_KEPT,
-    MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE, MSG_RETIRING_IS_FINAL, MSG_SPEC_IMMUTABLE,
-    MSG_STATUS_KEPT, MSG_WRITER_IDENTITY_WITH_RWX,
+    MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE, MSG_RESOLVED_REVISION_IMMUTABLE, MSG_RETIRING_IS_FINAL,
+    MSG_SPEC_IMMUTABLE, MSG_STATUS_KEPT, MSG_WRITER_IDENTITY_WITH_RWX,
 };
 use warmcache_api_modelcache::{
     binding_name, identity_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
@@ -681,6 +681,42 @@ pub fn cases() -> Vec<Case> {
             recorded.clone(),
             rwx.clone(),
             MSG_STATUS_KEPT,
+        ),
+    ]);
+
+    // --- /status: resolvedRevision --------------------------------------------------------------
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let pinned = with(active.clone(), "/status/resolvedRevision", json!(commit));
+    cases.extend([
+        update(
+            "resolvedRevision recorded",
+            Target::Status,
+            active.clone(),
+            pinned.clone(),
+        ),
+        update(
+            "resolvedRevision unchanged while Retiring",
+            Target::Status,
+            pinned.clone(),
+            with(pinned.clone(), "/status/phase", json!("Retiring")),
+        ),
+        refused_update(
+            "resolvedRevision changed",
+            Target::Status,
+            pinned.clone(),
+            with(
+                active.clone(),
+                "/status/resolvedRevision",
+                json!("fedcba9876543210fedcba9876543210fedcba98"),
+            ),
+            MSG_RESOLVED_REVISION_IMMUTABLE,
+        ),
+        refused_update(
+            "resolvedRevision removed",
+            Target::Status,
+            pinned.clone(),
+            active.clone(),
+            MSG_RESOLVED_REVISION_IMMUTABLE,
         ),
     ]);
 
