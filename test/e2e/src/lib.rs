@@ -38,7 +38,13 @@ pub fn examples_dir() -> PathBuf {
 /// [`REPO`]'s files, about `weight_bytes` of weights in four shards, and its `SHA256SUMS`, which
 /// the example's stand-in engine checks before it is Ready.
 pub fn model(weight_bytes: u64) -> Vec<FileSpec> {
-    let mut files = model_files(REPO, "demo", weight_bytes, 4);
+    model_version("demo", weight_bytes)
+}
+
+/// [`model`] with other bytes for another `version` (another commit of [`REPO`]), its own
+/// `SHA256SUMS` with it.
+pub fn model_version(version: &str, weight_bytes: u64) -> Vec<FileSpec> {
+    let mut files = model_files(REPO, version, weight_bytes, 4);
     // One line per file, each ending in a newline (busybox sha256sum reads an empty last line
     // as a malformed entry, so there is none).
     let sums: String = files
