@@ -197,9 +197,9 @@ dest="$1"; shift
 tmp={WRITER_TMP_PATH}
 words() {{ printf '%s\n' "$1" > /dev/termination-log 2>/dev/null || true; }}
 revision() {{
-  r=$( {{ for f in "$dest"/hub/models--*/refs/* "$dest"/models--*/refs/*; do [ -f "$f" ] && head -n 1 "$f" && echo; done
-         [ -d "$dest/.cache/huggingface/download" ] && find "$dest/.cache/huggingface/download" -type f -name '*.metadata' -exec head -n 1 {{}} \; ; }} 2>/dev/null \
-       | tr -d ' \r\t' | grep -v '^$' | sort -u )
+  r=$(find "$dest" -type f \( -path '*/models--*/refs/*' -o -path '*/.cache/huggingface/download/*.metadata' \) \
+        -exec sh -c 'for f do head -n 1 "$f"; echo; done' nvsnap-revision {{}} + 2>/dev/null \
+      | tr -d ' \r\t' | grep -v '^$' | sort -u)
   case "$r" in *[!0-9a-f]*|'') return 0;; esac
   [ ${{#r}} -eq 40 ] && printf '%s' "$r"
   return 0
@@ -1091,7 +1091,7 @@ mod tests {
         let cases: [(&str, String, Option<&str>); 5] = [
             (
                 "hub",
-                format!("mkdir -p \"$0/hub/models--org--m/refs\"; printf '{a}' > \"$0/hub/models--org--m/refs/v1\""),
+                format!("mkdir -p \"$0/hf/hub/models--org--m/refs\"; printf '{a}' > \"$0/hf/hub/models--org--m/refs/v1\""),
                 Some(a),
             ),
             (
@@ -1101,7 +1101,7 @@ mod tests {
             ),
             (
                 "localdir",
-                format!("d=\"$0/.cache/huggingface/download/sub\"; mkdir -p \"$d\"; printf '{a}\\netag\\n1.0\\n' > \"$d/x.metadata\"; printf '{a}\\netag2\\n2.0\\n' > \"$0/.cache/huggingface/download/y.metadata\""),
+                format!("d=\"$0/llm/.cache/huggingface/download/sub\"; mkdir -p \"$d\"; printf '{a}\\netag\\n1.0\\n' > \"$d/x.metadata\"; printf '{a}\\netag2\\n2.0\\n' > \"$0/llm/.cache/huggingface/download/y.metadata\""),
                 Some(a),
             ),
             (
