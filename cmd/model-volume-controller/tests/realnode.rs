@@ -1005,7 +1005,62 @@ async fn an_encrypted_block_cache_is_read_with_its_key_and_refused_without_it() 
         );
     }
 
-    let _ = pvs.delete(&bare_name, &DeleteParams::default()).await;
+    // Deleting the storage needs the key too: with the readers, their views and the keyless PV
+    // gone, the primary's reclaim policy set to Delete makes the external-provisioner call
+    // DeleteVolume with the Secret the PV's deletion-secret annotations name, and the driver
+    // deletes the encrypted volume only with its key.
+    let annotations = primary.annotations();
+    assert_eq!(
+        annotations
+            .get("volume.kubernetes.io/provisioner-deletion-secret-name")
+            .map(String::as_str),
+        Some(names.secret.as_str())
+    );
+    for pod in ["qwen3-reader", "nokey-reader"] {
+        let _ = w
+            .pods
+            .delete(pod, &DeleteParams::default().grace_period(0))
+            .await;
+    }
+    let claims = w.app.api::<PersistentVolumeClaim>();
+    for claim in [own_view.persistent_volume_claim_name.as_str(), "nokey"] {
+        let _ = claims.delete(claim, &DeleteParams::default()).await;
+    }
+    for pv in views
+        .iter()
+        .map(|v| v.persistent_volume_name.clone())
+        .chain([bare_name.clone()])
+    {
+        let _ = pvs.delete(&pv, &DeleteParams::default()).await;
+    }
+    let primary_name = primary.name_any();
+    pvs.patch(
+        &primary_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Delete"}})),
+    )
+    .await
+    .unwrap();
+    let volume_dir = w
+        .node
+        .csi_volume_dir(TestCsiDriver::NamespacedBlock, &csi.volume_handle);
+    let deleted = eventually(
+        "the encrypted primary deleted with its key",
+        TIMEOUT,
+        || {
+            let (pvs, name, dir) = (pvs.clone(), primary_name.clone(), volume_dir.clone());
+            async move { (pvs.get_opt(&name).await.ok()?.is_none() && !dir.exists()).then_some(()) }
+        },
+    )
+    .await;
+    if deleted.is_err() {
+        panic!(
+            "the encrypted primary was not deleted\nprovisioner:\n{}\ndriver:\n{}",
+            w.node.log_tail("provisioner-namespaced-block", 40),
+            w.node.log_tail("csi-namespaced-block", 40)
+        );
+    }
+
     let _ = w
         .classes
         .delete(&names.class, &DeleteParams::default())
