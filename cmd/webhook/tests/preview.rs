@@ -400,6 +400,19 @@ fn a_binding_from_the_cache_is_joined_or_refused() {
     );
     rewritten(&o);
     assert!(stderr(&o).contains("would create"), "{}", stderr(&o));
+
+    // A binding whose download recorded its commit: the joining pod shows it.
+    let sha = "0123456789abcdef0123456789abcdef01234567";
+    let mut pinned: Value = serde_saphyr::from_str(&binding_yaml(&files, "Active")).unwrap();
+    pinned["status"]["resolvedRevision"] = Value::from(sha);
+    files.write("pinned.yaml", &serde_json::to_string(&pinned).unwrap());
+    let o = preview(
+        &files,
+        "pod.yaml",
+        &["--binding", &files.path("pinned.yaml")],
+    );
+    let p = rewritten(&o);
+    assert_eq!(annotation(&p, "nvsnap.io/model-revision"), Some(sha));
 }
 
 #[test]
