@@ -59,6 +59,8 @@ async fn running_controller(
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         shutdown_grace: Duration::from_secs(5),
         shutdown_delay: Duration::ZERO,
+        kube_api_qps: warmcache_runtime::DEFAULT_KUBE_API_QPS,
+        kube_api_burst: warmcache_runtime::DEFAULT_KUBE_API_BURST,
     };
     static LOGS: std::sync::Once = std::sync::Once::new();
     LOGS.call_once(|| {

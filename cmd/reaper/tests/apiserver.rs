@@ -1023,6 +1023,8 @@ async fn the_deployment_records_an_event_and_metrics_for_a_retirement() {
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         shutdown_grace: Duration::from_secs(5),
         shutdown_delay: Duration::ZERO,
+        kube_api_qps: warmcache_runtime::DEFAULT_KUBE_API_QPS,
+        kube_api_burst: warmcache_runtime::DEFAULT_KUBE_API_BURST,
     };
     let leader = warmcache_runtime::LeaderElectionArgs {
         leader_elect: true,

@@ -123,6 +123,8 @@ async fn a_cache_miss_burst_of_500_pods_makes_one_binding_and_batched_status_wri
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         shutdown_grace: Duration::from_secs(5),
         shutdown_delay: Duration::ZERO,
+        kube_api_qps: warmcache_runtime::DEFAULT_KUBE_API_QPS,
+        kube_api_burst: warmcache_runtime::DEFAULT_KUBE_API_BURST,
     };
     let mut runtime = Runtime::builder("binding-controller", args)
         .without_global_telemetry()

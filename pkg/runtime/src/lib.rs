@@ -5,7 +5,8 @@
 //! [`LeaderElectionArgs`], [`AdmissionArgs`]), logging and tracing (OTLP export through the
 //! standard `OTEL_*` variables), the Prometheus registry (`warmcache_<component>_*` plus the
 //! shared `warmcache_admission_*` series), the admin server (`/metrics`, `/livez`, `/readyz`,
-//! bound before [`Builder::build`] returns), the Kubernetes client and the Lease election. The
+//! bound before [`Builder::build`] returns), the Kubernetes client (every request counted and
+//! paced by a client-side rate limit, [`rate_limit`]) and the Lease election. The
 //! [`Runtime`] it builds then runs:
 //! - [`Cache`]s from [`Runtime::watch`] / [`Runtime::watch_metadata`]: one watch per kind,
 //!   shared by every reader, surviving objects that do not decode ([`watch`]);
@@ -67,11 +68,15 @@ pub mod api_requests;
 pub mod args;
 pub mod controller;
 mod error;
+pub mod rate_limit;
 pub mod readiness;
 mod runtime;
 pub mod watch;
 
-pub use args::{AdmissionArgs, LeaderElectionArgs, OneShotArgs, RuntimeArgs, parse_duration};
+pub use args::{
+    AdmissionArgs, DEFAULT_KUBE_API_BURST, DEFAULT_KUBE_API_QPS, LeaderElectionArgs, OneShotArgs,
+    RuntimeArgs, parse_duration,
+};
 pub use controller::{
     BackoffPolicy, Backoffs, Controller, PANIC_CATEGORY, ReconcileError, Reconciler, error_policy,
     event_reason,

@@ -27,6 +27,7 @@ use crate::api_requests::{ApiRequestMetrics, CountRequests};
 use crate::args::{AdmissionArgs, LeaderElectionArgs, RuntimeArgs};
 use crate::controller::{self, Controller, Reconciler};
 use crate::error::RuntimeError;
+use crate::rate_limit::{RateLimit, RateLimitMetrics, TokenBucket};
 use crate::readiness::{Gate, Gates};
 use crate::watch::{self, Cache, WatchMetrics};
 
@@ -99,14 +100,16 @@ impl Builder {
         self
     }
 
-    /// Connects a Kubernetes client (from `--kubeconfig`, else the usual inference).
+    /// Connects a Kubernetes client (from `--kubeconfig`, else the usual inference), every
+    /// request counted and paced by `--kube-api-qps` and `--kube-api-burst`.
     #[must_use]
     pub fn with_client(mut self) -> Self {
         self.client = true;
         self
     }
 
-    /// Uses `client` instead of connecting from the flags (tests inject faults this way).
+    /// Uses `client` instead of connecting from the flags (tests inject faults this way): as it
+    /// is, without the runtime's request counting or rate limit.
     #[must_use]
     pub fn client(mut self, client: Client) -> Self {
         self.client = true;
@@ -178,13 +181,33 @@ impl Builder {
             admin_stop.clone(),
         ));
 
-        let client = if let Some(client) = self.given_client.clone() {
-            Some(client)
+        let elects = self.leader.as_ref().is_some_and(|args| args.leader_elect);
+        // The Lease has a client (and a token bucket) of its own, as in client-go's
+        // controller-manager: renewals never queue behind a burst of other requests.
+        let (client, lease_client) = if let Some(client) = self.given_client.clone() {
+            (Some(client), None)
         } else if self.client {
             let counted = ApiRequestMetrics::register(metrics.registry())?;
-            Some(connect(&self.args, counted).await?)
+            let waits = RateLimitMetrics::register(metrics.registry())?;
+            let config = client_config(&self.args).await?;
+            let lease_client = if elects {
+                Some(build_client(config.clone(), &self.args, &counted, &waits)?)
+            } else {
+                None
+            };
+            let client = build_client(config, &self.args, &counted, &waits)?;
+            if self.args.kube_api_qps > 0.0 {
+                tracing::info!(
+                    qps = self.args.kube_api_qps,
+                    burst = self.args.kube_api_burst,
+                    "client-side rate limit on API requests"
+                );
+            } else {
+                tracing::info!("no client-side rate limit on API requests (--kube-api-qps 0)");
+            }
+            (Some(client), lease_client)
         } else {
-            None
+            (None, None)
         };
         let recorder = client.as_ref().map(|client| {
             EventRecorder::new(client.clone(), self.component, identity().as_deref())
@@ -196,7 +219,8 @@ impl Builder {
         });
         let (leadership, elector) = match (&self.leader, &client) {
             (Some(args), Some(client)) if args.leader_elect => {
-                let handle = elect(self.component, args, client.clone(), lease_stop.clone())?;
+                let lease_client = lease_client.unwrap_or_else(|| client.clone());
+                let handle = elect(self.component, args, lease_client, lease_stop.clone())?;
                 (handle.leadership(), Some(handle))
             }
             _ => (Leadership::always_leader(), None),
@@ -236,7 +260,9 @@ impl Builder {
     }
 }
 
-async fn connect(args: &RuntimeArgs, counted: ApiRequestMetrics) -> Result<Client, RuntimeError> {
+/// The client configuration the flags name (`--kubeconfig`, `--kube-context`), else the usual
+/// inference.
+async fn client_config(args: &RuntimeArgs) -> Result<Config, RuntimeError> {
     let options = KubeConfigOptions {
         context: args.kube_context.clone(),
         ..KubeConfigOptions::default()
@@ -270,14 +296,33 @@ async fn connect(args: &RuntimeArgs, counted: ApiRequestMetrics) -> Result<Clien
                     source: Box::new(err),
                 })?,
         };
-    // Every request counted (`api_requests_total`): what this component costs the API server.
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|err| {
-        RuntimeError::ClientConfig {
+    Ok(config)
+}
+
+/// A client of `config` whose every request waits for a token of its own bucket
+/// (`--kube-api-qps`, `--kube-api-burst`; `api_request_wait_seconds`), then is counted
+/// (`api_requests_total`): what this component costs the API server, and its bound.
+fn build_client(
+    config: Config,
+    args: &RuntimeArgs,
+    counted: &ApiRequestMetrics,
+    waits: &RateLimitMetrics,
+) -> Result<Client, RuntimeError> {
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|err| RuntimeError::ClientConfig {
             from: None,
             source: Box::new(err),
-        }
-    })?;
-    Ok(builder.with_layer(&CountRequests(counted)).build())
+        })?
+        .with_layer(&CountRequests(counted.clone()));
+    let bucket = TokenBucket::new(args.kube_api_qps, args.kube_api_burst);
+    if bucket.is_unlimited() {
+        return Ok(builder.build());
+    }
+    // Outside the counting layer: a request is counted when its token lets it go, so one
+    // given up while it waits was never sent and is not counted.
+    Ok(builder
+        .with_layer(&RateLimit::new(Arc::new(bucket), waits.clone()))
+        .build())
 }
 
 /// This replica's name: `$POD_NAME`, else the host name.

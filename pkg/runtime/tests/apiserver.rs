@@ -875,3 +875,63 @@ async fn a_webhook_server_that_cannot_serve_fails_startup_instead_of_reporting_r
     .unwrap();
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_is_paced_by_its_rate_limit_and_counts_what_it_sends() {
+    init_telemetry();
+    let plane = plane().await;
+    let ns = TestNamespace::new("rt-qps").await.unwrap();
+    let mut args = args(plane);
+    args.kube_api_qps = 4.0;
+    args.kube_api_burst = 2;
+    let rt = Runtime::builder("runtime-test", args)
+        .without_global_telemetry()
+        .with_client()
+        .build()
+        .await
+        .unwrap();
+    let admin = rt.admin_addr();
+    let configmaps: Api<ConfigMap> = Api::namespaced(rt.client().unwrap(), &ns.name);
+    let running = Running::start(rt);
+    let (_, before) = http_get(admin, "/metrics").await;
+    assert!(
+        before.contains("warmcache_runtime_test_api_request_wait_seconds_count 0"),
+        "exported from the start:\n{before}"
+    );
+
+    // Two at once (the burst), then one every 250 ms: the sixth goes 1 s after the first.
+    let started = Instant::now();
+    let gets = (0..6).map(|i| {
+        let configmaps = configmaps.clone();
+        async move { configmaps.get_opt(&format!("absent-{i}")).await.unwrap() }
+    });
+    let found = futures::future::join_all(gets).await;
+    let elapsed = started.elapsed();
+    assert!(found.iter().all(Option::is_none));
+    assert!(elapsed >= Duration::from_millis(990), "{elapsed:?}");
+
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    let value = |prefix: &str, labels: &[&str]| -> f64 {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(prefix) && labels.iter().all(|l| line.contains(l)))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} {labels:?} in:\n{metrics}"))
+    };
+    assert_eq!(
+        value("warmcache_runtime_test_api_request_wait_seconds_count", &[]),
+        6.0
+    );
+    // 0 + 0 + 0.25 + 0.5 + 0.75 + 1 s, give or take the requests' own time.
+    let waited = value("warmcache_runtime_test_api_request_wait_seconds_sum", &[]);
+    assert!((2.0..3.0).contains(&waited), "{waited}");
+    assert_eq!(
+        value(
+            "warmcache_runtime_test_api_requests_total{",
+            &["verb=\"get\"", "resource=\"configmaps\""]
+        ),
+        6.0
+    );
+    running.stop().await;
+}

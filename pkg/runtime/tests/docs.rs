@@ -1,5 +1,5 @@
-//! The watch, reconcile and API request families documented in docs/operations.md are the ones the runtime
-//! registers, and every shared flag is in its tables.
+//! The watch, reconcile, API request and rate limit families documented in docs/operations.md
+//! are the ones the runtime registers, and every shared flag is in its tables.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use clap::{CommandFactory, Parser};
 use warmcache_runtime::api_requests::ApiRequestMetrics;
+use warmcache_runtime::rate_limit::RateLimitMetrics;
 use warmcache_runtime::{AdmissionArgs, LeaderElectionArgs, RuntimeArgs, WatchMetrics};
 use warmcache_telemetry::{Metrics, ReconcileMetrics};
 
@@ -29,6 +30,7 @@ fn documented_families_are_the_registered_ones() {
     let watch = WatchMetrics::register(metrics.registry()).unwrap();
     let requests = ApiRequestMetrics::register(metrics.registry()).unwrap();
     requests.requests.with_label_values(&["get", "pods"]);
+    RateLimitMetrics::register(metrics.registry()).unwrap();
     drop(reconcile.start("c"));
     reconcile.failure("c", "x");
     for counter in [&watch.malformed, &watch.errors, &watch.resyncs] {

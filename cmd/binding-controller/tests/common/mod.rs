@@ -69,6 +69,8 @@ pub async fn controller(
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         shutdown_grace: Duration::from_secs(5),
         shutdown_delay: Duration::ZERO,
+        kube_api_qps: warmcache_runtime::DEFAULT_KUBE_API_QPS,
+        kube_api_burst: warmcache_runtime::DEFAULT_KUBE_API_BURST,
     };
     let builder = Runtime::builder("binding-controller", args).without_global_telemetry();
     let builder = match client {

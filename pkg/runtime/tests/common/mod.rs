@@ -22,6 +22,8 @@ pub fn runtime_args(plane: &ControlPlane, shutdown_grace: Duration) -> RuntimeAr
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         shutdown_grace,
         shutdown_delay: Duration::ZERO,
+        kube_api_qps: warmcache_runtime::DEFAULT_KUBE_API_QPS,
+        kube_api_burst: warmcache_runtime::DEFAULT_KUBE_API_BURST,
     }
 }
 
