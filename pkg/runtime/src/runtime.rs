@@ -183,9 +183,12 @@ impl Builder {
 
         let elects = self.leader.as_ref().is_some_and(|args| args.leader_elect);
         // The Lease has a client (and a token bucket) of its own, as in client-go's
-        // controller-manager: renewals never queue behind a burst of other requests.
-        let (client, lease_client) = if let Some(client) = self.given_client.clone() {
-            (Some(client), None)
+        // controller-manager: renewals never queue behind a burst of other requests. So do
+        // Events: best effort, they never delay the component's own work (an admission's binding
+        // create behind a backlog of skip Events, say), and their bucket bounds them.
+        let (client, lease_client, events_client) = if let Some(client) = self.given_client.clone()
+        {
+            (Some(client), None, None)
         } else if self.client {
             let counted = ApiRequestMetrics::register(metrics.registry())?;
             let waits = RateLimitMetrics::register(metrics.registry())?;
@@ -195,6 +198,7 @@ impl Builder {
             } else {
                 None
             };
+            let events_client = build_client(config.clone(), &self.args, &counted, &waits)?;
             let client = build_client(config, &self.args, &counted, &waits)?;
             if self.args.kube_api_qps > 0.0 {
                 tracing::info!(
@@ -205,13 +209,13 @@ impl Builder {
             } else {
                 tracing::info!("no client-side rate limit on API requests (--kube-api-qps 0)");
             }
-            (Some(client), lease_client)
+            (Some(client), lease_client, Some(events_client))
         } else {
-            (None, None)
+            (None, None, None)
         };
-        let recorder = client.as_ref().map(|client| {
-            EventRecorder::new(client.clone(), self.component, identity().as_deref())
-        });
+        let recorder = events_client
+            .or_else(|| client.clone())
+            .map(|client| EventRecorder::new(client, self.component, identity().as_deref()));
 
         let lease_stop = CancellationToken::new();
         let lease_release_wait = self.leader.as_ref().map_or(LEASE_RELEASE_WAIT, |args| {
