@@ -261,7 +261,7 @@ struct World {
     agent: AgentProcess,
     _account: ComponentAccount,
     stop: tokio_util::sync::CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>,
+    task: Option<tokio::task::JoinHandle<Result<(), warmcache_runtime::RuntimeError>>>,
     _one: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -507,7 +507,7 @@ async fn setup_on(
         agent,
         _account: account,
         stop,
-        task,
+        task: Some(task),
         _one: one,
     }
 }
@@ -577,6 +577,14 @@ impl World {
         done
     }
 
+    /// Stops the binding controller (it would create the views its status records again).
+    async fn stop_controller(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
     fn agent_log(&self) -> String {
         std::fs::read_to_string(self.node.dir().join("model-volume-controller.log"))
             .unwrap_or_default()
@@ -631,15 +639,25 @@ impl World {
     async fn finish(self) {
         drop(self.agent);
         self.stop.cancel();
-        let _ = self.task.await;
-        self.bindings
-            .patch(
-                &self.binding_name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
-            )
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+        if self
+            .bindings
+            .get_opt(&self.binding_name)
             .await
-            .unwrap();
+            .unwrap()
+            .is_some()
+        {
+            self.bindings
+                .patch(
+                    &self.binding_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+                )
+                .await
+                .unwrap();
+        }
         let _ = self
             .classes
             .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
@@ -780,7 +798,7 @@ async fn an_encrypted_block_cache_is_read_with_its_key_and_refused_without_it() 
     use sha2::Digest;
     use warmcache_modelvolume::encryption::{KEY_ENTRY, check_class, encryption_names};
 
-    let w = setup_on(
+    let mut w = setup_on(
         Flow::EncryptedBlock,
         DOWNLOAD_SCRIPT,
         false,
@@ -1018,6 +1036,9 @@ async fn an_encrypted_block_cache_is_read_with_its_key_and_refused_without_it() 
             .map(String::as_str),
         Some(names.secret.as_str())
     );
+    // Torn down by hand, without the reaper's retirement: the controller would create the views
+    // its status records again, so it stops first.
+    w.stop_controller().await;
     for pod in ["qwen3-reader", "nokey-reader"] {
         let _ = w
             .pods
@@ -1063,10 +1084,122 @@ async fn an_encrypted_block_cache_is_read_with_its_key_and_refused_without_it() 
         );
     }
 
+    // The binding gone, nothing needs the class or the key any more: the reaper deletes the
+    // class in one sweep and the Secret in the next (the class first, so no new volume can be
+    // provisioned with a key that is about to go).
+    w.bindings
+        .patch(
+            &w.binding_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
     let _ = w
-        .classes
-        .delete(&names.class, &DeleteParams::default())
+        .bindings
+        .delete(&w.binding_name, &DeleteParams::default())
         .await;
+    let (bindings, binding) = (w.bindings.clone(), w.binding_name.clone());
+    eventually("the binding gone", TIMEOUT, || {
+        let (bindings, binding) = (bindings.clone(), binding.clone());
+        async move {
+            bindings
+                .get_opt(&binding)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let sweeper = warmcache_reaper::Sweeper::new(
+        client.clone(),
+        warmcache_reaper::Settings {
+            config: warmcache_modelvolume::reaper::Config::new(w.control.name.clone()),
+            dry_run: false,
+            page_size: 100,
+            stage_wait: Duration::from_secs(30),
+        },
+        None,
+        None,
+        None,
+    );
+    let secrets = w.control.api::<Secret>();
+    let now = k8s_openapi::jiff::Timestamp::now;
+    let report = sweeper.sweep(now()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        w.classes.get_opt(&names.class).await.unwrap().is_none(),
+        "{report:?}"
+    );
+    assert!(
+        secrets.get_opt(&names.secret).await.unwrap().is_some(),
+        "the key outlives its class by one sweep"
+    );
+    // The views deleted above may still be terminating (their claims wait for the readers to
+    // go): while one names the Secret, the key stays.
+    let secret = names.secret.clone();
+    let naming = |list: &[PersistentVolume], secret: &str| -> Vec<String> {
+        list.iter()
+            .filter(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .and_then(|c| c.node_publish_secret_ref.as_ref())
+                    .is_some_and(|r| r.name.as_deref() == Some(secret))
+            })
+            .map(|pv| {
+                format!(
+                    "{} phase {:?} finalizers {:?} deleting {} claim {:?}",
+                    pv.name_any(),
+                    pv.status.as_ref().and_then(|s| s.phase.clone()),
+                    pv.metadata.finalizers,
+                    pv.metadata.deletion_timestamp.is_some(),
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .map(|r| (r.namespace.clone(), r.name.clone()))
+                )
+            })
+            .collect()
+    };
+    let gone = eventually("no PersistentVolume naming the key", TIMEOUT, || {
+        let (pvs, secret) = (pvs.clone(), secret.clone());
+        async move {
+            let list = pvs.list(&ListParams::default()).await.ok()?;
+            naming(&list.items, &secret).is_empty().then_some(())
+        }
+    })
+    .await;
+    if gone.is_err() {
+        let list = pvs.list(&ListParams::default()).await.unwrap();
+        let attachments =
+            Api::<k8s_openapi::api::storage::v1::VolumeAttachment>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .unwrap();
+        panic!(
+            "PersistentVolumes still name the key: {:?}\nattachments: {:?}",
+            naming(&list.items, &secret),
+            attachments
+                .items
+                .iter()
+                .map(|a| (
+                    a.name_any(),
+                    a.spec.source.persistent_volume_name.clone(),
+                    a.metadata.deletion_timestamp.is_some()
+                ))
+                .collect::<Vec<_>>()
+        );
+    }
+    let report = sweeper.sweep(now()).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        secrets.get_opt(&names.secret).await.unwrap().is_none(),
+        "{report:?}"
+    );
+
     w.finish().await;
 }
 
