@@ -102,6 +102,8 @@ pub struct Install<'a> {
     /// The OTLP/gRPC collector the components export traces to (`otel.endpoint`); none when
     /// `None`.
     pub otel_endpoint: Option<&'a str>,
+    /// More `--set` values for `helm install` (`key=value`), after the ones the node needs.
+    pub extra_sets: &'a [&'a str],
 }
 
 /// The release and its namespace.
@@ -187,6 +189,7 @@ pub async fn install(
     let sets: Vec<String> = sets
         .into_iter()
         .chain(how.otel_endpoint.map(|e| format!("otel.endpoint={e}")))
+        .chain(how.extra_sets.iter().map(|s| (*s).to_owned()))
         .collect();
     let helm = helm_binary().map_err(|e| e.to_string())?;
     let mut command = std::process::Command::new(helm);

@@ -113,6 +113,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         kubeconfig: plane.kubeconfig_path(),
         work_dir: work.path(),
         otel_endpoint: Some(&otlp_endpoint),
+        extra_sets: &[],
     };
     if let Err(e) = install(plane, node, &net, &how).await {
         panic!("{e}");

@@ -114,6 +114,7 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
         kubeconfig: plane.kubeconfig_path(),
         work_dir: work.path(),
         otel_endpoint: None,
+        extra_sets: &[],
     };
     if let Err(e) = install(plane, node, &net, &how).await {
         panic!("{e}");

@@ -136,6 +136,7 @@ async fn time_to_all_ready_with_and_without_warmcache_on_a_rate_limited_link() {
         kubeconfig: plane.kubeconfig_path(),
         work_dir: work.path(),
         otel_endpoint: None,
+        extra_sets: &[],
     };
     if let Err(e) = install(plane, node, &net, &how).await {
         panic!("{e}");

@@ -187,6 +187,7 @@ async fn demo(
         kubeconfig,
         work_dir: work.path(),
         otel_endpoint: None,
+        extra_sets: &[],
     };
     install(plane, node, &net, &how).await?;
     say(&format!("components Ready after {:.0?}", started.elapsed()));

@@ -1,0 +1,244 @@
+//! A failed download, then the retry, end to end, black box: the chart installed with the real
+//! Helm CLI on the real test node (failure records kept 20 s), and the
+//! example Deployment whose init container runs the real `hf download` against the simulated
+//! Hugging Face Hub, before the repository exists there. The one download fails: the binding
+//! records the failure with the client's last words, the waiting reader is deleted and comes back
+//! on its own download (`download-failed`), which succeeds once the repository is published. When
+//! the record has expired and the failed Job is gone (its TTL, at least 5 minutes in the chart,
+//! or an operator: here the test deletes it, as `kubectl delete job` would), the next replica
+//! joins the binding again, the binding controller retries with a new Job, and the replica reads
+//! the copy; the record is cleared.
+//!
+//! As in `download_once.rs`, the node advertises `nvidia.com/gpu`, the kit's `PodNetwork`
+//! bridges the Hub's loopback address into the pods, images are imported, and the storage is the
+//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use warmcache_e2e::{
+    APP_SELECTOR, BINDING_ANNOTATION, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment,
+    install, is_ready, model, webhook_serving,
+};
+use warmcache_test_sources::hub::{Hub, HubOptions};
+use warmcache_testkit::{
+    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
+    namespace_report,
+};
+
+const CONTROL: &str = "nvca-modelcache-init";
+const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
+const IMAGE_TAG: &str = "e2e";
+const HF_IMAGE: &str = "warmcache.test/hf-client:1";
+const SKIP_REASON_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-skip-reason";
+
+fn bindings_api(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nvca.nvcf.nvidia.io", "v2beta1", "ModelCacheBinding");
+    Api::namespaced_with(client.clone(), CONTROL, &ApiResource::from_gvk(&gvk))
+}
+
+async fn status(client: &Client) -> Option<Value> {
+    let list = bindings_api(client)
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    let [b] = list.items.as_slice() else {
+        return None;
+    };
+    b.data.get("status").cloned()
+}
+
+async fn report(client: &Client, ns: &str, net: &PodNetwork) -> String {
+    let mut out = namespace_report(client, ns).await;
+    out.push_str(&namespace_report(client, CONTROL).await);
+    out.push_str(&format!(
+        "binding status: {}\n",
+        serde_json::to_string(&status(client).await).unwrap_or_default()
+    ));
+    out.push_str(&net.report());
+    out
+}
+
+async fn app_pods(pods: &Api<Pod>) -> Option<Vec<Pod>> {
+    Some(
+        pods.list(&ListParams::default().labels(APP_SELECTOR))
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
+    let plane = ControlPlane::shared().await.unwrap();
+    let node = RealNode::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+
+    // The Hub, without the repository yet.
+    let hub = Hub::new(HubOptions::default());
+    let hub_addr = hub.serve_loopback().await.unwrap();
+    let endpoint = format!("http://{hub_addr}");
+    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
+
+    let work = tempfile::tempdir().unwrap();
+    let how = Install {
+        image_repository: IMAGE_REPOSITORY,
+        image_tag: IMAGE_TAG,
+        bin_dir: &built_binaries_dir().unwrap(),
+        hf_image: HF_IMAGE,
+        gpus: 4,
+        kubeconfig: plane.kubeconfig_path(),
+        work_dir: work.path(),
+        otel_endpoint: None,
+        extra_sets: &["bindingController.failureRecordSeconds=20"],
+    };
+    if let Err(e) = install(plane, node, &net, &how).await {
+        panic!("{e}");
+    }
+
+    let mut workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
+    workload.spec.replicas = Some(1);
+    let ns = TestNamespace::new("e2e-fail").await.unwrap();
+    if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
+        panic!("{e}\n{}", report(&client, NAMESPACE, &net).await);
+    }
+    let deployments: Api<Deployment> = ns.api();
+    deployments
+        .create(&PostParams::default(), &workload)
+        .await
+        .unwrap();
+
+    // 1. The download fails: the record holds the client's last words.
+    let failed = eventually("the failure recorded", READY_TIMEOUT, || {
+        let client = client.clone();
+        async move {
+            let s = status(&client).await?;
+            s.get("failureRecord").filter(|r| r.is_object()).cloned()
+        }
+    })
+    .await;
+    let Ok(record) = failed else {
+        panic!(
+            "the download's failure was never recorded\n{}",
+            report(&client, &ns.name, &net).await
+        );
+    };
+    let words = record["message"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        words.contains("exited") && words.contains(REPO),
+        "the record carries the download's last words: {words}"
+    );
+    let s = status(&client).await.unwrap();
+    assert_eq!(s["realized"]["populationState"], "Failed", "{s}");
+
+    // The repository appears; the waiting reader, deleted by the controller, is back on its own
+    // download, which now succeeds.
+    let files = model(4 << 20);
+    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
+    hub.publish(REPO, files).unwrap();
+    let pods: Api<Pod> = ns.api();
+    let own = eventually(
+        "the replica Ready on its own download",
+        READY_TIMEOUT,
+        || {
+            let pods = pods.clone();
+            async move {
+                let list = app_pods(&pods).await?;
+                let [p] = list.as_slice() else {
+                    return None;
+                };
+                (is_ready(p)
+                    && p.annotations()
+                        .get(SKIP_REASON_ANNOTATION)
+                        .map(String::as_str)
+                        == Some("download-failed"))
+                .then(|| p.clone())
+            }
+        },
+    )
+    .await;
+    let Ok(own) = own else {
+        panic!(
+            "the replica never became Ready on its own download\n{}",
+            report(&client, &ns.name, &net).await
+        );
+    };
+    assert!(!own.annotations().contains_key(BINDING_ANNOTATION));
+    let served = || hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    assert_eq!(served(), model_bytes, "the replica's own download");
+
+    // 2. The record expires (20 s, and admission's 30 s clock margin): a new replica joins the
+    // binding again, the controller retries with a new Job, and the replica reads the copy.
+    let retry_at = record["retryAfter"].as_str().unwrap().to_owned();
+    let retry_at: k8s_openapi::jiff::Timestamp = retry_at.parse().unwrap();
+    let wait = retry_at
+        .duration_since(k8s_openapi::jiff::Timestamp::now())
+        .as_secs_f64()
+        .max(0.0)
+        + 32.0;
+    tokio::time::sleep(std::time::Duration::from_secs_f64(wait)).await;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = ns.api();
+    let failed_jobs = jobs.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(failed_jobs.len(), 1, "one download Job, failed");
+    let background = kube::api::DeleteParams::background();
+    jobs.delete(&failed_jobs[0].name_any(), &background)
+        .await
+        .unwrap();
+    deployments
+        .patch(
+            "llm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
+    let joined = eventually(
+        "the new replica Ready on the retried copy",
+        READY_TIMEOUT,
+        || {
+            let (pods, own) = (pods.clone(), own.name_any());
+            async move {
+                let list = app_pods(&pods).await?;
+                list.into_iter()
+                    .find(|p| p.name_any() != own && is_ready(p))
+                    .filter(|p| p.annotations().contains_key(BINDING_ANNOTATION))
+            }
+        },
+    )
+    .await;
+    if joined.is_err() {
+        panic!(
+            "no replica read the retried copy\n{}",
+            report(&client, &ns.name, &net).await
+        );
+    }
+    let s = eventually(
+        "the binding Ready, its record cleared",
+        READY_TIMEOUT,
+        || {
+            let client = client.clone();
+            async move {
+                let s = status(&client).await?;
+                (s["realized"]["populationState"] == "Ready" && s.get("failureRecord").is_none())
+                    .then_some(s)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        served(),
+        2 * model_bytes,
+        "one own download and one retried download: {s}"
+    );
+
+    ns.cleanup().await;
+}
