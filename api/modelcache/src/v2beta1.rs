@@ -80,11 +80,12 @@ pub const RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE: &str = "!has(oldSelf.realized) 
 /// Refusal message of [`RULE_PROVIDER_DATA_IDENTITY_IMMUTABLE`].
 pub const MSG_PROVIDER_DATA_IDENTITY_IMMUTABLE: &str = "status.realized.providerDataIdentity is immutable once recorded: it must stay present and unchanged";
 
-/// CEL (`status`): `resolvedRevision`, once recorded, stays present and unchanged: readers were
-/// told which commit their copy holds.
-pub const RULE_RESOLVED_REVISION_IMMUTABLE: &str = "!has(oldSelf.resolvedRevision) || (has(self.resolvedRevision) && self.resolvedRevision == oldSelf.resolvedRevision)";
+/// CEL (`status`): `resolvedRevision`, once recorded, never changes: readers were told which
+/// commit their copy holds. A write without it is allowed (a controller of an earlier version
+/// drops fields it does not know; the complete PV keeps the commit and it is recorded again).
+pub const RULE_RESOLVED_REVISION_IMMUTABLE: &str = "!has(oldSelf.resolvedRevision) || !has(self.resolvedRevision) || self.resolvedRevision == oldSelf.resolvedRevision";
 /// Refusal message of [`RULE_RESOLVED_REVISION_IMMUTABLE`].
-pub const MSG_RESOLVED_REVISION_IMMUTABLE: &str = "status.resolvedRevision is immutable once recorded: the copy holds that commit; a refresh downloads into a new binding";
+pub const MSG_RESOLVED_REVISION_IMMUTABLE: &str = "status.resolvedRevision cannot change once recorded: the copy holds that commit; a refresh downloads into a new binding";
 
 /// Every CEL rule of the CRD with its refusal message, in schema order (object, spec,
 /// spec.decision, status).
@@ -541,7 +542,9 @@ pub struct ModelCacheBindingStatus {
     /// floating revision (none, a branch, a tag) is pinned to it, and later pods naming the same
     /// revision read this copy until a refresh (another nvsnap.io/cache-salt, the namespace's
     /// refresh label, or the webhook's maximum age of floating revisions) downloads into a new
-    /// binding. Absent for sources without commits and until the download finished.
+    /// binding. Absent for sources without commits and until the download finished. Recorded
+    /// from the complete primary PV (annotation nvsnap.io/model-revision), where the download's
+    /// writer put it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(COMMIT_PATTERN), transform = not_nullable)]
     pub resolved_revision: Option<String>,
@@ -1009,6 +1012,7 @@ mod tests {
                 ("Provider", "string", ".spec.decision.provider"),
                 ("Phase", "string", ".status.phase"),
                 ("Model", "string", ".status.modelUri"),
+                ("Revision", "string", ".status.resolvedRevision"),
                 (
                     "Ready",
                     "string",

@@ -909,6 +909,23 @@ impl Bindings {
                     self.delete_waiting_readers(binding, namespaces).await?;
                 }
                 Action::CreateKeySecret(names) => self.create_key_secret(binding, names).await?,
+                Action::RecordRevision { pv, revision } => {
+                    self.ensure_leader()?;
+                    let api: Api<PersistentVolume> = Api::all(self.client.clone());
+                    update_with_retry(&api, pv, |current| {
+                        let annotations = current.metadata.annotations.clone().unwrap_or_default();
+                        if annotations.contains_key(warmcache_modelvolume::keys::REVISION_ANNOTATION) {
+                            return Decision::Unchanged;
+                        }
+                        let mut next = current.clone();
+                        next.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(
+                            warmcache_modelvolume::keys::REVISION_ANNOTATION.to_owned(),
+                            revision.clone(),
+                        );
+                        Decision::Update(next)
+                    })
+                    .await?;
+                }
                 Action::CreateEncryptedClass(class) => {
                     let api: Api<StorageClass> = Api::all(self.client.clone());
                     if self.create(&api, class.as_ref()).await? {
@@ -1382,6 +1399,7 @@ fn action_label(action: &Action) -> &'static str {
         Action::WriteLease(_) => "write_lease",
         Action::CreateKeySecret(_) => "create_key_secret",
         Action::CreateEncryptedClass(_) => "create_encrypted_class",
+        Action::RecordRevision { .. } => "record_revision",
     }
 }
 

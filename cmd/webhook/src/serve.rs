@@ -235,6 +235,7 @@ async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let mut runtime = Runtime::builder(COMPONENT, args.runtime)
         .version(env!("CARGO_PKG_VERSION"))
         .with_client()
+        .paced_by_admissions()
         .build()
         .await?;
     let metrics = PodMetrics::register(runtime.metrics())?;

@@ -258,17 +258,24 @@ pub fn decide(
                 render(req.pod, &plan, req.options, mode, Some(&uid), pending),
                 &selection,
             );
-            // The commit the copy holds, once the download recorded it.
-            if let Some(revision) = b
+            // The commit the copy holds, once the download recorded it; a value the pod brought
+            // itself is never kept (it would name a commit nobody checked).
+            let annotations = pod
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            match b
                 .status
                 .as_ref()
                 .and_then(|s| s.resolved_revision.as_ref())
                 .filter(|r| crate::handle::is_commit(r))
             {
-                pod.metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(REVISION_ANNOTATION.to_owned(), revision.clone());
+                Some(revision) => {
+                    annotations.insert(REVISION_ANNOTATION.to_owned(), revision.clone());
+                }
+                None => {
+                    annotations.remove(REVISION_ANNOTATION);
+                }
             }
             Verdict::Rewrite(Box::new(Rewrite {
                 pod,
@@ -310,10 +317,14 @@ pub fn decide(
             // Durable, without the binding reference until the binding is stored (`complete`).
             let selection =
                 Selection::durable(workflow, &wanted.spec.decision, &wanted.spec.storage_class);
-            let pod = with_selection(
+            let mut pod = with_selection(
                 render(req.pod, &plan, req.options, mode, None, true),
                 &selection,
             );
+            // A new cache has no commit yet: a value the pod brought itself is not kept.
+            if let Some(a) = pod.metadata.annotations.as_mut() {
+                a.remove(REVISION_ANNOTATION);
+            }
             Verdict::Rewrite(Box::new(Rewrite {
                 pod,
                 binding: BindingAction::Create(Box::new(wanted)),

@@ -217,6 +217,23 @@ pub fn check_joinable(
             ),
         ));
     }
+    // An encrypted copy whose key is gone: no reader could open it.
+    let key_missing = status.is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == crate::lifecycle::DEGRADED
+                && c.status == "True"
+                && c.reason == crate::lifecycle::Reason::EncryptionKeyMissing.as_str()
+        })
+    });
+    if key_missing {
+        return Err(Skip::new(
+            SkipReason::BindingUnavailable,
+            format!(
+                "ModelCacheBinding {} is an encrypted cache whose key Secret is gone (Degraded/EncryptionKeyMissing): no reader could open it; the pod downloads on its own",
+                shown(name)
+            ),
+        ));
+    }
     match binding.metadata.uid.as_deref() {
         Some(uid) if !uid.is_empty() => Ok(uid.to_owned()),
         _ => Err(conflict(

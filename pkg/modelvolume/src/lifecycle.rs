@@ -49,7 +49,7 @@ use warmcache_api_modelcache::v2beta1::{
 use warmcache_api_modelcache::{identity_hash, writer_pvc_name};
 
 use crate::encryption::{self, EncryptionNames};
-use crate::keys::TRACE_PARENT_ANNOTATION;
+use crate::keys::{REVISION_ANNOTATION, TRACE_PARENT_ANNOTATION};
 use crate::lease::{Election, LeaseWrite};
 use crate::step::DownloadStep;
 use crate::view::{self, ViewError};
@@ -276,6 +276,14 @@ pub enum Action {
     /// Create an encrypted cache's StorageClass (AlreadyExists is fine: it is checked on the next
     /// reconcile).
     CreateEncryptedClass(Box<StorageClass>),
+    /// roxReadOnly: record the commit the completed staging Job resolved on the complete primary
+    /// PV ([`REVISION_ANNOTATION`]); only added, never changed.
+    RecordRevision {
+        /// The PV.
+        pv: String,
+        /// The commit.
+        revision: String,
+    },
 }
 
 /// What to do next.
@@ -555,28 +563,53 @@ pub fn measured_bytes(pods: &[&Pod]) -> Option<u64> {
     })
 }
 
-/// The commit a successful writer recorded (`revision=` in the termination message of its
-/// `download` container, or init container in the block flow's staging pod), once it exited 0.
-pub fn resolved_revision(pods: &[&Pod]) -> Option<String> {
-    pods.iter().find_map(|p| {
-        let status = p.status.as_ref()?;
-        status
-            .container_statuses
-            .iter()
-            .flatten()
-            .chain(status.init_container_statuses.iter().flatten())
-            .filter(|c| c.name == WRITER_CONTAINER)
-            .find_map(|c| {
-                let t = c.state.as_ref()?.terminated.as_ref()?;
-                (t.exit_code == 0)
-                    .then(|| {
-                        t.message
-                            .as_deref()
-                            .and_then(writer::revision_from_termination_message)
-                    })
-                    .flatten()
-            })
-    })
+/// The commit the writer of `job` recorded (`revision=` in the termination message of its
+/// `download` container, or init container in the block flow's staging pod, once it exited 0),
+/// read only when `job` has completed and only from pods it owns (by UID): a failed Job's
+/// download (its copy failed, say) or a pod left from an earlier Job of the same name never
+/// names the commit the copy holds.
+pub fn resolved_revision(job: &Job, pods: &[&Pod]) -> Option<String> {
+    if !job_condition(job, "Complete") {
+        return None;
+    }
+    let uid = job.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
+    pods.iter()
+        .filter(|p| {
+            p.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.uid == uid)
+        })
+        .find_map(|p| {
+            let status = p.status.as_ref()?;
+            status
+                .container_statuses
+                .iter()
+                .flatten()
+                .chain(status.init_container_statuses.iter().flatten())
+                .filter(|c| c.name == WRITER_CONTAINER)
+                .find_map(|c| {
+                    let t = c.state.as_ref()?.terminated.as_ref()?;
+                    (t.exit_code == 0)
+                        .then(|| {
+                            t.message
+                                .as_deref()
+                                .and_then(writer::revision_from_termination_message)
+                        })
+                        .flatten()
+                })
+        })
+}
+
+/// The commit a complete primary PV records ([`REVISION_ANNOTATION`]), when it is one.
+pub fn recorded_revision(pv: &PersistentVolume) -> Option<String> {
+    pv.metadata
+        .annotations
+        .as_ref()?
+        .get(REVISION_ANNOTATION)
+        .filter(|r| crate::handle::is_commit(r))
+        .cloned()
 }
 
 /// Whether the primary PV stores the completion labels and Retain.
@@ -724,9 +757,6 @@ pub fn step(obs: &Observed<'_>) -> Step {
     if status.model_uri.is_none() {
         status.model_uri.clone_from(&obs.model_uri);
     }
-    if status.resolved_revision.is_none() {
-        status.resolved_revision = resolved_revision(&obs.job_pods);
-    }
     let mut realized = status.realized.clone().unwrap_or_default();
 
     if retiring {
@@ -756,8 +786,20 @@ pub fn step(obs: &Observed<'_>) -> Step {
     }
     release_stale_writer_claims(obs, &mut out);
     match b.spec.decision.transition {
-        Transition::RwxReadOnly => rwx(obs, &mut realized, &mut status.failure_record, &mut out),
-        Transition::RoxReadOnly => rox(obs, &mut realized, &mut status.failure_record, &mut out),
+        Transition::RwxReadOnly => rwx(
+            obs,
+            &mut realized,
+            &mut status.failure_record,
+            &mut status.resolved_revision,
+            &mut out,
+        ),
+        Transition::RoxReadOnly => rox(
+            obs,
+            &mut realized,
+            &mut status.failure_record,
+            &mut status.resolved_revision,
+            &mut out,
+        ),
     }
     status.realized = Some(realized);
     finish(status, out)
@@ -788,6 +830,7 @@ fn rwx(
     obs: &Observed<'_>,
     realized: &mut RealizedStorage,
     failure: &mut Option<FailureRecord>,
+    revision: &mut Option<String>,
     out: &mut Builder,
 ) {
     let b = obs.binding;
@@ -907,7 +950,7 @@ fn rwx(
 
     // 3. Completion, read from the PV.
     if is_complete(b, primary) {
-        let bytes = record_complete(primary, realized, failure);
+        let bytes = record_complete(primary, realized, failure, revision);
         release_writer_claim(obs, out);
         let pending = views(obs, primary, bytes, &stored_views, realized, out);
         out.set(
@@ -934,6 +977,9 @@ fn rwx(
             let bytes = measured_bytes(&obs.job_pods);
             let source = job.metadata.namespace.as_deref().unwrap_or(writer_ns);
             let (labels, mut annotations) = completion_marks(b, bytes, source);
+            if let Some(commit) = resolved_revision(job, &obs.job_pods) {
+                annotations.insert(REVISION_ANNOTATION.to_owned(), commit);
+            }
             // The completion continues the trace the Job carries.
             if let Some(tp) = job
                 .metadata
@@ -1053,7 +1099,11 @@ fn record_complete(
     primary: &PersistentVolume,
     realized: &mut RealizedStorage,
     failure: &mut Option<FailureRecord>,
+    revision: &mut Option<String>,
 ) -> Option<u64> {
+    if revision.is_none() {
+        *revision = recorded_revision(primary);
+    }
     let bytes = recorded_bytes(primary);
     realized.population_state = Some(PopulationState::Ready);
     *failure = None;
@@ -1085,6 +1135,7 @@ fn rox(
     obs: &Observed<'_>,
     realized: &mut RealizedStorage,
     failure: &mut Option<FailureRecord>,
+    revision: &mut Option<String>,
     out: &mut Builder,
 ) {
     let b = obs.binding;
@@ -1148,7 +1199,19 @@ fn rox(
             degraded(out, Reason::InvalidPrimaryVolume, e.to_string());
             return;
         }
-        let bytes = record_complete(primary, realized, failure);
+        let bytes = record_complete(primary, realized, failure, revision);
+        // The staging Job completes after the copy: the commit its download resolved goes onto
+        // the complete PV then, so a later binding adopting the PV finds it.
+        if recorded_revision(primary).is_none()
+            && let Some(job) = obs.job.filter(|j| job_is_ours(b, j))
+            && let Some(commit) = resolved_revision(job, &obs.job_pods)
+        {
+            revision.get_or_insert_with(|| commit.clone());
+            out.actions.push(Action::RecordRevision {
+                pv: pv_name.clone(),
+                revision: commit,
+            });
+        }
         let words = format!(
             "the model is complete on PersistentVolume {pv_name}{}",
             bytes.map(|n| format!(" ({n} bytes)")).unwrap_or_default()
@@ -1158,15 +1221,18 @@ fn rox(
         if let Some(names) = &encrypted
             && obs.encryption.secret.is_none()
         {
-            out.set(
-                DEGRADED,
-                true,
+            // Readers could not open it: no view, not Ready, and admission leaves new pods on
+            // their own download until the key is back or the volume is gone.
+            degraded(
+                out,
                 Reason::EncryptionKeyMissing,
                 format!(
-                    "the key Secret {}/{} of this encrypted cache is gone: readers cannot open PersistentVolume {pv_name}, and a new key could not either, so none is created (restore the Secret from a backup, or let the cache retire and download again)",
+                    "the key Secret {}/{} of this encrypted cache is gone: PersistentVolume {pv_name} cannot be opened, and a new key could not open it either, so none is created and no reader is served; restore the Secret from a backup, or delete PersistentVolume {pv_name} (the driver cannot delete its storage without the key: remove it on the storage system) so the next download starts over with a new key",
                     names.namespace, names.secret
                 ),
             );
+            out.actions.extend(record);
+            return;
         }
         if let Some(claim) = obs.primary_claim {
             // Bound to the complete PV (else `complete` would be a retained PV and the claim
@@ -2392,21 +2458,28 @@ mod tests {
         assert_eq!(labels[SOURCE_NAMESPACE_LABEL], "team-a");
         assert_eq!(annotations[BYTES_ANNOTATION], "123456");
         assert_eq!(s.status.resolved_revision, None, "no commit recorded");
-        // A download that resolved a commit: recorded with the completion, never changed after.
+        assert!(!annotations.contains_key(REVISION_ANNOTATION));
+        // A download that resolved a commit: it goes onto the PV with the completion, and the
+        // status takes it from the complete PV (so a binding adopting the PV finds it too).
         let sha = "0123456789abcdef0123456789abcdef01234567";
-        let pinned = pod_terminated(0, &format!("123456 revision={sha}"));
-        obs.job_pods = vec![&pinned];
-        assert_eq!(step(&obs).status.resolved_revision.as_deref(), Some(sha));
-        let mut recorded = b.clone();
-        recorded
-            .status
-            .get_or_insert_with(Default::default)
-            .resolved_revision = Some(sha.into());
-        let other = pod_terminated(0, &format!("123456 revision={}", "f".repeat(40)));
-        let mut again = obs.clone();
-        again.binding = &recorded;
-        again.job_pods = vec![&other];
-        assert_eq!(step(&again).status.resolved_revision.as_deref(), Some(sha));
+        let mut ours = job.clone();
+        ours.metadata.uid = Some("job-uid".into());
+        let mut pinned = pod_terminated(0, &format!("123456 revision={sha}"));
+        pinned.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                uid: "job-uid".into(),
+                kind: "Job".into(),
+                ..Default::default()
+            },
+        ]);
+        let mut with_commit = obs.clone();
+        with_commit.job = Some(&ours);
+        with_commit.job_pods = vec![&pinned];
+        let committed = step(&with_commit);
+        let [Action::MarkComplete { annotations: a, .. }] = committed.actions.as_slice() else {
+            panic!("MarkComplete");
+        };
+        assert_eq!(a.get(REVISION_ANNOTATION).map(String::as_str), Some(sha));
         obs.job_pods = vec![&done];
         assert_eq!(population(&s), Some(PopulationState::Populating));
         assert!(!condition(&s, DEGRADED).status);
@@ -3402,6 +3475,75 @@ mod tests {
         claim
     }
 
+    /// The commit a block download resolved: recorded on the complete primary PV once the
+    /// staging Job has completed (only from its own pods), and the status (of this binding, or
+    /// of a later one adopting the retained PV) takes it from the PV.
+    #[test]
+    fn the_resolved_commit_goes_onto_the_block_primary_and_into_the_status() {
+        let config = LifecycleConfig::default();
+        let b = binding(Transition::RoxReadOnly);
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let mut complete = primary_pv();
+        let (l, a) = completion_marks(&b, Some(42), "team-a");
+        complete.metadata.labels = Some(l);
+        complete
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(a);
+        let spec = complete.spec.as_mut().unwrap();
+        spec.persistent_volume_reclaim_policy = Some("Retain".into());
+        spec.claim_ref = None;
+        complete.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: Some("Released".into()),
+            ..Default::default()
+        });
+        let mut job = job_with(&b, Some("Complete"));
+        job.metadata.uid = Some("staging-uid".into());
+        let message = format!("42 revision={sha}");
+        let mut staged = staging_pod((0, &message), Some((0, "")));
+        staged.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                uid: "staging-uid".into(),
+                kind: "Job".into(),
+                ..Default::default()
+            },
+        ]);
+        let mut o = observed(&b, &config);
+        o.retained = vec![&complete];
+        o.job = Some(&job);
+        o.job_pods = vec![&staged];
+        let s = step(&o);
+        assert!(condition(&s, READY).status);
+        assert_eq!(s.status.resolved_revision.as_deref(), Some(sha));
+        assert!(
+            s.actions.contains(&Action::RecordRevision {
+                pv: "pvc-primary".into(),
+                revision: sha.into(),
+            }),
+            "{:?}",
+            s.actions
+        );
+        // Recorded on the PV: no action; a later binding adopting it (no Job) reads it there.
+        let mut recorded = complete.clone();
+        recorded
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(REVISION_ANNOTATION.into(), sha.into());
+        o.retained = vec![&recorded];
+        let s = step(&o);
+        assert!(
+            !s.actions
+                .iter()
+                .any(|a| matches!(a, Action::RecordRevision { .. }))
+        );
+        let mut later = observed(&b, &config);
+        later.retained = vec![&recorded];
+        assert_eq!(step(&later).status.resolved_revision.as_deref(), Some(sha));
+    }
+
     /// An encrypted block cache: the key Secret and the encrypted class come before the staging
     /// Job, derived only from the StorageClass the decision recorded; a foreign Secret or class
     /// stops everything; a key that is gone is never recreated once a primary exists; the
@@ -3544,8 +3686,8 @@ mod tests {
         );
         assert_eq!(condition(&s, READY).reason, Reason::Staging);
 
-        // Complete and retained, the key gone: still Ready (the data is there), Degraded says
-        // readers cannot open it, and no key is created.
+        // Complete and retained, the key gone: not Ready (readers could not open it), no view,
+        // Degraded says so, and no key is created.
         let mut complete = primary_pv();
         let (l, a) = completion_marks(&b, Some(42), "team-a");
         complete.metadata.labels = Some(l);
@@ -3569,14 +3711,12 @@ mod tests {
             class: Some(class),
             base_class: None,
         };
+        o.reader_namespaces = BTreeSet::from(["team-b".to_owned()]);
         let s = step(&o);
-        assert!(condition(&s, READY).status, "{:?}", s.conditions);
+        assert!(!condition(&s, READY).status, "{:?}", s.conditions);
         assert_eq!(condition(&s, DEGRADED).reason, Reason::EncryptionKeyMissing);
-        assert!(
-            !s.actions
-                .iter()
-                .any(|a| matches!(a, Action::CreateKeySecret(_)))
-        );
+        assert!(s.actions.is_empty(), "{:?}", s.actions);
+        assert!(s.status.realized.as_ref().unwrap().views.is_empty());
 
         // A binding that names other objects, or encryption on ReadWriteMany: nothing.
         let mut other = b.clone();
@@ -3988,14 +4128,51 @@ mod tests {
         assert_eq!(measured_bytes(&[&silent]), None);
         assert_eq!(measured_bytes(&[&pod_terminated(0, "42\n")]), Some(42));
         let sha = "0123456789abcdef0123456789abcdef01234567";
-        let pinned = pod_terminated(0, &format!("42 revision={sha}\n"));
+        let b = binding(Transition::RwxReadOnly);
+        let mut done = job_with(&b, Some("Complete"));
+        done.metadata.uid = Some("job-uid-1".into());
+        let owned = |mut p: Pod, uid: &str| {
+            p.metadata.owner_references = Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    uid: uid.into(),
+                    kind: "Job".into(),
+                    ..Default::default()
+                },
+            ]);
+            p
+        };
+        let pinned = owned(
+            pod_terminated(0, &format!("42 revision={sha}\n")),
+            "job-uid-1",
+        );
         assert_eq!(measured_bytes(&[&pinned]), Some(42));
-        assert_eq!(resolved_revision(&[&pinned]).as_deref(), Some(sha));
-        assert_eq!(resolved_revision(&[&pod_terminated(0, "42")]), None);
+        assert_eq!(resolved_revision(&done, &[&pinned]).as_deref(), Some(sha));
+        let plain = owned(pod_terminated(0, "42"), "job-uid-1");
+        assert_eq!(resolved_revision(&done, &[&plain]), None);
+        let failed_writer = owned(
+            pod_terminated(1, &format!("42 revision={sha}")),
+            "job-uid-1",
+        );
         assert_eq!(
-            resolved_revision(&[&pod_terminated(1, &format!("42 revision={sha}"))]),
+            resolved_revision(&done, &[&failed_writer]),
             None,
             "only a writer that exited 0"
+        );
+        let earlier = owned(
+            pod_terminated(0, &format!("42 revision={sha}")),
+            "job-uid-0",
+        );
+        assert_eq!(
+            resolved_revision(&done, &[&earlier]),
+            None,
+            "only the pods of this Job (by UID)"
+        );
+        let mut failed = job_with(&b, Some("Failed"));
+        failed.metadata.uid = Some("job-uid-1".into());
+        assert_eq!(
+            resolved_revision(&failed, &[&pinned]),
+            None,
+            "a failed Job's download never names the copy (its copy may have failed)"
         );
     }
 }

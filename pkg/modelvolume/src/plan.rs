@@ -133,8 +133,12 @@ impl Plan {
         if now == k8s_openapi::jiff::Timestamp::MIN {
             return self;
         }
+        // Each copy's windows are shifted by its own hash, so the copies of a cluster do not all
+        // refresh (download again) at the same instant.
+        let offset =
+            u64::from_str_radix(self.hash.get(..12).unwrap_or_default(), 16).unwrap_or(0) % max_age;
         let seconds = u64::try_from(now.as_second()).unwrap_or(0);
-        let window = format!("w{}", seconds / max_age);
+        let window = format!("w{}", seconds.saturating_add(offset) / max_age);
         let label = self.refresh_label.clone().unwrap_or_default();
         self.handle = self.handle.with_refresh(&[&label, &window]);
         self.identity = BindingIdentity::new(
@@ -1129,7 +1133,15 @@ fn inner_plan(
         step_json,
         traceparent,
         refresh_label,
-        max_age_seconds: options.floating_revision_max_age_seconds,
+        // Pods of one LeaderWorkerSet group must read one commit: a window that turned between
+        // the leader's admission and a worker's would split them, so groups refresh only by salt
+        // or label.
+        max_age_seconds: options.floating_revision_max_age_seconds.filter(|_| {
+            !pod.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(warmcache_modelid::LWS_NAME_LABEL))
+        }),
     })
 }
 

@@ -198,14 +198,19 @@ tmp={WRITER_TMP_PATH}
 words() {{ printf '%s\n' "$1" > /dev/termination-log 2>/dev/null || true; }}
 revision() {{
   r=$(find "$dest" -type f \( -path '*/models--*/refs/*' -o -path '*/.cache/huggingface/download/*.metadata' \) \
-        -exec sh -c 'for f do head -n 1 "$f"; echo; done' nvsnap-revision {{}} + 2>/dev/null \
+        ! -path '*/snapshots/*' ! -path '*/blobs/*' \
+        -exec sh -c 'for f do head -n 1 "$f" | head -c 64; echo; done' nvsnap-revision {{}} + 2>/dev/null \
       | tr -d ' \r\t' | grep -v '^$' | sort -u)
   case "$r" in *[!0-9a-f]*|'') return 0;; esac
   [ ${{#r}} -eq 40 ] && printf '%s' "$r"
   return 0
 }}
 recorded() {{
-  if [ -f "$dest/{REVISION_FILE}" ]; then printf ' revision=%s' "$(head -c 40 "$dest/{REVISION_FILE}")"; fi
+  [ -f "$dest/{REVISION_FILE}" ] || return 0
+  r=$(head -c 41 "$dest/{REVISION_FILE}")
+  case "$r" in *[!0-9a-f]*|'') return 0;; esac
+  [ ${{#r}} -eq 40 ] && printf ' revision=%s' "$r"
+  return 0
 }}
 if [ -e "$dest/{COMPLETE_MARKER}" ]; then
   echo "nvsnap: model already complete"
@@ -228,7 +233,7 @@ if [ "$wait_open" -gt 0 ] 2>/dev/null && [ ! -w "$dest" ]; then
   done
   echo "nvsnap: $dest is writable"
 fi
-rm -f "$dest/{FAILURE_MARKER}"
+rm -f "$dest/{FAILURE_MARKER}" "$dest/{REVISION_FILE}"
 ( "$@"; echo "$?" > "$tmp/rc" ) 2>&1 | tee "$tmp/log"
 rc=$(cat "$tmp/rc" 2>/dev/null || echo 127)
 if [ "$rc" != 0 ]; then
@@ -256,13 +261,11 @@ echo "nvsnap: model complete, $n bytes""#
 /// The byte count a successful writer left in its termination message (`<bytes>[
 /// revision=<commit>]`), if it is one.
 pub fn bytes_from_termination_message(message: &str) -> Option<u64> {
+    // The first word; later `key=value` words (the revision, and what later versions add) do
+    // not change it. A failure's words never start with a number.
     let mut words = message.split_whitespace();
     let bytes = words.next()?.parse().ok()?;
-    match words.next() {
-        None => Some(bytes),
-        Some(w) if w.starts_with("revision=") && words.next().is_none() => Some(bytes),
-        Some(_) => None,
-    }
+    words.all(|w| w.contains('=')).then_some(bytes)
 }
 
 /// The commit a successful writer resolved (`<bytes> revision=<40 lowercase hex>` in its
@@ -858,6 +861,15 @@ mod tests {
         );
         assert_eq!(bytes_from_termination_message("1234 and more"), None);
         assert_eq!(
+            bytes_from_termination_message(&format!("1234 revision={sha} later=1")),
+            Some(1234),
+            "words a later version adds are ignored"
+        );
+        assert_eq!(
+            bytes_from_termination_message("1234 revision=garbage"),
+            Some(1234)
+        );
+        assert_eq!(
             revision_from_termination_message(&format!("x revision={sha}")),
             None
         );
@@ -1088,7 +1100,7 @@ mod tests {
         };
         let a = "0123456789abcdef0123456789abcdef01234567";
         let b = "fedcba9876543210fedcba9876543210fedcba98";
-        let cases: [(&str, String, Option<&str>); 5] = [
+        let cases: [(&str, String, Option<&str>); 6] = [
             (
                 "hub",
                 format!("mkdir -p \"$0/hf/hub/models--org--m/refs\"; printf '{a}' > \"$0/hf/hub/models--org--m/refs/v1\""),
@@ -1108,6 +1120,11 @@ mod tests {
                 "disagree",
                 format!("d=\"$0/.cache/huggingface/download\"; mkdir -p \"$d\"; printf '{a}\\n' > \"$d/x.metadata\"; printf '{b}\\n' > \"$d/y.metadata\""),
                 None,
+            ),
+            (
+                "snapshot-refs",
+                format!("mkdir -p \"$0/hf/hub/models--org--m/refs\" \"$0/hf/hub/models--org--m/snapshots/{a}/refs\"; printf '{a}' > \"$0/hf/hub/models--org--m/refs/main\"; printf 'not a commit\\n' > \"$0/hf/hub/models--org--m/snapshots/{a}/refs/x.txt\""),
+                Some(a),
             ),
             (
                 "garbage",

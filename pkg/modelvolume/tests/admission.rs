@@ -616,6 +616,25 @@ fn bindings_that_may_not_be_joined() {
         SkipReason::BindingRetiring
     );
 
+    // An encrypted copy whose key is gone is never joined.
+    let mut keyless = base.clone();
+    keyless.status.as_mut().unwrap().conditions =
+        vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Degraded".into(),
+            status: "True".into(),
+            reason: "EncryptionKeyMissing".into(),
+            message: "the key Secret is gone".into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+            observed_generation: None,
+        }];
+    let skip = ctx.skip(&engine_pod(), Some(&keyless));
+    assert_eq!(skip.reason, SkipReason::BindingUnavailable);
+    assert!(
+        skip.message.contains("key Secret is gone"),
+        "{}",
+        skip.message
+    );
+
     let mut deleting = base.clone();
     deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
     assert_eq!(
@@ -1753,15 +1772,21 @@ spec:
         .unwrap()
     };
     let day = |d: i64| Timestamp::from_second(d * 86_400 + 3_600).unwrap();
-    let w1 = req(&aged, &floating).at(day(20_000));
-    let w1_later =
-        req(&aged, &floating).at(day(20_000) + k8s_openapi::jiff::SignedDuration::from_hours(20));
-    let w2 = req(&aged, &floating).at(day(20_001));
-    assert_eq!(w1.binding_name(), w1_later.binding_name());
-    assert_ne!(w1.binding_name(), w2.binding_name());
+    // One window per max age (shifted by the copy's own hash, so copies do not all refresh at
+    // once): a max age later is always another window; of three consecutive seconds at least
+    // two share one.
+    let at = |t: Timestamp| req(&aged, &floating).at(t).binding_name().to_owned();
+    let t0 = day(20_000);
+    let second = k8s_openapi::jiff::SignedDuration::from_secs(1);
+    let w1 = req(&aged, &floating).at(t0);
+    assert_ne!(
+        at(t0),
+        at(t0 + k8s_openapi::jiff::SignedDuration::from_hours(24))
+    );
+    assert!(at(t0) == at(t0 + second) || at(t0 + second) == at(t0 + second + second));
     assert_ne!(w1.binding_name(), base_name);
     assert!(
-        w1.handle().to_string().ends_with("&refresh=w20000"),
+        w1.handle().to_string().contains("&refresh=w"),
         "{}",
         w1.handle()
     );
@@ -1781,15 +1806,46 @@ spec:
     };
     let wl = req(&both, &floating).at(day(20_000));
     assert!(
-        wl.handle()
-            .to_string()
-            .ends_with("&refresh=2026-12-06.w20000"),
+        wl.handle().to_string().contains("&refresh=2026-12-06.w"),
         "{}",
         wl.handle()
     );
+    // Pods of a LeaderWorkerSet group get no window (a turn between leader and workers would
+    // split them across commits).
+    let mut member = floating.clone();
+    member
+        .metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LWS_NAME_LABEL.into(), "llm".into());
+    let m = req(&both, &member).at(day(20_000));
+    assert!(
+        m.handle().to_string().ends_with("&refresh=2026-12-06"),
+        "only the label: {}",
+        m.handle()
+    );
 
-    // Joining a binding whose download recorded its commit: the reader carries it.
+    // Joining a binding whose download recorded its commit: the reader carries it; a commit the
+    // pod names itself is never kept.
     let mut stored = common::stored(&created(&base), Some(BindingPhase::Active), None);
+    let mut forged = floating.clone();
+    forged
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(REVISION_ANNOTATION.into(), "f".repeat(40));
+    for binding in [None, Some(&stored)] {
+        let r = ctx.rewrite(&forged, binding);
+        assert!(
+            !r.pod
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(REVISION_ANNOTATION),
+            "{binding:?}"
+        );
+    }
     let joined = ctx.rewrite(&floating, Some(&stored));
     assert!(
         !joined

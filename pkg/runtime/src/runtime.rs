@@ -64,6 +64,7 @@ pub struct Builder {
     given_client: Option<Client>,
     leader: Option<LeaderElectionArgs>,
     telemetry: bool,
+    paced_by_admissions: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -90,6 +91,7 @@ impl Builder {
             given_client: None,
             leader: None,
             telemetry: true,
+            paced_by_admissions: false,
         }
     }
 
@@ -105,6 +107,17 @@ impl Builder {
     #[must_use]
     pub fn with_client(mut self) -> Self {
         self.client = true;
+        self
+    }
+
+    /// For admission webhooks: the requests the component makes while it answers a review (a
+    /// cache miss's create, a lookup) are paced by the reviews the API server sends, not by
+    /// `--kube-api-qps`: a client-side limit there only turns load into admissions that time out
+    /// (and pods admitted unchanged). Its Events keep their own rate-limited client; its watches'
+    /// lists and re-lists go through the unlimited one too.
+    #[must_use]
+    pub fn paced_by_admissions(mut self) -> Self {
+        self.paced_by_admissions = true;
         self
     }
 
@@ -199,7 +212,15 @@ impl Builder {
                 None
             };
             let events_client = build_client(config.clone(), &self.args, &counted, &waits)?;
-            let client = build_client(config, &self.args, &counted, &waits)?;
+            let client = if self.paced_by_admissions {
+                let unlimited = RuntimeArgs {
+                    kube_api_qps: 0.0,
+                    ..self.args.clone()
+                };
+                build_client(config, &unlimited, &counted, &waits)?
+            } else {
+                build_client(config, &self.args, &counted, &waits)?
+            };
             if self.args.kube_api_qps > 0.0 {
                 tracing::info!(
                     qps = self.args.kube_api_qps,

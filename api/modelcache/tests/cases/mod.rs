@@ -711,12 +711,11 @@ pub fn cases() -> Vec<Case> {
             ),
             MSG_RESOLVED_REVISION_IMMUTABLE,
         ),
-        refused_update(
-            "resolvedRevision removed",
+        update(
+            "resolvedRevision dropped by a writer that does not know it",
             Target::Status,
             pinned.clone(),
             active.clone(),
-            MSG_RESOLVED_REVISION_IMMUTABLE,
         ),
     ]);
 
