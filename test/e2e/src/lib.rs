@@ -106,6 +106,47 @@ pub struct Install<'a> {
     pub extra_sets: &'a [&'a str],
 }
 
+/// The control namespace the chart's components use (`controlNamespace.name`'s default).
+pub const CONTROL: &str = "nvca-modelcache-init";
+
+/// The product's image the scenarios build and import (the tag is the scenario's own).
+pub const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
+
+/// The hf-client image the example's client and engine run.
+pub const HF_IMAGE: &str = "warmcache.test/hf-client:1";
+
+/// The ModelCacheBindings of [`CONTROL`], as the black box sees them (no product crate).
+pub fn bindings_api(client: &kube::Client) -> Api<kube::api::DynamicObject> {
+    let gvk =
+        kube::core::GroupVersionKind::gvk("nvca.nvcf.nvidia.io", "v2beta1", "ModelCacheBinding");
+    Api::namespaced_with(
+        client.clone(),
+        CONTROL,
+        &kube::core::ApiResource::from_gvk(&gvk),
+    )
+}
+
+/// What a failed scenario prints: `namespace`'s and the control namespace's reports, each
+/// binding's status, and the pod network's.
+pub async fn scenario_report(client: &kube::Client, namespace: &str, net: &PodNetwork) -> String {
+    let mut out = namespace_report(client, namespace).await;
+    out.push_str(&namespace_report(client, CONTROL).await);
+    let bindings = bindings_api(client)
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for b in bindings {
+        out.push_str(&format!(
+            "binding {}: {}\n",
+            kube::ResourceExt::name_any(&b),
+            serde_json::to_string(&b.data.get("status")).unwrap_or_default()
+        ));
+    }
+    out.push_str(&net.report());
+    out
+}
+
 /// The release and its namespace.
 pub const RELEASE: &str = "warmcache";
 pub const NAMESPACE: &str = "warmcache-system";

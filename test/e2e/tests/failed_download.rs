@@ -17,30 +17,21 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
-    APP_SELECTOR, BINDING_ANNOTATION, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment,
-    install, is_ready, model, webhook_serving,
+    APP_SELECTOR, BINDING_ANNOTATION, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE,
+    READY_TIMEOUT, REPO, bindings_api, example_deployment, install, is_ready, model,
+    scenario_report, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
     ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-    namespace_report,
 };
 
-const CONTROL: &str = "nvca-modelcache-init";
-const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
 const IMAGE_TAG: &str = "e2e";
-const HF_IMAGE: &str = "warmcache.test/hf-client:1";
 const SKIP_REASON_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-skip-reason";
-
-fn bindings_api(client: &Client) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("nvca.nvcf.nvidia.io", "v2beta1", "ModelCacheBinding");
-    Api::namespaced_with(client.clone(), CONTROL, &ApiResource::from_gvk(&gvk))
-}
 
 async fn status(client: &Client) -> Option<Value> {
     let list = bindings_api(client)
@@ -54,14 +45,7 @@ async fn status(client: &Client) -> Option<Value> {
 }
 
 async fn report(client: &Client, ns: &str, net: &PodNetwork) -> String {
-    let mut out = namespace_report(client, ns).await;
-    out.push_str(&namespace_report(client, CONTROL).await);
-    out.push_str(&format!(
-        "binding status: {}\n",
-        serde_json::to_string(&status(client).await).unwrap_or_default()
-    ));
-    out.push_str(&net.report());
-    out
+    scenario_report(client, ns, net).await
 }
 
 async fn app_pods(pods: &Api<Pod>) -> Option<Vec<Pod>> {

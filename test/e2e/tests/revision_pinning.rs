@@ -16,31 +16,22 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_e2e::{
-    APP_SELECTOR, BINDING_ANNOTATION, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment,
-    install, is_ready, model_version, webhook_serving,
+    APP_SELECTOR, BINDING_ANNOTATION, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE,
+    READY_TIMEOUT, REPO, bindings_api, example_deployment, install, is_ready, model_version,
+    scenario_report, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
     ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-    namespace_report,
 };
 
-const CONTROL: &str = "nvca-modelcache-init";
-const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
 const IMAGE_TAG: &str = "e2e";
-const HF_IMAGE: &str = "warmcache.test/hf-client:1";
 const REVISION_ANNOTATION: &str = "nvsnap.io/model-revision";
 const SALT_ANNOTATION: &str = "nvsnap.io/cache-salt";
-
-fn bindings_api(client: &Client) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("nvca.nvcf.nvidia.io", "v2beta1", "ModelCacheBinding");
-    Api::namespaced_with(client.clone(), CONTROL, &ApiResource::from_gvk(&gvk))
-}
 
 /// The Ready pods of the example in `ns`, by name.
 async fn ready(pods: &Api<Pod>) -> Option<Vec<Pod>> {
@@ -57,22 +48,7 @@ async fn ready(pods: &Api<Pod>) -> Option<Vec<Pod>> {
 }
 
 async fn report(client: &Client, ns: &str, net: &PodNetwork) -> String {
-    let mut out = namespace_report(client, ns).await;
-    out.push_str(&namespace_report(client, CONTROL).await);
-    for b in bindings_api(client)
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        out.push_str(&format!(
-            "binding {}: {}\n",
-            b.name_any(),
-            serde_json::to_string(&b.data.get("status")).unwrap_or_default()
-        ));
-    }
-    out.push_str(&net.report());
-    out
+    scenario_report(client, ns, net).await
 }
 
 /// The binding `name`'s `status.resolvedRevision`, once its population is Ready.
