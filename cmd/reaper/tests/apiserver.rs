@@ -1383,6 +1383,12 @@ async fn an_encrypted_caches_class_then_key_go_once_nothing_can_need_them() {
     }))
     .unwrap();
     create(&secrets, &foreign).await;
+    // And a Secret with every label of an encryption object but a name that is not the one its
+    // model label derives: listed by the selector, and still never touched.
+    let mut labelled = secret.clone();
+    let labelled_name = format!("{secret_name}-copy");
+    labelled.metadata.name = Some(labelled_name.clone());
+    create(&secrets, &labelled).await;
     let mut lookalike = class.clone();
     let lookalike_name = format!("{control}-lookalike-sc");
     lookalike.metadata.name = Some(lookalike_name.clone());
@@ -1487,13 +1493,13 @@ async fn an_encrypted_caches_class_then_key_go_once_nothing_can_need_them() {
     // Never touched: the Secret without the labels, the class under a foreign name.
     let report = w.sweep(w.config()).await;
     assert!(
-        report
-            .lines
-            .iter()
-            .all(|l| !l.contains(&foreign_secret) && !l.contains(&lookalike_name)),
+        report.lines.iter().all(|l| !l.contains(&foreign_secret)
+            && !l.contains(&lookalike_name)
+            && !l.contains(&labelled_name)),
         "{report:?}"
     );
     assert!(exists(&secrets, &foreign_secret).await);
+    assert!(exists(&secrets, &labelled_name).await);
     assert!(exists(&classes, &lookalike_name).await);
     classes
         .delete(&lookalike_name, &DeleteParams::default())
