@@ -19,8 +19,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use names::{
-    binding_name, identity_hash, init_lease_name, reader_pvc_name, sha256_digest, writer_job_name,
-    writer_pvc_name,
+    binding_name, identity_hash, init_lease_name, is_identity_hash, reader_pvc_name, sha256_digest,
+    writer_job_name, writer_pvc_name,
 };
 
 /// API group of the ModelCacheBinding resource.

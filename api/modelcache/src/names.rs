@@ -49,6 +49,13 @@ pub fn identity_hash(identity: &BindingIdentity) -> String {
     hex::encode(&digest[..IDENTITY_HASH_BYTES])
 }
 
+/// Whether `hash` has the shape of an [`identity_hash`]: 48 lowercase hex characters (a label
+/// value that could name a cache).
+pub fn is_identity_hash(hash: &str) -> bool {
+    hash.len() == 2 * IDENTITY_HASH_BYTES
+        && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Name of the ModelCacheBinding of `identity`: `model-cache-<identity_hash>` (60 characters).
 pub fn binding_name(identity: &BindingIdentity) -> String {
     format!("{BINDING_NAME_PREFIX}{}", identity_hash(identity))

@@ -2156,6 +2156,27 @@ mod tests {
         c
     }
 
+    /// The primary of `b` as a retained complete PV its released claim left (42 bytes, Retain,
+    /// Released, no claimRef).
+    fn released_complete(b: &ModelCacheBinding) -> PersistentVolume {
+        let mut complete = primary_pv();
+        let (l, a) = completion_marks(b, Some(42), "team-a");
+        complete.metadata.labels = Some(l);
+        complete
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(a);
+        let spec = complete.spec.as_mut().unwrap();
+        spec.persistent_volume_reclaim_policy = Some("Retain".into());
+        spec.claim_ref = None;
+        complete.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+            phase: Some("Released".into()),
+            ..Default::default()
+        });
+        complete
+    }
+
     fn job_with(b: &ModelCacheBinding, condition: Option<&str>) -> Job {
         let mut job = writer::writer_job(b, &init_step(), &[], &WriterOptions::default()).unwrap();
         job.status = condition.map(|c| JobStatus {
@@ -3483,21 +3504,7 @@ mod tests {
         let config = LifecycleConfig::default();
         let b = binding(Transition::RoxReadOnly);
         let sha = "0123456789abcdef0123456789abcdef01234567";
-        let mut complete = primary_pv();
-        let (l, a) = completion_marks(&b, Some(42), "team-a");
-        complete.metadata.labels = Some(l);
-        complete
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .extend(a);
-        let spec = complete.spec.as_mut().unwrap();
-        spec.persistent_volume_reclaim_policy = Some("Retain".into());
-        spec.claim_ref = None;
-        complete.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
-            phase: Some("Released".into()),
-            ..Default::default()
-        });
+        let complete = released_complete(&b);
         let mut job = job_with(&b, Some("Complete"));
         job.metadata.uid = Some("staging-uid".into());
         let message = format!("42 revision={sha}");
@@ -3688,22 +3695,8 @@ mod tests {
 
         // Complete and retained, the key gone: not Ready (readers could not open it), no view,
         // Degraded says so, and no key is created.
-        let mut complete = primary_pv();
-        let (l, a) = completion_marks(&b, Some(42), "team-a");
-        complete.metadata.labels = Some(l);
-        complete
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .extend(a);
-        let spec = complete.spec.as_mut().unwrap();
-        spec.persistent_volume_reclaim_policy = Some("Retain".into());
-        spec.storage_class_name = Some(names.class.clone());
-        spec.claim_ref = None;
-        complete.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
-            phase: Some("Released".into()),
-            ..Default::default()
-        });
+        let mut complete = released_complete(&b);
+        complete.spec.as_mut().unwrap().storage_class_name = Some(names.class.clone());
         o.job = None;
         o.retained = vec![&complete];
         o.encryption = EncryptionObserved {

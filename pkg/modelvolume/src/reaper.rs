@@ -1005,15 +1005,6 @@ impl<'a> EncryptionObject<'a> {
     }
 }
 
-/// Whether `hash` has the shape of [`warmcache_api_modelcache::identity_hash`]: 48 lowercase
-/// hex characters.
-fn is_identity_hash(hash: &str) -> bool {
-    hash.len() == 48
-        && hash
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 /// The identity hash of the cache `object` belongs to, when it is warmcache's encryption object
 /// of the control namespace: labelled `app.kubernetes.io/managed-by=warmcache`,
 /// `nvsnap.io/role=encryption` and `nvsnap.io/model=<hash>` (an identity hash), and named as
@@ -1026,7 +1017,8 @@ pub fn encryption_hash<'a>(object: EncryptionObject<'a>, config: &Config) -> Opt
     if !is_ours(meta, None) || label(meta, VOLUME_ROLE_LABEL) != Some(ROLE_ENCRYPTION) {
         return None;
     }
-    let hash = label(meta, MODEL_LABEL).filter(|h| is_identity_hash(h))?;
+    let hash =
+        label(meta, MODEL_LABEL).filter(|h| warmcache_api_modelcache::is_identity_hash(h))?;
     let name = meta.name.as_deref()?;
     let secret = secret_name(hash);
     let control = config.control_namespace.as_str();

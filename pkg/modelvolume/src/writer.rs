@@ -1022,33 +1022,49 @@ mod tests {
         dir
     }
 
+    /// A landing, a scratch directory and a termination log under `root` for the writer script
+    /// run for real by /bin/sh (as root or not: the caller's user).
+    struct Sandbox {
+        dest: std::path::PathBuf,
+        script: String,
+    }
+
+    impl Sandbox {
+        fn new(root: &std::path::Path) -> Self {
+            let (dest, tmp) = (root.join("dest"), root.join("tmp"));
+            std::fs::create_dir_all(&dest).unwrap();
+            std::fs::create_dir_all(&tmp).unwrap();
+            let script = writer_script()
+                .replace(WRITER_TMP_PATH, tmp.to_str().unwrap())
+                .replace("/dev/termination-log", root.join("term").to_str().unwrap());
+            Self { dest, script }
+        }
+
+        /// The script on `argv` (the download command), as the writer Job runs it.
+        fn run(&self, argv: &[&str]) -> std::process::Output {
+            std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(&self.script)
+                .arg("nvsnap-writer")
+                .arg(&self.dest)
+                .args(argv)
+                .output()
+                .unwrap()
+        }
+    }
+
     /// The wrapper, run for real by /bin/sh: success writes the byte count into the marker and
     /// the termination message; failure writes the failure marker with the last words; a
     /// complete cache is not downloaded again.
     #[test]
     fn the_wrapper_script_runs() {
-        use std::process::Command;
         let Ok(dir) = std::env::temp_dir().canonicalize() else {
             return;
         };
         let root = dir.join(format!("writer-script-{}", std::process::id()));
-        let dest = root.join("dest");
-        let tmp = root.join("tmp");
-        std::fs::create_dir_all(&dest).unwrap();
-        std::fs::create_dir_all(&tmp).unwrap();
-        let script = writer_script()
-            .replace(WRITER_TMP_PATH, tmp.to_str().unwrap())
-            .replace("/dev/termination-log", root.join("term").to_str().unwrap());
-        let run = |argv: &[&str]| {
-            Command::new("/bin/sh")
-                .arg("-c")
-                .arg(&script)
-                .arg("nvsnap-writer")
-                .arg(&dest)
-                .args(argv)
-                .output()
-                .unwrap()
-        };
+        let sandbox = Sandbox::new(&root);
+        let dest = sandbox.dest.clone();
+        let run = |argv: &[&str]| sandbox.run(argv);
         std::fs::write(dest.join(FAILURE_MARKER), "old").unwrap();
         let fail = run(&[
             "sh",
@@ -1094,7 +1110,6 @@ mod tests {
     /// message carries it after the bytes, and a complete landing repeats it.
     #[test]
     fn the_wrapper_records_the_commit_a_download_resolved() {
-        use std::process::Command;
         let Ok(dir) = std::env::temp_dir().canonicalize() else {
             return;
         };
@@ -1135,22 +1150,9 @@ mod tests {
         for (name, download, want) in cases {
             let root = dir.join(format!("writer-rev-{name}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&root);
-            let (dest, tmp) = (root.join("dest"), root.join("tmp"));
-            std::fs::create_dir_all(&dest).unwrap();
-            std::fs::create_dir_all(&tmp).unwrap();
-            let script = writer_script()
-                .replace(WRITER_TMP_PATH, tmp.to_str().unwrap())
-                .replace("/dev/termination-log", root.join("term").to_str().unwrap());
-            let run = |argv: &[&str]| {
-                Command::new("/bin/sh")
-                    .arg("-c")
-                    .arg(&script)
-                    .arg("nvsnap-writer")
-                    .arg(&dest)
-                    .args(argv)
-                    .output()
-                    .unwrap()
-            };
+            let sandbox = Sandbox::new(&root);
+            let dest = sandbox.dest.clone();
+            let run = |argv: &[&str]| sandbox.run(argv);
             let ok = run(&["sh", "-c", &download, dest.to_str().unwrap()]);
             assert!(ok.status.success(), "{name}: {ok:?}");
             let term = std::fs::read_to_string(root.join("term")).unwrap();
