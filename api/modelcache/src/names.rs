@@ -126,6 +126,20 @@ mod tests {
     }
 
     #[test]
+    fn only_an_identity_hash_shape_is_one() {
+        let hash = identity_hash(&BindingIdentity::new(
+            crate::v2beta1::Workflow::HelmModelCache,
+            "domain",
+            "hf://org/m?layout=hub",
+        ));
+        assert!(is_identity_hash(&hash));
+        assert!(!is_identity_hash(&hash.to_uppercase()));
+        assert!(!is_identity_hash(&hash[..47]));
+        assert!(!is_identity_hash(&format!("{hash}0")));
+        assert!(!is_identity_hash(&format!("{}g", &hash[..47])));
+    }
+
+    #[test]
     fn identity_hash_is_first_24_bytes_of_sha256_of_the_identity() {
         let identity = id(
             Workflow::RegularModelCache,
