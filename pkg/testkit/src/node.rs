@@ -599,6 +599,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     )
 }
 
+/// The kubelet's configuration. Its disk eviction signals are off ("0%" disables a signal) and
+/// image garbage collection waits for a full disk: this node never pulls, so an image the kubelet
+/// reclaims under disk pressure (the sandbox image between pods first) is gone for the rest of
+/// the test, and a nearly full build machine then fails every pod with an unrelated pull error.
+/// A full disk still fails loudly (ENOSPC).
 fn kubelet_config(dir: &Path, socket: &Path, port: u16, healthz_port: u16) -> String {
     let d = dir.display();
     let s = socket.display();
@@ -631,7 +636,7 @@ resolvConf: "{d}/resolv.conf"
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+evictionHard: {{memory.available: "100Mi", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%", imagefs.inodesFree: "0%"}}
 maxPods: 110
 rotateCertificates: false
 serverTLSBootstrap: false

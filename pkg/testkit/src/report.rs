@@ -1,12 +1,14 @@
 //! What a failing real-node test needs to say: every pod of a namespace with its conditions,
-//! container states and the tail of each container's logs, and the namespace's recent Events.
+//! container states and the tail of each container's logs, the namespace's recent Events, and
+//! each node's conditions and taints (a pressure condition explains pods that never start).
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, LogParams};
 use kube::{Client, ResourceExt};
 
 /// Pods (phase, IP, conditions, container states, the last 25 log lines of each container, of
-/// its previous run too) and the last 40 Events of `namespace`, as text.
+/// its previous run too) and the last 40 Events of `namespace`, then every node's conditions and
+/// taints, as text.
 pub async fn namespace_report(client: &Client, namespace: &str) -> String {
     let mut out = format!("--- namespace {namespace}\n");
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -80,6 +82,42 @@ pub async fn namespace_report(client: &Client, namespace: &str) -> String {
             e.type_.clone().unwrap_or_default(),
             e.reason.clone().unwrap_or_default(),
             e.message.clone().unwrap_or_default()
+        ));
+    }
+    out.push_str(&nodes_report(client).await);
+    out
+}
+
+/// Each node's conditions (type=status reason) and taints, a line each.
+async fn nodes_report(client: &Client) -> String {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mut out = String::new();
+    for node in nodes {
+        let spec = node.spec.clone().unwrap_or_default();
+        let status = node.status.clone().unwrap_or_default();
+        out.push_str(&format!(
+            "node {}: conditions {:?}, taints {:?}\n",
+            node.name_any(),
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| format!(
+                    "{}={} {}",
+                    c.type_,
+                    c.status,
+                    c.reason.clone().unwrap_or_default()
+                ))
+                .collect::<Vec<_>>(),
+            spec.taints
+                .iter()
+                .flatten()
+                .map(|t| format!("{}:{}", t.key, t.effect))
+                .collect::<Vec<_>>()
         ));
     }
     out
