@@ -25,6 +25,9 @@ for tool in cargo python3 sh flock; do
   command -v "$tool" >/dev/null 2>&1 || { echo "hack/test.sh: $tool is required and not on PATH" >&2; exit 1; }
 done
 echo "$(cargo --version); $(python3 --version)"
+# The build and the real node's images take about 20 GiB; say how much there is, since a nearly
+# full disk shows up much later as unrelated-looking failures.
+df -h . "${TMPDIR:-/tmp}" 2>/dev/null || true
 
 step "control plane binaries (etcd, kube-apiserver, kube-controller-manager)"
 if [ -n "${WARMCACHE_CONTROL_PLANE_BIN:-}" ] && [ -x "$WARMCACHE_CONTROL_PLANE_BIN/kube-apiserver" ] \
