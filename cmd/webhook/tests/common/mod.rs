@@ -328,6 +328,11 @@ impl Served {
         namespace(client, prefix, &all).await
     }
 
+    /// The `webhook serve` process's PID (its memory, for the scale benchmark).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn bindings(&self, client: &Client) -> Api<ModelCacheBinding> {
         Api::namespaced(client.clone(), &self.control)
     }

@@ -1,0 +1,513 @@
+//! Scale on the real API server (issue 17 item 7): many models, many pods, the `webhook serve`
+//! process and the `binding-controller controller` process each running as its ServiceAccount
+//! (the chart's generated roles, the default client rate limits), and the test kit's kubelet
+//! simulation marking every pod Running as a kubelet would.
+//!
+//! `SCALE_MODELS` models (default 1,000) with `SCALE_PODS_PER_MODEL` bare pods each (default
+//! 20, so 20,000 pods) in `SCALE_NAMESPACES` namespaces of one sharing domain (default 20): pod
+//! `r` of model `m` lives in namespace `(m + r) % SCALE_NAMESPACES`, and pods are created a
+//! round of models at a time (every model's first pod, then every model's second, ...), so each
+//! model's first admission creates its binding and the rest join it, as a fleet scaling up does.
+//! `SCALE_CONCURRENCY` creates are in flight at once (default 64). Two phases: the cold start
+//! (every model's first pod: the bindings are created, the controller creates each one's claim
+//! and Job), then, once every first pod's reference is recorded, the scale-up (every other pod
+//! joins an existing binding). Measured:
+//!
+//! - pod create latency (p50, p99) and throughput, against the same pods in namespaces the
+//!   webhook is not called for (the baseline, first, in the same run), printed as ratios;
+//! - time to steady state of each phase: from its first create until every rewritten pod's
+//!   reference is in its binding's `status.requestReferences`;
+//! - per pod, from its create returning to its reference first showing in its binding (a watch
+//!   of the bindings): p50, p99, max, per phase (target: p99 under 1 s);
+//! - resident memory of both processes at steady state (VmRSS) and their peak (VmHWM) (target:
+//!   at most 256 MiB at 100,000 pods).
+//!
+//! The binding controller is the release binary beside this benchmark's:
+//!
+//! ```sh
+//! cargo build --release -p warmcache-binding-controller
+//! cargo bench -p warmcache-webhook --bench scale
+//! SCALE_MODELS=10000 SCALE_PODS_PER_MODEL=10 cargo bench -p warmcache-webhook --bench scale
+//! ```
+//!
+//! `SCALE_CONTROLLER_QPS` sets the controller's `--kube-api-qps` (its burst twice that; `0`
+//! turns the client-side limit off); unset, the component's default applies, as in the chart.
+//!
+//! Nothing is asserted about time (the numbers go to docs/benchmarks.md); the run fails when the
+//! product does the wrong thing: a pod not rewritten, a binding missing, a reference never
+//! recorded.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use warmcache_api_modelcache::SHARING_DOMAIN_LABEL;
+use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
+use warmcache_modelvolume::keys::BINDING_ANNOTATION;
+use warmcache_testkit::{ComponentAccount, ControlPlane, Kubelet, built_binaries_dir, eventually};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v}: not a count: {e}")),
+        Err(_) => default,
+    }
+}
+
+/// Pod `replica` of model `model`: vLLM downloading `bench/model-<model>` by itself.
+fn model_pod(model: usize, replica: usize) -> Pod {
+    pod(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": format!("m{model}-r{replica}"), "labels": {"app": "scale"}},
+        "spec": {
+            "containers": [{
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.20.0",
+                "args": ["--model", format!("bench/model-{model}")],
+                "env": [{"name": "HF_HOME", "value": "/models/hf"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "volumeMounts": [{"name": "m", "mountPath": "/models"}]
+            }],
+            "volumes": [{"name": "m", "emptyDir": {}}]
+        }
+    }))
+}
+
+/// The pods in creation order: round `r` creates every model's pod `r`.
+fn plan(models: usize, per_model: usize, namespaces: &[String]) -> Vec<(String, Pod)> {
+    (0..per_model)
+        .flat_map(|r| {
+            (0..models).map(move |m| (namespaces[(m + r) % namespaces.len()].clone(), (m, r)))
+        })
+        .map(|(ns, (m, r))| (ns, model_pod(m, r)))
+        .collect()
+}
+
+/// One created pod: its UID, whether the webhook rewrote it, when its create returned and how
+/// long the create took.
+struct Created {
+    uid: String,
+    rewritten: bool,
+    returned: Instant,
+    latency: Duration,
+}
+
+/// Creates `pods`, `concurrency` at a time, each marked Running by the kubelet simulation once
+/// created.
+async fn create_all(client: &Client, pods: Vec<(String, Pod)>, concurrency: usize) -> Vec<Created> {
+    let kubelet = Kubelet::new(client.clone());
+    futures::stream::iter(pods)
+        .map(|(ns, pod)| {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let kubelet = kubelet.clone();
+            async move {
+                let started = Instant::now();
+                let created = api
+                    .create(&PostParams::default(), &pod)
+                    .await
+                    .expect("pod creation is never blocked");
+                let returned = Instant::now();
+                kubelet
+                    .set_running(&ns, &created.name_any())
+                    .await
+                    .expect("the kubelet simulation marks the pod Running");
+                Created {
+                    uid: created.uid().unwrap_or_default(),
+                    rewritten: created.annotations().contains_key(BINDING_ANNOTATION),
+                    returned,
+                    latency: returned - started,
+                }
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+/// The sum of a component's `<prefix>_api_requests_total` series.
+fn api_requests(metrics: &str, prefix: &str) -> f64 {
+    let name = format!("{prefix}_api_requests_total{{");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&name))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// VmRSS and VmHWM of `pid`, in MiB.
+fn memory_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("process {pid} is gone: {e}"));
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map(|kib| kib / 1024.0)
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The binding controller as a process of its own, as the chart's ServiceAccount.
+struct Controller {
+    child: Child,
+    admin: std::net::SocketAddr,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    _account: ComponentAccount,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Controller {
+    async fn start(
+        plane: &ControlPlane,
+        client: &Client,
+        control: &str,
+        qps: Option<usize>,
+    ) -> Controller {
+        let binary = built_binaries_dir().unwrap().join("binding-controller");
+        assert!(
+            binary.is_file(),
+            "{} is missing: cargo build --release -p warmcache-binding-controller",
+            binary.display()
+        );
+        let home = namespace(client, "sc-bc", &[]).await;
+        let account = ComponentAccount::create(plane, client, "binding-controller", &home, control)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("binding-controller.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let admin: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let child = Command::new(&binary)
+            .arg("controller")
+            .arg("--kubeconfig")
+            .arg(account.kubeconfig_path())
+            .args(["--control-namespace", control])
+            .args(["--admin-listen", &admin.to_string()])
+            .args(["--leader-elect=false", "--log-format", "plain"])
+            .args(qps.iter().flat_map(|q| {
+                [
+                    "--kube-api-qps".to_owned(),
+                    q.to_string(),
+                    "--kube-api-burst".to_owned(),
+                    (q * 2).max(1).to_string(),
+                ]
+            }))
+            .env("OTEL_SDK_DISABLED", "true")
+            .env_remove("POD_NAMESPACE")
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let controller = Controller {
+            child,
+            admin,
+            log,
+            _dir: dir,
+            _account: account,
+        };
+        let ready = eventually("the binding controller's /readyz", TIMEOUT, || async move {
+            matches!(http_get(admin, "/readyz").await, Some((200, _))).then_some(())
+        })
+        .await;
+        if ready.is_err() {
+            panic!(
+                "the binding controller never became ready:\n{}",
+                std::fs::read_to_string(&controller.log).unwrap_or_default()
+            );
+        }
+        controller
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    async fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+/// Watches the bindings of `control` and notes when each reference UID first shows.
+fn watch_references(client: &Client, control: &str) -> Arc<Mutex<HashMap<String, Instant>>> {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let api: Api<ModelCacheBinding> = Api::namespaced(client.clone(), control);
+    let into = seen.clone();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+        while let Ok(Some(event)) = events.try_next().await {
+            let now = Instant::now();
+            let bindings: Vec<ModelCacheBinding> = match event {
+                watcher::Event::Apply(b) | watcher::Event::InitApply(b) => vec![b],
+                _ => Vec::new(),
+            };
+            let mut seen = into.lock().unwrap();
+            for b in bindings {
+                for r in b.status.iter().flat_map(|s| &s.request_references) {
+                    seen.entry(r.uid.clone()).or_insert(now);
+                }
+            }
+        }
+    });
+    seen
+}
+
+/// One phase's pods and what they gave.
+struct Phase {
+    name: &'static str,
+    created: Vec<Created>,
+    created_took: Duration,
+    steady_after: Duration,
+    /// Per pod, create returned -> reference first seen, sorted.
+    to_reference: Vec<Duration>,
+}
+
+/// Creates `pods` (every one must be rewritten), then waits until each one's reference shows in
+/// its binding.
+async fn phase(
+    name: &'static str,
+    client: &Client,
+    pods: Vec<(String, Pod)>,
+    concurrency: usize,
+    seen: &Arc<Mutex<HashMap<String, Instant>>>,
+    controller: &Controller,
+) -> Phase {
+    let count = pods.len();
+    let started = Instant::now();
+    let created = create_all(client, pods, concurrency).await;
+    let created_took = started.elapsed();
+    let not_rewritten = created.iter().filter(|c| !c.rewritten).count();
+    assert_eq!(
+        not_rewritten, 0,
+        "{name}: every pod reads its model's binding ({not_rewritten} of {count} not rewritten)"
+    );
+    println!(
+        "{name}: {count} pods created and marked Running in {:.1} s",
+        created_took.as_secs_f64()
+    );
+    let wanted: Vec<String> = created.iter().map(|c| c.uid.clone()).collect();
+    let recorded = eventually(
+        &format!("{name}: every pod's reference recorded in its binding"),
+        Duration::from_secs(3600),
+        || {
+            let (seen, wanted) = (seen.clone(), &wanted);
+            async move {
+                let seen = seen.lock().unwrap();
+                wanted
+                    .iter()
+                    .map(|uid| seen.get(uid).copied())
+                    .collect::<Option<Vec<Instant>>>()
+            }
+        },
+    )
+    .await;
+    let steady_after = started.elapsed();
+    let at = match recorded {
+        Ok(at) => at,
+        Err(e) => panic!("{e}\n--- binding controller:\n{}", controller.log_tail()),
+    };
+    let mut to_reference: Vec<Duration> = created
+        .iter()
+        .zip(at)
+        .map(|(c, at)| at.saturating_duration_since(c.returned))
+        .collect();
+    to_reference.sort();
+    Phase {
+        name,
+        created,
+        created_took,
+        steady_after,
+        to_reference,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let models = env_usize("SCALE_MODELS", 1000);
+    let per_model = env_usize("SCALE_PODS_PER_MODEL", 20);
+    let namespace_count = env_usize("SCALE_NAMESPACES", 20).max(1);
+    let concurrency = env_usize("SCALE_CONCURRENCY", 64).max(1);
+    let total = models * per_model;
+    println!(
+        "scale: {models} models x {per_model} pods = {total} pods in {namespace_count} namespaces, {concurrency} creates in flight, controller --kube-api-qps {}",
+        std::env::var("SCALE_CONTROLLER_QPS").unwrap_or_else(|_| "default".into())
+    );
+
+    let plane = ControlPlane::shared().await.unwrap();
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let qps = std::env::var("SCALE_CONTROLLER_QPS")
+        .ok()
+        .map(|v| v.parse::<usize>().expect("SCALE_CONTROLLER_QPS: a count"));
+    let controller = Controller::start(plane, &client, &served.control, qps).await;
+
+    // Baseline: the same pods where the webhook is not called (warmcache disabled for them).
+    let mut plain = Vec::new();
+    for _ in 0..namespace_count {
+        plain.push(namespace(&client, "sc-base", &[]).await);
+    }
+    let started = Instant::now();
+    let baseline = create_all(&client, plan(models, per_model, &plain), concurrency).await;
+    let baseline_took = started.elapsed();
+    println!(
+        "baseline: {total} pods created and marked Running in {:.1} s",
+        baseline_took.as_secs_f64()
+    );
+
+    // With warmcache: one sharing domain over every namespace.
+    let domain = unique("scale");
+    let mut namespaces = Vec::new();
+    for _ in 0..namespace_count {
+        namespaces.push(
+            served
+                .namespace(&client, "sc", &[(SHARING_DOMAIN_LABEL, domain.as_str())])
+                .await,
+        );
+    }
+    let seen = watch_references(&client, &served.control);
+    let (cold_plan, warm_plan): (Vec<_>, Vec<_>) = plan(models, per_model, &namespaces)
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| *i < models);
+    let strip = |p: Vec<(usize, (String, Pod))>| p.into_iter().map(|(_, p)| p).collect::<Vec<_>>();
+    let cold = phase(
+        "cold start (each model's first pod)",
+        &client,
+        strip(cold_plan),
+        concurrency,
+        &seen,
+        &controller,
+    )
+    .await;
+    let warm = phase(
+        "scale-up (the other pods join)",
+        &client,
+        strip(warm_plan),
+        concurrency,
+        &seen,
+        &controller,
+    )
+    .await;
+    let (webhook_rss, webhook_hwm) = memory_mib(served.pid());
+    let (controller_rss, controller_hwm) = memory_mib(controller.pid());
+    let webhook_requests = api_requests(&served.metrics().await, "warmcache_webhook");
+    let controller_metrics = controller.metrics().await;
+    let controller_requests = api_requests(&controller_metrics, "warmcache_binding_controller");
+    if std::env::var_os("SCALE_SHOW_REQUESTS").is_some() {
+        for line in controller_metrics
+            .lines()
+            .filter(|l| l.starts_with("warmcache_binding_controller_api_requests_total{"))
+        {
+            println!("{line}");
+        }
+    }
+    let bindings = served
+        .bindings(&client)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(bindings.items.len(), models, "one binding per model");
+
+    let mut base: Vec<Duration> = baseline.iter().map(|c| c.latency).collect();
+    base.sort();
+    let mut with: Vec<Duration> = cold
+        .created
+        .iter()
+        .chain(&warm.created)
+        .map(|c| c.latency)
+        .collect();
+    with.sort();
+    let with_took = cold.created_took + warm.created_took;
+
+    println!();
+    println!("| | with warmcache | without | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| pod create p50 / p99 | {} / {} ms | {} / {} ms | {:.2}x / {:.2}x |",
+        ms(percentile(&with, 0.5)),
+        ms(percentile(&with, 0.99)),
+        ms(percentile(&base, 0.5)),
+        ms(percentile(&base, 0.99)),
+        percentile(&with, 0.5).as_secs_f64() / percentile(&base, 0.5).as_secs_f64(),
+        percentile(&with, 0.99).as_secs_f64() / percentile(&base, 0.99).as_secs_f64(),
+    );
+    println!(
+        "| {total} pods created and Running | {:.1} s | {:.1} s | {:.2}x |",
+        with_took.as_secs_f64(),
+        baseline_took.as_secs_f64(),
+        with_took.as_secs_f64() / baseline_took.as_secs_f64()
+    );
+    for p in [&cold, &warm] {
+        println!(
+            "| {}: {} pods, steady (every reference recorded) after | {:.1} s | - | |",
+            p.name,
+            p.created.len(),
+            p.steady_after.as_secs_f64()
+        );
+        println!(
+            "| {}: create returned -> reference recorded p50 / p99 / max | {} / {} / {} ms (target p99 < 1000) | - | |",
+            p.name,
+            ms(percentile(&p.to_reference, 0.5)),
+            ms(percentile(&p.to_reference, 0.99)),
+            ms(*p.to_reference.last().unwrap()),
+        );
+    }
+    println!("| webhook memory: now / peak | {webhook_rss:.0} / {webhook_hwm:.0} MiB | - | |");
+    println!(
+        "| binding controller memory: now / peak | {controller_rss:.0} / {controller_hwm:.0} MiB | - | |"
+    );
+    println!(
+        "| bindings | {} (one per model) | - | |",
+        bindings.items.len()
+    );
+    println!(
+        "| API requests per pod: webhook / binding controller | {:.3} / {:.3} | - | |",
+        webhook_requests / total as f64,
+        controller_requests / total as f64
+    );
+
+    served.stop(&client).await;
+    drop(controller);
+}
