@@ -595,23 +595,31 @@ impl Bindings {
 
     /// The first object under one of `binding`'s names that is not in the caches (which hold
     /// only objects labelled as warmcache's) but exists without this binding's label: a claim
-    /// or PV someone else created under our name. Only names missing from the caches are read.
+    /// or PV someone else created under our name. Only names missing from the caches are read,
+    /// and the writer view's names only while `writer_view_possible` (a bound primary not yet
+    /// complete, the only time the writer view is created): otherwise a binding waiting for its
+    /// claim to bind, or Ready with its writer view retired, would read both on every
+    /// reconcile (two requests per pod event under the client's rate limit, measured by the
+    /// scale benchmark). A create under a name that turns out to be taken is refused anyway
+    /// (`create_claim`, `create_pv`).
     async fn foreign_object(
         &self,
         binding: &ModelCacheBinding,
         writer_ns: &str,
+        writer_view_possible: bool,
     ) -> Result<Option<String>, Failure> {
         let identity = &binding.spec.identity;
         let name = binding.name_any();
         let writer_ns = writer_ns.to_owned();
-        let mut claims = vec![
-            (
-                self.settings.control_namespace.clone(),
-                writer_pvc_name(identity),
-            ),
-            (writer_ns.clone(), writer_pvc_name(identity)),
-        ];
-        let mut volumes = vec![view::writer_view_pv_name_in(binding, &writer_ns)];
+        let mut claims = vec![(
+            self.settings.control_namespace.clone(),
+            writer_pvc_name(identity),
+        )];
+        let mut volumes = Vec::new();
+        if writer_view_possible {
+            claims.push((writer_ns.clone(), writer_pvc_name(identity)));
+            volumes.push(view::writer_view_pv_name_in(binding, &writer_ns));
+        }
         for v in binding
             .status
             .iter()
@@ -1434,12 +1442,6 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let writer = self.election(b, &pods).await?;
             let writer_ns = writer.namespace.clone();
             let step = self.step_source(&writer_ns, &pods).await?;
-            let mut foreign = self.foreign_object(b, &writer_ns).await?;
-            if foreign.is_none()
-                && let LeaseView::Foreign(what) = lease::view(b, self.lease(b).as_deref())
-            {
-                foreign = Some(what);
-            }
             let previous_writer_claim = writer
                 .previous
                 .as_ref()
@@ -1460,6 +1462,17 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 }
                 None => None,
             };
+            let writer_view_possible = primary_pv
+                .as_ref()
+                .is_some_and(|pv| !lifecycle::is_complete(b, pv));
+            let mut foreign = self
+                .foreign_object(b, &writer_ns, writer_view_possible)
+                .await?;
+            if foreign.is_none()
+                && let LeaseView::Foreign(what) = lease::view(b, self.lease(b).as_deref())
+            {
+                foreign = Some(what);
+            }
             let writer_view_pv = self.volume(&view::writer_view_pv_name_in(b, &writer_ns));
             let hash = warmcache_api_modelcache::identity_hash(identity);
             let mut retained: Vec<Arc<PersistentVolume>> = if primary_claim.is_none() {
