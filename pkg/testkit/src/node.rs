@@ -637,7 +637,7 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {{memory.available: "100Mi", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%", imagefs.inodesFree: "0%"}}
-maxPods: 110
+maxPods: 250
 rotateCertificates: false
 serverTLSBootstrap: false
 nodeStatusUpdateFrequency: 2s

@@ -1,0 +1,242 @@
+//! Download once at scale, on the real node (issue 17 item 7): `E2E_SCALE_PODS` pods (default
+//! 200) of the unmodified example Deployment in `E2E_SCALE_NAMESPACES` namespaces (default 20)
+//! of one sharing domain, against the same pods in namespaces that opted out of warmcache
+//! (`nvca.nvcf.nvidia.io/model-cache-opt-out=true`: every pod runs its own `hf download`, as
+//! without warmcache), measured side by side in one run: download Jobs created (target 1), bytes
+//! the simulated Hub served (target 1x the model, against one model per pod), and the time until
+//! every pod is Ready. The opted-out run goes first and is scaled to zero before the warmcache
+//! run, so the node holds one run's pods at a time.
+//!
+//! ```sh
+//! cargo build --bins
+//! cargo bench -p warmcache-e2e --bench download_once_at_scale
+//! E2E_SCALE_PODS=40 E2E_SCALE_NAMESPACES=4 cargo bench -p warmcache-e2e --bench download_once_at_scale
+//! ```
+//!
+//! The node and Hub are the test kit's (as in `tests/download_once.rs`); the model is small
+//! (`E2E_SCALE_MODEL_BYTES`, default 4 MiB of weights) so that the opted-out run's downloads
+//! measure the fan-out, not the link. What is asserted is what the numbers rest on: every pod
+//! Ready, one binding; the numbers go to docs/benchmarks.md.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use warmcache_e2e::{
+    APP_SELECTOR, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE, REPO, bindings_api,
+    example_deployment, install, model, ready_pods, scenario_report, webhook_serving,
+};
+use warmcache_test_sources::hub::{Hub, HubOptions};
+use warmcache_testkit::{
+    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
+};
+
+const IMAGE_TAG: &str = "e2e-scale";
+const OPT_OUT: &str = "nvca.nvcf.nvidia.io/model-cache-opt-out";
+const DOMAIN_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-sharing-domain";
+const TIMEOUT: Duration = Duration::from_secs(1800);
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v}: not a number: {e}")),
+        Err(_) => default,
+    }
+}
+
+/// One run: its namespaces (created with `labels`), the Deployment in each with its share of
+/// `pods`, until every pod is Ready; the time that took.
+async fn run(
+    client: &Client,
+    net: &PodNetwork,
+    workload: &Deployment,
+    prefix: &str,
+    labels: &[(&str, &str)],
+    namespaces: u64,
+    pods: u64,
+) -> (Vec<TestNamespace>, Duration) {
+    let mut created = Vec::new();
+    for _ in 0..namespaces {
+        created.push(TestNamespace::with_labels(prefix, labels).await.unwrap());
+    }
+    let names: Vec<String> = created.iter().map(|n| n.name.clone()).collect();
+    let started = Instant::now();
+    for (i, ns) in created.iter().enumerate() {
+        // The pods split as evenly as they go: the first `pods % namespaces` get one more.
+        let share = pods / namespaces + u64::from((i as u64) < pods % namespaces);
+        let mut deployment = workload.clone();
+        deployment.spec.replicas = Some(i32::try_from(share).unwrap());
+        ns.api::<Deployment>()
+            .create(&PostParams::default(), &deployment)
+            .await
+            .unwrap();
+    }
+    let ready = eventually(&format!("{pods} pods Ready ({prefix})"), TIMEOUT, || {
+        let (client, names) = (client.clone(), names.clone());
+        async move { (ready_pods(&client, &names).await? as u64 == pods).then_some(()) }
+    })
+    .await;
+    if ready.is_err() {
+        panic!(
+            "not every pod became Ready ({prefix})\n{}",
+            scenario_report(client, &names[0], net).await
+        );
+    }
+    (created, started.elapsed())
+}
+
+/// Download Jobs in `namespaces`.
+async fn jobs(client: &Client, namespaces: &[TestNamespace]) -> usize {
+    let mut count = 0;
+    for ns in namespaces {
+        count += Api::<Job>::namespaced(client.clone(), &ns.name)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+    }
+    count
+}
+
+/// Scales every Deployment of `namespaces` to zero and waits for their pods to be gone.
+async fn scale_to_zero(client: &Client, namespaces: &[TestNamespace]) {
+    for ns in namespaces {
+        ns.api::<Deployment>()
+            .patch(
+                "llm",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .unwrap();
+    }
+    let names: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();
+    eventually("the opted-out pods gone", TIMEOUT, || {
+        let (client, names) = (client.clone(), names.clone());
+        async move {
+            for ns in &names {
+                let left = Api::<Pod>::namespaced(client.clone(), ns)
+                    .list(&ListParams::default().labels(APP_SELECTOR))
+                    .await
+                    .ok()?
+                    .items
+                    .len();
+                if left > 0 {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let pods = env_u64("E2E_SCALE_PODS", 200).max(1);
+    let namespaces = env_u64("E2E_SCALE_NAMESPACES", 20).clamp(1, pods);
+    let weights = env_u64("E2E_SCALE_MODEL_BYTES", 4 << 20);
+    let plane = ControlPlane::shared().await.unwrap();
+    let node = RealNode::shared().await.unwrap();
+    let client = plane.client().await.unwrap();
+
+    let hub = Hub::new(HubOptions::default());
+    let files = model(weights);
+    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
+    hub.publish(REPO, files).unwrap();
+    let hub_addr = hub.serve_loopback().await.unwrap();
+    let workload = example_deployment(&format!("http://{hub_addr}"), HF_IMAGE).unwrap();
+    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let how = Install {
+        image_repository: IMAGE_REPOSITORY,
+        image_tag: IMAGE_TAG,
+        bin_dir: &built_binaries_dir().unwrap(),
+        hf_image: HF_IMAGE,
+        gpus: u32::try_from(pods).unwrap(),
+        kubeconfig: plane.kubeconfig_path(),
+        work_dir: work.path(),
+        otel_endpoint: None,
+        extra_sets: &[],
+    };
+    if let Err(e) = install(plane, node, &net, &how).await {
+        panic!("{e}");
+    }
+    println!("download once at scale: {pods} pods in {namespaces} namespaces, a model of {model_bytes} bytes");
+
+    // Without warmcache: every pod downloads.
+    let before = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let (plain, plain_took) = run(
+        &client,
+        &net,
+        &workload,
+        "e2e-scale-off",
+        &[(OPT_OUT, "true")],
+        namespaces,
+        pods,
+    )
+    .await;
+    let plain_bytes = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0) - before;
+    let plain_jobs = jobs(&client, &plain).await;
+    println!(
+        "without warmcache: {pods} pods Ready in {:.1} s, the Hub served {plain_bytes} bytes",
+        plain_took.as_secs_f64()
+    );
+    scale_to_zero(&client, &plain).await;
+
+    // With warmcache: one sharing domain over every namespace.
+    let domain = format!("scale-{}", std::process::id());
+    let first = TestNamespace::with_labels("e2e-scale-probe", &[(DOMAIN_LABEL, &domain)])
+        .await
+        .unwrap();
+    if let Err(e) = webhook_serving(&client, &first.name, &workload).await {
+        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
+    }
+    let before = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let (cached, cached_took) = run(
+        &client,
+        &net,
+        &workload,
+        "e2e-scale-on",
+        &[(DOMAIN_LABEL, &domain)],
+        namespaces,
+        pods,
+    )
+    .await;
+    let cached_bytes = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0) - before;
+    let cached_jobs = jobs(&client, &cached).await;
+    let bindings = bindings_api(&client)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    println!(
+        "with warmcache: {pods} pods Ready in {:.1} s, the Hub served {cached_bytes} bytes",
+        cached_took.as_secs_f64()
+    );
+    assert_eq!(bindings, 1, "one binding for the sharing domain");
+
+    println!();
+    println!("| {pods} pods, {namespaces} namespaces | with warmcache | without | target |");
+    println!("|---|---|---|---|");
+    println!("| download Jobs | {cached_jobs} | {plain_jobs} (each pod downloads in its init container) | 1 |");
+    println!(
+        "| bytes the Hub served | {cached_bytes} = {:.2}x the model | {plain_bytes} = {:.2}x | 1x |",
+        cached_bytes as f64 / model_bytes as f64,
+        plain_bytes as f64 / model_bytes as f64
+    );
+    println!(
+        "| time to all Ready | {:.1} s | {:.1} s | |",
+        cached_took.as_secs_f64(),
+        plain_took.as_secs_f64()
+    );
+}
