@@ -170,7 +170,9 @@ async fn main() {
     if let Err(e) = install(plane, node, &net, &how).await {
         panic!("{e}");
     }
-    println!("download once at scale: {pods} pods in {namespaces} namespaces, a model of {model_bytes} bytes");
+    println!(
+        "download once at scale: {pods} pods in {namespaces} namespaces, a model of {model_bytes} bytes"
+    );
 
     // Without warmcache: every pod downloads.
     let before = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
@@ -228,7 +230,9 @@ async fn main() {
     println!();
     println!("| {pods} pods, {namespaces} namespaces | with warmcache | without | target |");
     println!("|---|---|---|---|");
-    println!("| download Jobs | {cached_jobs} | {plain_jobs} (each pod downloads in its init container) | 1 |");
+    println!(
+        "| download Jobs | {cached_jobs} | {plain_jobs} (each pod downloads in its init container) | 1 |"
+    );
     println!(
         "| bytes the Hub served | {cached_bytes} = {:.2}x the model | {plain_bytes} = {:.2}x | 1x |",
         cached_bytes as f64 / model_bytes as f64,
