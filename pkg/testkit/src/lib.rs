@@ -123,6 +123,7 @@ mod https;
 mod image;
 mod kubelet;
 mod model_clients;
+mod mooncake_image;
 mod namespace;
 mod node;
 mod otlp;
@@ -153,6 +154,9 @@ pub use image::{ImageArchive, ImageBuilder, PAUSE_IMAGE, TOOLS_IMAGE};
 pub use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
 pub use kubelet::Kubelet;
 pub use model_clients::{ENV_MODEL_CLIENTS, hf_client_image, model_clients_dir};
+pub use mooncake_image::{
+    ClusterDns, ENV_MOONCAKE_MASTER, MOONCAKE_UID, MOONCAKE_USER, mooncake_image, mooncake_master,
+};
 pub use namespace::{TESTKIT_NAMESPACE_LABEL, TestNamespace};
 pub use node::{ENV_NODE_BIN_DIR, KUBELET_SYSCTLS, RealNode};
 pub use otlp::{OtlpReceiver, ReceivedSpan};
