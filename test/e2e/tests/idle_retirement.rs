@@ -50,6 +50,8 @@ const REAPER_SETS: [&str; 3] = [
     "reaper.retiringGrace=5s",
 ];
 const COMPLETE_LABEL: &str = "nvsnap.io/model-complete";
+/// The label naming the binding a storage object belongs to.
+const BINDING_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
 const LAST_USED_ANNOTATION: &str = "warmcache.nvidia.io/last-used";
 /// How long the reaper gets to retire an idle binding and delete what it names.
 const RETIRE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -361,6 +363,31 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
             "view PV {pv} deleted"
         );
     }
+    // The writer view (claim and PV) went too: no claim is left in the namespace, and of the
+    // PVs labelled for the binding only the primary.
+    let left_claims = claims.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        left_claims.is_empty(),
+        "no claim left in the workload's namespace: {:?}",
+        left_claims
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>()
+    );
+    let labelled = volumes
+        .list(&ListParams::default().labels(&format!("{BINDING_LABEL}={name}")))
+        .await
+        .unwrap()
+        .items;
+    let left_volumes: Vec<String> = labelled
+        .iter()
+        .map(ResourceExt::name_any)
+        .filter(|n| *n != primary)
+        .collect();
+    assert!(
+        left_volumes.is_empty(),
+        "of the binding's PVs only the primary is left: {left_volumes:?}"
+    );
     assert!(
         jobs.get_opt(&writer_job).await.unwrap().is_none(),
         "writer Job {writer_job} deleted"

@@ -572,6 +572,30 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
         "nothing recreated the control namespace"
     );
 
+    let claims_left: Vec<String> =
+        Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} ({}{})",
+                    c.name_any(),
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.phase.as_deref())
+                        .unwrap_or("no phase"),
+                    if c.metadata.deletion_timestamp.is_some() {
+                        ", terminating"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect();
+    eprintln!("claims left in the workload's namespace: {claims_left:?}");
     eprintln!(
         "uninstall: helm uninstall took {uninstall_time:.1?} under 2 live readers; the hook \
          released 1 binding, the control namespace is gone, {} PV(s) of model data kept; the \
