@@ -20,11 +20,14 @@
 //! # Cluster DNS and Service addresses in pods
 //!
 //! The operator and the members reach the leader by its Service's DNS name
-//! (`<backend>-leader.<namespace>.svc`, ports 50051 and 9003). The test node has no DNS (its
-//! pods' `resolv.conf` names no server, so glibc asks `127.0.0.1:53` inside the pod), and a
+//! (`<backend>-leader.<namespace>.svc`, ports 50051 and 9003). The test node has no cluster DNS
+//! (its pods' `resolv.conf` names this machine's servers, unreachable from a pod; the kit's
+//! kubelet `resolvConf`, meant to give them none, is not what they get), and a
 //! ClusterIP is a host loopback address that, inside a pod's network namespace, is the pod's
 //! own. [`ClusterDns`] supplies what CoreDNS and kube-proxy would, for the pods of chosen
-//! namespaces and no others: inside each such pod, a DNS server on UDP `127.0.0.1:53` answering
+//! namespaces and no others: inside each such pod, a DNS server on UDP port 53 of each nameserver
+//! its `resolv.conf` names (the kubelet gives the pods this node's own servers; one that is no
+//! loopback address is added to the pod's `lo` first, so the questions stay in the pod) answering
 //! `<service>.<namespace>.svc` (and `.svc.cluster.local`) with the Service's ClusterIP, and a
 //! listener at each port of the chosen Services' ClusterIPs relaying to the same address on the
 //! host, where `PodNetwork`'s Service listener relays to a Ready pod. A pod that itself declares
@@ -441,8 +444,11 @@ async fn run(
                     .flat_map(|c| c.ports.iter().flatten())
                     .map(|p| p.container_port as u16)
                     .collect();
-                let mut wanted = vec![SocketAddr::from(([127, 0, 0, 1], 53))];
-                wanted.extend(relayed.iter().filter(|a| !declared.contains(&a.port())));
+                let wanted: Vec<SocketAddr> = relayed
+                    .iter()
+                    .filter(|a| !declared.contains(&a.port()))
+                    .copied()
+                    .collect();
                 let key = format!("{ns}/{}", pod.name_any());
                 attach(&uid, &key, dir, &wanted, &state);
             }
@@ -466,6 +472,16 @@ fn attach(uid: &str, key: &str, dir: &Path, wanted: &[SocketAddr], state: &Arc<M
     if std::fs::read_link("/proc/self/ns/net").ok().as_ref() == Some(&netns_id) {
         return;
     }
+    // The DNS server sits where the pod's resolv.conf sends its questions (known once a
+    // container of the pod runs: the sandbox's own process has no resolv.conf).
+    let mut wanted = wanted.to_vec();
+    if let Some(servers) = pod_nameservers(dir) {
+        wanted.extend(
+            servers
+                .into_iter()
+                .map(|ip| SocketAddr::new(IpAddr::V4(ip), 53)),
+        );
+    }
     let missing: Vec<SocketAddr> = {
         let Ok(mut s) = state.lock() else { return };
         // A new sandbox of the same pod has a new namespace: everything again.
@@ -481,6 +497,17 @@ fn attach(uid: &str, key: &str, dir: &Path, wanted: &[SocketAddr], state: &Arc<M
     };
     if missing.is_empty() {
         return;
+    }
+    // A nameserver that is no loopback address (the host's, say 10.x) is not in the pod: it
+    // becomes an address of the pod's `lo`, so its questions stay in the pod.
+    for addr in missing
+        .iter()
+        .filter(|a| a.port() == 53 && !a.ip().is_loopback())
+    {
+        if let Err(e) = add_local_address(&netns_path, addr.ip()) {
+            note(state, format!("{key}: {e}"));
+            return;
+        }
     }
     let netns = match File::open(&netns_path) {
         Ok(f) => f,
@@ -566,6 +593,65 @@ fn bind_in(netns: File, addrs: &[SocketAddr]) -> Result<Vec<Bound>, String> {
         .map_err(|e| format!("spawning the netns thread: {e}"))?
         .join()
         .map_err(|_| "the netns thread panicked".to_owned())?
+}
+
+/// Every process of the pod: `.../pod<uid>/<container>/cgroup.procs`.
+fn pod_pids(dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    pids
+}
+
+/// The IPv4 nameservers of the pod's `resolv.conf` (the kubelet writes one per pod: with no
+/// cluster DNS, the node's own servers), read through a container process's root; glibc's
+/// default, 127.0.0.1, when it names none. `None` while no container of the pod runs.
+fn pod_nameservers(dir: &Path) -> Option<Vec<Ipv4Addr>> {
+    let text = pod_pids(dir).into_iter().find_map(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/root/etc/resolv.conf")).ok()
+    })?;
+    let servers: Vec<Ipv4Addr> = text
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("nameserver")).then(|| words.next()?.parse().ok())?
+        })
+        .collect();
+    Some(if servers.is_empty() {
+        vec![Ipv4Addr::LOCALHOST]
+    } else {
+        servers
+    })
+}
+
+/// Adds `ip`/32 to the `lo` of the network namespace `netns_path` (`ip` of iproute2, a
+/// prerequisite of the node), unless it is there.
+fn add_local_address(netns_path: &str, ip: IpAddr) -> Result<(), String> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={netns_path}"))
+        .args(["ip", "address", "add"])
+        .arg(format!("{ip}/32"))
+        .args(["dev", "lo"])
+        .output()
+        .map_err(|e| format!("running nsenter ip address add {ip}/32 dev lo: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || stderr.contains("File exists") {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip address add {ip}/32 dev lo in the pod: {}",
+            stderr.trim()
+        ))
+    }
 }
 
 /// A process of the pod: `.../pod<uid>/<container>/cgroup.procs`.
