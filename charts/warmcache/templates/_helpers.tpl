@@ -158,3 +158,9 @@ shows, so an on-demand sweep applies the rules the Deployment does. */}}
 - --orphan-claim-after={{ $v.orphanClaimAfter }}
 - --retiring-grace={{ $v.retiringGrace }}
 {{- end }}
+
+{{/* The runtime's client-side rate limit flags from a component's kubeApi values. */}}
+{{- define "warmcache.kubeApiArgs" -}}
+- --kube-api-qps={{ .qps }}
+- --kube-api-burst={{ .burst }}
+{{- end }}

@@ -345,6 +345,8 @@ fn defaults_render_every_component_restricted_and_least_privileged() {
             "--abandon-after=15m",
             "--orphan-claim-after=10m",
             "--retiring-grace=1m",
+            "--kube-api-qps=20",
+            "--kube-api-burst=40",
         ])
     );
     let env = container["env"].as_array().unwrap();
@@ -890,6 +892,8 @@ fn the_node_agent_daemon_set_runs_on_every_gpu_node_with_the_hosts_paths() {
             "--holder-image-pull-policy=IfNotPresent",
             "--min-size-gib=1",
             "--concurrency=2",
+            "--kube-api-qps=20",
+            "--kube-api-burst=40",
         ])
     );
     // NODE_NAME from the downward API, defined before the argument that expands it.
@@ -998,6 +1002,11 @@ fn values_reach_the_components() {
             "modelVolumeController.holderImagePullPolicy=Never",
             "modelVolumeController.minSizeGiB=20",
             "modelVolumeController.concurrency=3",
+            "modelVolumeController.kubeApi.qps=5",
+            "modelVolumeController.kubeApi.burst=10",
+            "bindingController.kubeApi.qps=100",
+            "bindingController.kubeApi.burst=200",
+            "kvcacheOperator.kubeApi.qps=0",
             "modelVolumeController.nodeSelector.nvidia\\.com/gpu\\.product=H100",
             "modelVolumeController.extraTolerations[0].key=storage",
             "modelVolumeController.extraTolerations[0].operator=Exists",
@@ -1034,6 +1043,9 @@ fn values_reach_the_components() {
         // The agent is deployed: it opens fresh roots for non-root writers.
         "--node-agent-opens-roots",
         "--open-root-wait-seconds=120",
+        // Its own client rate limit.
+        "--kube-api-qps=100",
+        "--kube-api-burst=200",
     ] {
         assert!(controller.contains(&expected.to_owned()), "{controller:?}");
     }
@@ -1060,6 +1072,11 @@ fn values_reach_the_components() {
     assert!(
         args("warmcache-kvcache-operator").contains(&"--store-image-user=lmcache/=1000".to_owned())
     );
+    // qps 0 turns the operator's limit off; its burst keeps the default.
+    let operator = args("warmcache-kvcache-operator");
+    for expected in ["--kube-api-qps=0", "--kube-api-burst=40"] {
+        assert!(operator.contains(&expected.to_owned()), "{operator:?}");
+    }
     // The reaper's rules: `retention=0` (an integer on the command line) keeps caches forever.
     assert_eq!(
         args("warmcache-reaper"),
@@ -1073,6 +1090,8 @@ fn values_reach_the_components() {
             "--orphan-claim-after=20m",
             "--retiring-grace=90s",
             "--dry-run",
+            "--kube-api-qps=20",
+            "--kube-api-burst=40",
         ]
     );
     assert_eq!(
@@ -1087,6 +1106,8 @@ fn values_reach_the_components() {
             "--holder-image-pull-policy=Never",
             "--min-size-gib=20",
             "--concurrency=3",
+            "--kube-api-qps=5",
+            "--kube-api-burst=10",
         ]
     );
     let agent = &find(&objects, "DaemonSet", AGENT).unwrap()["spec"]["template"]["spec"];
@@ -1311,6 +1332,11 @@ fn the_schema_refuses_bad_values_naming_the_field() {
             "bindingController.concurrency=0",
             "/bindingController/concurrency",
         ),
+        (
+            "bindingController.kubeApi.burst=0",
+            "/bindingController/kubeApi/burst",
+        ),
+        ("reaper.kubeApi.qps=-1", "/reaper/kubeApi/qps"),
         (
             "kvcacheOperator.storeImageUsers={root}",
             "/kvcacheOperator/storeImageUsers/0",
