@@ -13,6 +13,10 @@
 //! E2E_SCALE_PODS=40 E2E_SCALE_NAMESPACES=4 cargo bench -p warmcache-e2e --bench download_once_at_scale
 //! ```
 //!
+//! Every pod requests CPU (with warmcache at least the 10m of the wait container the webhook
+//! injects), so a 2-core node holds about 170 of them beside the components; the run checks
+//! the room first and says how many fit rather than leaving pods Pending.
+//!
 //! The node and Hub are the test kit's (as in `tests/download_once.rs`), the workload the
 //! example's with a lower CPU request and a slower readiness probe (see `fit_on_one_node`);
 //! the model is small
@@ -163,6 +167,70 @@ async fn scale_to_zero(client: &Client, namespaces: &[TestNamespace]) {
     .unwrap();
 }
 
+/// CPU millicores of `q` ("2", "1500m", "0.5").
+fn millicores(q: &str) -> u64 {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or(0),
+        None => (q.parse::<f64>().unwrap_or(0.0) * 1000.0) as u64,
+    }
+}
+
+/// The CPU a pod requests, as the scheduler counts it: the larger of its largest init
+/// container's request and the sum of its containers'.
+fn pod_cpu(spec: &k8s_openapi::api::core::v1::PodSpec) -> u64 {
+    let cpu = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("cpu"))
+            .map_or(0, |q| millicores(&q.0))
+    };
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(cpu)
+        .max()
+        .unwrap_or(0);
+    init.max(spec.containers.iter().map(cpu).sum())
+}
+
+/// Fails at once, saying why, when `pods` pods of `per_pod` millicores cannot all be scheduled
+/// on the node beside what already runs there (the scheduler would leave the rest Pending).
+async fn check_room(client: &Client, node: &str, pods: u64, per_pod: u64) {
+    let allocatable = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(node)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| a.get("cpu").map(|q| millicores(&q.0)))
+        .unwrap_or(0);
+    let used: u64 = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .filter_map(|p| p.spec.as_ref().map(pod_cpu))
+        .sum();
+    let free = allocatable.saturating_sub(used);
+    assert!(
+        pods * per_pod <= free,
+        "{pods} pods of {per_pod}m CPU each (with warmcache a pod requests its injected wait \
+         container's 10m) need {}m, and the node has {free}m of {allocatable}m allocatable free: \
+         set E2E_SCALE_PODS to at most {}",
+        pods * per_pod,
+        free / per_pod.max(1)
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let pods = env_u64("E2E_SCALE_PODS", 200).max(1);
@@ -195,6 +263,14 @@ async fn main() {
     if let Err(e) = install(plane, node, &net, &how).await {
         panic!("{e}");
     }
+    // With warmcache each pod requests at least its wait container's 10m.
+    check_room(
+        &client,
+        node.name(),
+        pods,
+        pod_cpu(workload.spec.template.spec.as_ref().unwrap()).max(10),
+    )
+    .await;
     println!(
         "download once at scale: {pods} pods in {namespaces} namespaces, a model of {model_bytes} bytes"
     );
