@@ -4,7 +4,8 @@
 #   hack/demo.sh          build what it needs (cached), start a one-node cluster on loopback with
 #                         the real node, helm install the chart, apply examples/ (an unmodified
 #                         vLLM-style Deployment in three namespaces, two of them one sharing
-#                         domain), print what happened, and leave it all running
+#                         domain, and a KVCacheBackend of the real Mooncake store), print what
+#                         happened, and leave it all running
 #   hack/demo.sh --down   stop everything the demo started (by its PID)
 #
 # Needs root (the real node runs containerd, runc and the kubelet, and mounts volumes), Go 1.26
@@ -49,7 +50,7 @@ case "${1:-}" in
     ;;
   "") ;;
   -h|--help)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -80,6 +81,11 @@ export WARMCACHE_NODE_BIN
 echo "==> the hf client (PyPI huggingface_hub, in a cached venv)"
 WARMCACHE_MODEL_CLIENTS=$(hack/model-clients.sh | tail -n 1)
 export WARMCACHE_MODEL_CLIENTS
+echo "==> the Mooncake store (PyPI mooncake-transfer-engine-non-cuda, in a cached venv)"
+if [ -z "${WARMCACHE_MOONCAKE_MASTER:-}" ] || [ ! -x "$WARMCACHE_MOONCAKE_MASTER" ]; then
+  WARMCACHE_MOONCAKE_MASTER=$(hack/mooncake.sh | tail -n 1)
+fi
+export WARMCACHE_MOONCAKE_MASTER
 echo "==> the Helm CLI (helm.sh/helm/v4, cached)"
 WARMCACHE_HELM=$(hack/build-helm.sh | tail -n 1)
 export WARMCACHE_HELM
@@ -104,7 +110,7 @@ shown=0
 while :; do
   lines=$(wc -l <"$log")
   if [ "$lines" -gt "$shown" ]; then
-    sed -n "$((shown + 1)),${lines}p" "$log" | grep -E '^(demo:|=== |namespace |ModelCacheBindings|  |the Hub|Look around)' || true
+    sed -n "$((shown + 1)),${lines}p" "$log" | grep -E '^(demo:|=== |namespace |ModelCacheBindings|KVCacheBackend|  |the Hub|Look around)' || true
     shown=$lines
   fi
   if grep -q '^demo: ready' "$log"; then

@@ -11,16 +11,22 @@
 //!    shared file system, qualified by a catalog ConfigMap, as a user with their own qualified
 //!    driver does);
 //! 5. applies `examples/`: three namespaces (two in one sharing domain) and an unmodified
-//!    vLLM-style Deployment in each;
+//!    vLLM-style Deployment in each, and a KVCacheBackend (`examples/kvcache-backend.yaml`: a
+//!    Mooncake store whose member spills to a local-disk tier), run by the chart's kvcache
+//!    operator with an image of the REAL store built here (`hack/mooncake.sh`'s, named by
+//!    `WARMCACHE_MOONCAKE_MASTER`) as the `kv-cache-backend-image` setting;
 //! 6. prints what happened: one download per sharing domain, every pod Ready reading a
-//!    read-only view, the bytes the Hub served against what the pods would have fetched alone.
+//!    read-only view, the bytes the Hub served against what the pods would have fetched alone,
+//!    and the backend's phase and endpoints.
 //!
 //! Then it prints `demo: ready` and waits for SIGTERM or Ctrl-C (`hack/demo.sh --down`), when it
 //! stops the node and the control plane and removes their directories.
 //!
 //! What the node cannot give is supplied, and said so: it has no GPU, so it advertises the
 //! extended resource `nvidia.com/gpu` as a device plugin would; it has no pod network, so the
-//! kit's `PodNetwork` bridges pods to Services, the API server and the Hub.
+//! kit's `PodNetwork` bridges pods to Services, the API server and the Hub; it has no cluster
+//! DNS, so the kit's `ClusterDns` answers Service names and relays the KV-cache leader's Service
+//! inside the release namespace's pods.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,7 +45,10 @@ use warmcache_e2e::{
     install, is_ready, model, ready_pods, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{ControlPlane, PodNetwork, RealNode, namespace_report};
+use warmcache_testkit::{
+    ClusterDns, ControlPlane, MOONCAKE_UID, PodNetwork, RealNode, mooncake_image, mooncake_master,
+    namespace_report,
+};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -47,6 +56,10 @@ const CONTROL: &str = "nvca-modelcache-init";
 const IMAGE_REPOSITORY: &str = "warmcache.local/warmcache";
 const IMAGE_TAG: &str = "demo";
 const HF_IMAGE: &str = "warmcache.local/hf-client:demo";
+const STORE_IMAGE: &str = "warmcache.local/mooncake:demo";
+/// The Services `ClusterDns` relays inside pods: the KV-cache leaders'.
+const LEADER_SERVICES: &str =
+    "app.kubernetes.io/name=kv-cache-backend,app.kubernetes.io/component=leader";
 const USAGE: &str = "usage: demo --state-dir DIR [--model-mib N]\n\n  --state-dir DIR  where the kubeconfig and the summary are written\n  --model-mib N    size of the model's weights in MiB (default 96)";
 
 struct Args {
@@ -146,6 +159,7 @@ async fn wait_for_stop() -> Result<()> {
 struct Running {
     _hub: Hub,
     _net: PodNetwork,
+    _dns: ClusterDns,
     _work: tempfile::TempDir,
 }
 
@@ -169,6 +183,12 @@ async fn demo(
         "simulated Hugging Face Hub at {endpoint}: {REPO}, {model_bytes} bytes"
     ));
     let net = PodNetwork::on_node(plane, node, &[hub_addr]).await?;
+    let cgroup = node
+        .cgroups()
+        .first()
+        .cloned()
+        .ok_or("the real node has no cgroup directory")?;
+    let dns = ClusterDns::start(client.clone(), cgroup, &[NAMESPACE], LEADER_SERVICES);
 
     // The product on the node, as a user installs it (images imported, the node's GPUs, a
     // catalog qualifying the test driver, helm install).
@@ -178,6 +198,10 @@ async fn demo(
         .map(Path::to_path_buf)
         .ok_or("this program's directory is unknown")?;
     say("building and importing the images, helm install warmcache charts/warmcache");
+    let master = mooncake_master()?;
+    let store = mooncake_image(STORE_IMAGE, &master, work.path())?.build(work.path())?;
+    node.import_image(&store).await?;
+    let default_image = format!("kvcacheOperator.defaultImage={STORE_IMAGE}");
     let how = Install {
         image_repository: IMAGE_REPOSITORY,
         image_tag: IMAGE_TAG,
@@ -187,7 +211,11 @@ async fn demo(
         kubeconfig,
         work_dir: work.path(),
         otel_endpoint: None,
-        extra_sets: &[],
+        extra_sets: &[
+            "kvcacheOperator.enabled=true",
+            &default_image,
+            "kvcacheOperator.webhook.replicas=1",
+        ],
     };
     install(plane, node, &net, &how).await?;
     say(&format!("components Ready after {:.0?}", started.elapsed()));
@@ -226,7 +254,9 @@ async fn demo(
         started.elapsed()
     ));
 
-    let summary = summary(
+    let backend = kvcache_backend(&client, node, &args.state_dir, started).await?;
+
+    let mut summary = summary(
         &client,
         &namespaces,
         expected,
@@ -236,13 +266,158 @@ async fn demo(
         &node.kubectl(),
     )
     .await?;
+    let look = summary.find("\nLook around").unwrap_or(summary.len());
+    summary.insert_str(look, &backend_summary(&client, &backend).await?);
+    summary.push_str(&format!(
+        "  kubectl get kvcachebackends; kubectl describe kvcachebackend {backend}\n  kubectl -n {NAMESPACE} logs deploy/warmcache-kvcache-operator\n"
+    ));
     print!("{summary}");
     std::fs::write(args.state_dir.join("summary.txt"), &summary)?;
     Ok(Running {
         _hub: hub,
         _net: net,
+        _dns: dns,
         _work: work,
     })
+}
+
+fn backends_api(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("worker.gpustack.ai", "v1alpha1", "KVCacheBackend");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+/// Applies `examples/kvcache-backend.yaml` with its tier at `<state_dir>/kvcache-tier` (made
+/// empty, owned by the store image's uid) on the node, labelled for it, and waits until it is
+/// Ready (a backend that is not Ready in time is reported, not fatal). Returns its name.
+async fn kvcache_backend(
+    client: &Client,
+    node: &RealNode,
+    state_dir: &Path,
+    started: Instant,
+) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let tier = state_dir.join("kvcache-tier");
+    if tier.exists() {
+        std::fs::remove_dir_all(&tier)
+            .map_err(|e| format!("emptying the previous demo's tier {}: {e}", tier.display()))?;
+    }
+    std::fs::create_dir_all(&tier).map_err(|e| format!("creating {}: {e}", tier.display()))?;
+    std::os::unix::fs::chown(&tier, Some(MOONCAKE_UID), Some(0))
+        .map_err(|e| format!("chown {}: {e}", tier.display()))?;
+    std::fs::set_permissions(&tier, std::fs::Permissions::from_mode(0o750))
+        .map_err(|e| format!("chmod {}: {e}", tier.display()))?;
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .patch(
+            node.name(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"metadata": {"labels": {"kvcache": "true"}}}),
+            ),
+        )
+        .await
+        .map_err(|e| format!("labelling the node kvcache=true: {e}"))?;
+    let path = examples_dir().join("kvcache-backend.yaml");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?
+        .replace("TIER_PATH", &tier.display().to_string());
+    let mut documents =
+        warmcache_cli::yaml::documents(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if documents.len() != 1 {
+        return Err(format!(
+            "{} holds {} documents, not one backend",
+            path.display(),
+            documents.len()
+        )
+        .into());
+    }
+    let object: DynamicObject = serde_json::from_value(documents.remove(0))?;
+    let name = object.name_any();
+    let backends = backends_api(client);
+    // The kvcache webhook (failurePolicy Fail) admits it once the bridge routes its Service.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let _ = wait("the kvcache webhook", Duration::from_secs(120), || async {
+        backends.create(&dry_run, &object).await.ok().map(|_| ())
+    })
+    .await;
+    backends
+        .create(&PostParams::default(), &object)
+        .await
+        .map_err(|e| format!("kubectl apply -f examples/kvcache-backend.yaml: {e}"))?;
+    say(&format!(
+        "kubectl apply -f examples/kvcache-backend.yaml (tier {})",
+        tier.display()
+    ));
+    let ready = wait("the KVCacheBackend Ready", READY_TIMEOUT, || async {
+        let b = backends.get(&name).await.ok()?;
+        (b.data["status"]["phase"] == "Ready").then_some(())
+    })
+    .await;
+    if ready.is_ok() {
+        say(&format!(
+            "KVCacheBackend {name} Ready after {:.0?}",
+            started.elapsed()
+        ));
+    } else {
+        say(&format!(
+            "KVCacheBackend {name} not Ready; kubectl describe kvcachebackend {name} says why"
+        ));
+    }
+    Ok(name)
+}
+
+/// The backend's phase, endpoints, capacity and conditions, in the summary's words.
+async fn backend_summary(client: &Client, name: &str) -> Result<String> {
+    let b = backends_api(client).get(name).await?;
+    let status = b.data.get("status").cloned().unwrap_or(Value::Null);
+    let endpoints = status["endpoints"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .map(|e| {
+                    format!(
+                        "{} {}",
+                        e["name"].as_str().unwrap_or("?"),
+                        e["address"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let conditions = status["conditions"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| {
+                    format!(
+                        "{}={}",
+                        c["type"].as_str().unwrap_or("?"),
+                        c["status"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    let mut out = format!(
+        "KVCacheBackend {name}: phase {}, endpoints: {}; capacity {} (used {}); {} member segment(s)\n  conditions: {conditions}\n",
+        status["phase"].as_str().unwrap_or("(none yet)"),
+        if endpoints.is_empty() {
+            "(none yet)"
+        } else {
+            &endpoints
+        },
+        status["capacity"]["total"].as_str().unwrap_or("?"),
+        status["capacity"]["used"].as_str().unwrap_or("?"),
+        status["members"].as_array().map_or(0, Vec::len),
+    );
+    if let Some(message) = status["phaseMessage"].as_str().filter(|m| !m.is_empty()) {
+        out.push_str(&format!("  phaseMessage: {message}\n"));
+    }
+    Ok(out)
 }
 
 /// Creates the namespaces of `path` and returns their names, in order.
