@@ -297,7 +297,7 @@ async fn run_cache<K, S>(
                 tracing::warn!(kind, error = %err, "watch failed; retrying with backoff");
                 continue;
             }
-            Some(Ok(event)) => event,
+            Some(Ok(event)) => without_managed_fields(event),
         };
         writer.apply_watcher_event(&event);
         // No receiver is fine: nobody leads yet, or nobody subscribes to this kind.
@@ -315,6 +315,21 @@ async fn run_cache<K, S>(
     }
 }
 
+/// `event` with `metadata.managedFields` dropped from its object before it is cached: nothing
+/// reads them, and on a cluster they are often most of an object's metadata (an entry per
+/// field manager listing every field it set, as client-go controllers commonly trim them). A
+/// cached object written back with an update leaves the field out, which the API server reads
+/// as unchanged (only an explicit empty list would reset it).
+fn without_managed_fields<K: Resource>(mut event: Event<K>) -> Event<K> {
+    match &mut event {
+        Event::Apply(object) | Event::InitApply(object) | Event::Delete(object) => {
+            object.meta_mut().managed_fields = None;
+        }
+        Event::Init | Event::InitDone => {}
+    }
+    event
+}
+
 /// A metadata-only watch of `K` (labels, annotations, owners; no spec or status): nothing in
 /// it can fail to decode, and the cache holds a fraction of the bytes. kube sends
 /// metadata-only requests for `Api<PartialObjectMeta<K>>`.
@@ -326,4 +341,52 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     watcher::watcher(api, config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+
+    fn managed() -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("cm".into()),
+                managed_fields: Some(vec![ManagedFieldsEntry {
+                    manager: Some("kubectl".into()),
+                    operation: Some("Update".into()),
+                    ..ManagedFieldsEntry::default()
+                }]),
+                labels: Some([("kept".to_owned(), "yes".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn cached_objects_carry_no_managed_fields_and_keep_the_rest() {
+        for event in [
+            Event::Apply(managed()),
+            Event::InitApply(managed()),
+            Event::Delete(managed()),
+        ] {
+            let (Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) =
+                without_managed_fields(event)
+            else {
+                panic!("the event kind changed");
+            };
+            assert_eq!(o.metadata.managed_fields, None);
+            assert_eq!(o.metadata.name.as_deref(), Some("cm"));
+            assert_eq!(o.metadata.labels, managed().metadata.labels);
+            // Written back, the field is absent (unchanged for the API server), not `[]`.
+            let json = serde_json::to_value(&o).unwrap_or_default();
+            assert!(json["metadata"].get("managedFields").is_none(), "{json}");
+        }
+        assert!(matches!(
+            without_managed_fields::<ConfigMap>(Event::Init),
+            Event::Init
+        ));
+    }
 }
