@@ -346,3 +346,66 @@ pub async fn ready_pods(client: &kube::Client, namespaces: &[String]) -> Option<
     }
     Some(count)
 }
+
+/// The label the binding controller puts on a complete primary PV.
+pub const COMPLETE_LABEL: &str = "nvsnap.io/model-complete";
+
+/// The example's pods ([`APP_SELECTOR`]) of `pods`' namespace that are not being deleted;
+/// `None` when the list fails.
+pub async fn app_pods(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+) -> Option<Vec<k8s_openapi::api::core::v1::Pod>> {
+    Some(
+        pods.list(&kube::api::ListParams::default().labels(APP_SELECTOR))
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect(),
+    )
+}
+
+/// The primary PV `primary` once it is Released (its claim gone), checked to be kept as the
+/// data's owner keeps it: reclaim policy `Retain`, labelled complete ([`COMPLETE_LABEL`]).
+///
+/// # Errors
+///
+/// What is not so, with `namespace`'s [`scenario_report`].
+pub async fn kept_primary(
+    client: &kube::Client,
+    primary: &str,
+    namespace: &str,
+    net: &PodNetwork,
+) -> Result<k8s_openapi::api::core::v1::PersistentVolume, String> {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let released = eventually("the primary Released", Duration::from_secs(60), || {
+        let volumes = volumes.clone();
+        async move {
+            let pv = volumes.get_opt(primary).await.ok()??;
+            (pv.status.as_ref()?.phase.as_deref() == Some("Released")).then_some(pv)
+        }
+    })
+    .await;
+    let Ok(kept) = released else {
+        return Err(format!(
+            "the primary PV {primary} is not kept Released: {:?}\n{}",
+            volumes.get_opt(primary).await,
+            scenario_report(client, namespace, net).await
+        ));
+    };
+    let policy = kept
+        .spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
+    let complete = kube::ResourceExt::labels(&kept)
+        .get(COMPLETE_LABEL)
+        .map(String::as_str);
+    if policy != Some("Retain") || complete != Some("true") {
+        return Err(format!(
+            "the primary PV {primary} is Released but not kept (reclaim policy {policy:?}, {COMPLETE_LABEL}={complete:?}): {kept:?}"
+        ));
+    }
+    Ok(kept)
+}

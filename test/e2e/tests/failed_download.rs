@@ -21,9 +21,9 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
-    APP_SELECTOR, BINDING_ANNOTATION, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE,
-    READY_TIMEOUT, REPO, bindings_api, example_deployment, install, is_ready, model,
-    scenario_report, webhook_serving,
+    BINDING_ANNOTATION, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE, READY_TIMEOUT, REPO,
+    app_pods, bindings_api, example_deployment, install, is_ready, model, scenario_report,
+    webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
@@ -42,22 +42,6 @@ async fn status(client: &Client) -> Option<Value> {
         return None;
     };
     b.data.get("status").cloned()
-}
-
-async fn report(client: &Client, ns: &str, net: &PodNetwork) -> String {
-    scenario_report(client, ns, net).await
-}
-
-async fn app_pods(pods: &Api<Pod>) -> Option<Vec<Pod>> {
-    Some(
-        pods.list(&ListParams::default().labels(APP_SELECTOR))
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,7 +76,7 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     workload.spec.replicas = Some(1);
     let ns = TestNamespace::new("e2e-fail").await.unwrap();
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
     }
     let deployments: Api<Deployment> = ns.api();
     deployments
@@ -112,7 +96,7 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     let Ok(record) = failed else {
         panic!(
             "the download's failure was never recorded\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     let words = record["message"].as_str().unwrap_or_default().to_owned();
@@ -152,7 +136,7 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     let Ok(own) = own else {
         panic!(
             "the replica never became Ready on its own download\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     assert!(!own.annotations().contains_key(BINDING_ANNOTATION));
@@ -201,7 +185,7 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     if joined.is_err() {
         panic!(
             "no replica read the retried copy\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     }
     let s = eventually(

@@ -32,7 +32,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
     APP_SELECTOR, BINDING_ANNOTATION, CONTROL, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE,
-    READY_TIMEOUT, REPO, bindings_api, example_deployment, install, is_ready, model,
+    READY_TIMEOUT, REPO, bindings_api, example_deployment, install, is_ready, kept_primary, model,
     scenario_report, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
@@ -49,16 +49,11 @@ const REAPER_SETS: [&str; 3] = [
     "reaper.idlePeriod=15s",
     "reaper.retiringGrace=5s",
 ];
-const COMPLETE_LABEL: &str = "nvsnap.io/model-complete";
 /// The label naming the binding a storage object belongs to.
 const BINDING_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-binding";
 const LAST_USED_ANNOTATION: &str = "warmcache.nvidia.io/last-used";
 /// How long the reaper gets to retire an idle binding and delete what it names.
 const RETIRE_TIMEOUT: Duration = Duration::from_secs(300);
-
-async fn report(client: &Client, ns: &str, net: &PodNetwork) -> String {
-    scenario_report(client, ns, net).await
-}
 
 /// The example's pods in `pods`' namespace, also those being deleted.
 async fn app_pods(pods: &Api<Pod>) -> Option<Vec<Pod>> {
@@ -170,7 +165,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     workload.spec.replicas = Some(1);
     let ns = TestNamespace::new("e2e-idle").await.unwrap();
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
     }
     let deployments: Api<Deployment> = ns.api();
     let pods: Api<Pod> = ns.api();
@@ -202,7 +197,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     else {
         panic!(
             "the first replica never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     let name = first.annotations()[BINDING_ANNOTATION].clone();
@@ -220,7 +215,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     else {
         panic!(
             "the binding never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     let old_uid = old.uid().unwrap();
@@ -272,7 +267,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     {
         panic!(
             "the replica never went away\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     }
     let window = IDLE + 2 * SWEEP + Duration::from_secs(5);
@@ -293,7 +288,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
             panic!(
                 "a Deployment scaled to zero did not keep its binding Active and referenced: {:?}\n{}",
                 b.map(|b| status(&b)),
-                report(&client, &ns.name, &net).await
+                scenario_report(&client, &ns.name, &net).await
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -311,7 +306,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     else {
         panic!(
             "the replica scaled back up never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     assert_eq!(back.annotations()[BINDING_ANNOTATION], name);
@@ -338,7 +333,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     if retired.is_err() {
         panic!(
             "the idle binding was not retired\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     }
     eprintln!(
@@ -348,7 +343,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     assert!(
         !events(&client, "Retiring", &old_uid).await.is_empty(),
         "the reaper recorded the Event Retiring on the binding\n{}",
-        report(&client, &ns.name, &net).await
+        scenario_report(&client, &ns.name, &net).await
     );
     // Everything the binding named is gone, once the binding is: the stages come first.
     let claims: Api<PersistentVolumeClaim> = ns.api();
@@ -409,35 +404,9 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
         "writer Lease {lease} deleted"
     );
     // The data is kept: the primary PV Released, Retain, complete, stamped with its last use.
-    let kept = eventually("the primary Released", Duration::from_secs(60), || {
-        let (volumes, primary) = (volumes.clone(), primary.clone());
-        async move {
-            let pv = volumes.get_opt(&primary).await.ok()??;
-            (pv.status.as_ref()?.phase.as_deref() == Some("Released")).then_some(pv)
-        }
-    })
-    .await;
-    let Ok(kept) = kept else {
-        panic!(
-            "the primary PV {primary} is not kept Released: {:?}\n{}",
-            volumes.get_opt(&primary).await,
-            report(&client, &ns.name, &net).await
-        );
-    };
-    assert_eq!(
-        kept.spec
-            .as_ref()
-            .unwrap()
-            .persistent_volume_reclaim_policy
-            .as_deref(),
-        Some("Retain"),
-        "{kept:?}"
-    );
-    assert_eq!(
-        kept.labels().get(COMPLETE_LABEL).map(String::as_str),
-        Some("true"),
-        "{kept:?}"
-    );
+    let kept = kept_primary(&client, &primary, &ns.name, &net)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(
         kept.annotations().contains_key(LAST_USED_ANNOTATION),
         "{kept:?}"
@@ -446,7 +415,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     // 3. Created again: a new binding adopts the retained primary. The webhook first sees the
     // binding gone (a dry run comes back rewritten, not skipped as `binding-retiring`).
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", report(&client, &ns.name, &net).await);
+        panic!("{e}\n{}", scenario_report(&client, &ns.name, &net).await);
     }
     deployments
         .create(&PostParams::default(), &workload)
@@ -474,11 +443,11 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
         Ok(Err(jobs)) => panic!(
             "a download Job was created after the retained primary could be adopted: {:?}\n{}",
             jobs.iter().map(ResourceExt::name_any).collect::<Vec<_>>(),
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         ),
         Err(_) => panic!(
             "the replica never became Ready on the adopted copy\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         ),
     };
     let warm_time = warm_started.elapsed();
@@ -517,7 +486,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     assert!(
         adopted.is_ok(),
         "the new binding recorded no AdoptedRetained Event\n{}",
-        report(&client, &ns.name, &net).await
+        scenario_report(&client, &ns.name, &net).await
     );
     let after = jobs.list(&ListParams::default()).await.unwrap().items;
     assert!(

@@ -36,9 +36,9 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
-    APP_SELECTOR, BINDING_ANNOTATION, CONTROL, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE,
-    READY_TIMEOUT, RELEASE, REPO, bindings_api, example_deployment, install, is_ready, model,
-    scenario_report, webhook_serving,
+    BINDING_ANNOTATION, CONTROL, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE, READY_TIMEOUT,
+    RELEASE, REPO, app_pods, bindings_api, example_deployment, install, is_ready, kept_primary,
+    model, scenario_report, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
@@ -48,29 +48,11 @@ use warmcache_testkit::{
 const IMAGE_TAG: &str = "e2e";
 const HOOK: &str = "warmcache-uninstall-hook";
 const FINALIZER: &str = "nvca.nvcf.nvidia.io/model-cache-binding-finalizer";
-const COMPLETE_LABEL: &str = "nvsnap.io/model-complete";
 const COMPONENTS: [&str; 3] = [
     "warmcache-webhook",
     "warmcache-binding-controller",
     "warmcache-reaper",
 ];
-
-async fn report(client: &Client, ns: &str, net: &PodNetwork) -> String {
-    scenario_report(client, ns, net).await
-}
-
-/// The example's pods that are not being deleted.
-async fn app_pods(pods: &Api<Pod>) -> Option<Vec<Pod>> {
-    Some(
-        pods.list(&ListParams::default().labels(APP_SELECTOR))
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect(),
-    )
-}
 
 /// Every ModelCacheBinding of the cluster (any namespace).
 fn all_bindings(client: &Client) -> Api<DynamicObject> {
@@ -192,7 +174,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     workload.spec.replicas = Some(2);
     let ns = TestNamespace::new("e2e-uninstall").await.unwrap();
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
     }
     let deployments: Api<Deployment> = ns.api();
     deployments
@@ -212,7 +194,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     else {
         panic!(
             "the replicas never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     let name = readers[0].annotations()[BINDING_ANNOTATION].clone();
@@ -234,7 +216,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     else {
         panic!(
             "the binding never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     assert!(
@@ -278,7 +260,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     if !ok {
         panic!(
             "helm uninstall failed: {helm_output}\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     }
     let hook = watcher.await.unwrap();
@@ -296,7 +278,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     let Some(output) = hook.output.clone() else {
         panic!(
             "the hook's output was not read before its pod went: {hook:?}\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     // The report (standard output) without the hook's JSON logs (standard error), which the
@@ -413,41 +395,16 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     if release_gone.is_err() {
         panic!(
             "the release's components or webhook registration remain\n{}",
-            report(&client, NAMESPACE, &net).await
+            scenario_report(&client, NAMESPACE, &net).await
         );
     }
 
     // No data is deleted: the primary is kept, Released now that its claim went with the
     // control namespace; the view stays bound to its claim.
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let kept = eventually("the primary Released", Duration::from_secs(60), || {
-        let (volumes, primary) = (volumes.clone(), primary.clone());
-        async move {
-            let pv = volumes.get_opt(&primary).await.ok()??;
-            (pv.status.as_ref()?.phase.as_deref() == Some("Released")).then_some(pv)
-        }
-    })
-    .await;
-    let Ok(kept) = kept else {
-        panic!(
-            "the primary PV {primary} is not kept Released: {:?}\n{}",
-            volumes.get_opt(&primary).await,
-            report(&client, &ns.name, &net).await
-        );
-    };
-    assert_eq!(
-        kept.spec
-            .as_ref()
-            .unwrap()
-            .persistent_volume_reclaim_policy
-            .as_deref(),
-        Some("Retain"),
-        "{kept:?}"
-    );
-    assert_eq!(
-        kept.labels().get(COMPLETE_LABEL).map(String::as_str),
-        Some("true")
-    );
+    kept_primary(&client, &primary, &ns.name, &net)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     for pv in &listed {
         assert!(
             volumes.get_opt(pv).await.unwrap().is_some(),
@@ -481,7 +438,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
         after,
         before,
         "the readers keep running, unrestarted\n{}",
-        report(&client, &ns.name, &net).await
+        scenario_report(&client, &ns.name, &net).await
     );
 
     // Their data stays readable: a pod mounting the view claim after the uninstall verifies
@@ -511,7 +468,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     if verified.as_ref().ok().map(String::as_str) != Some("Succeeded") {
         panic!(
             "the view could not be read after the uninstall: {verified:?}\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     }
 
@@ -538,7 +495,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     else {
         panic!(
             "the replica created after the uninstall never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            scenario_report(&client, &ns.name, &net).await
         );
     };
     let touched: Vec<&String> = new
