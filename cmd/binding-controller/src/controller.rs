@@ -1777,8 +1777,6 @@ impl Bindings {
     }
 }
 
-/// The admission trace context of a reading pod per namespace (pods in name order; one whose
-/// download step the writer may run is preferred).
 /// The message of the step's Degraded condition, for the Event that reports it.
 fn degraded_message(step: &lifecycle::Step) -> Option<String> {
     step.conditions
@@ -1787,6 +1785,8 @@ fn degraded_message(step: &lifecycle::Step) -> Option<String> {
         .map(|c| c.message.clone())
 }
 
+/// The admission trace context of a reading pod per namespace (pods in name order; one whose
+/// download step the writer may run is preferred).
 fn traceparents(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, (bool, String)> = BTreeMap::new();
     for pod in pods {

@@ -1910,11 +1910,31 @@ async fn a_writer_namespace_without_pods_is_taken_over_after_the_grace_period() 
     .await
     .unwrap();
 
-    // The first namespace loses its pods and its Job.
+    // The first namespace loses its pods and its Job, in that order as the controller sees
+    // it: a reconcile that still caches the pod when the Job is gone rightly restarts the
+    // holder's own Job (its pod can still run the step), and no takeover would follow. The
+    // pod's reference leaving the status shows the controller's cache has dropped it.
     a.api::<Pod>()
         .delete("reader-0", &DeleteParams::default())
         .await
         .unwrap();
+    let bindings: Api<ModelCacheBinding> = control.api();
+    eventually(
+        "the status drops the first namespace's reference",
+        WAIT,
+        || {
+            let bindings = bindings.clone();
+            let name = name.clone();
+            let a = a.name.clone();
+            async move {
+                let b = bindings.get(&name).await.ok()?;
+                let refs = &b.status?.request_references;
+                (!refs.is_empty() && refs.iter().all(|r| r.namespace != a)).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
     let gone_at = k8s_openapi::jiff::Timestamp::now();
     jobs_a
         .delete(
