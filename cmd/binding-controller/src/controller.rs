@@ -1925,6 +1925,18 @@ fn binding_of_attachment(
         .collect()
 }
 
+/// The annotations of a reading pod the controller reads; its pod cache keeps only these (the
+/// rewrite records more, and at 100,000 pods every byte a pod holds is 100 kB of cache). Pods
+/// are only ever written from fresh reads, never from this cache.
+pub const POD_ANNOTATIONS_READ: &[&str] = &[
+    BINDING_ANNOTATION,
+    BINDING_UID_ANNOTATION,
+    DOWNLOAD_STEP_ANNOTATION,
+    HANDLE_ANNOTATION,
+    URI_ANNOTATION,
+    warmcache_telemetry::TRACE_PARENT_ANNOTATION,
+];
+
 /// Registers the watches and starts the controller on `runtime` (reconciling while leading).
 pub fn start(
     runtime: &mut warmcache_runtime::Runtime,
@@ -1933,7 +1945,11 @@ pub fn start(
     let control = settings.control_namespace.clone();
     let ours = WatcherConfig::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
     let bindings = runtime.watch::<ModelCacheBinding>(Some(&control), WatcherConfig::default())?;
-    let pods = runtime.watch_metadata::<Pod>(None, WatcherConfig::default().labels(MODEL_LABEL))?;
+    let pods = runtime.watch_metadata_keeping::<Pod>(
+        None,
+        WatcherConfig::default().labels(MODEL_LABEL),
+        POD_ANNOTATIONS_READ,
+    )?;
     let namespaces = runtime.watch_cluster_metadata::<Namespace>(WatcherConfig::default())?;
     let claims = runtime.watch::<PersistentVolumeClaim>(None, ours.clone())?;
     let volumes = runtime.watch::<PersistentVolume>(None, ours.clone())?;

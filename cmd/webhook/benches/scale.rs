@@ -30,6 +30,9 @@
 //! SCALE_MODELS=10000 SCALE_PODS_PER_MODEL=10 cargo bench -p warmcache-webhook --bench scale
 //! ```
 //!
+//! `SCALE_CONTROLLER_WRAPPER` prefixes the controller's command line (a profiler such as
+//! `heaptrack -o /tmp/binding-controller`).
+//!
 //! `SCALE_CONTROLLER_QPS` sets the controller's `--kube-api-qps` (its burst twice that; `0`
 //! turns the client-side limit off); unset, the component's default applies, as in the chart.
 //!
@@ -50,13 +53,13 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_api_modelcache::SHARING_DOMAIN_LABEL;
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
-use warmcache_modelvolume::keys::BINDING_ANNOTATION;
+use warmcache_modelvolume::keys::{BINDING_ANNOTATION, DOWNLOAD_STEP_ANNOTATION};
 use warmcache_testkit::{ComponentAccount, ControlPlane, Kubelet, built_binaries_dir, eventually};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -210,7 +213,19 @@ impl Controller {
         let log = dir.path().join("binding-controller.log");
         let out = std::fs::File::create(&log).unwrap();
         let admin: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let child = Command::new(&binary)
+        // `SCALE_CONTROLLER_WRAPPER` runs the controller under a profiler (e.g. `heaptrack -o
+        // /tmp/bc`); the memory printed is then the wrapper's.
+        let wrapper = std::env::var("SCALE_CONTROLLER_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(&binary);
+                c
+            }
+            None => Command::new(&binary),
+        };
+        let child = command
             .arg("controller")
             .arg("--kubeconfig")
             .arg(account.kubeconfig_path())
@@ -449,6 +464,22 @@ async fn main() {
         .await
         .unwrap();
     assert_eq!(bindings.items.len(), models, "one binding per model");
+    // What the controller's pod cache holds per pod: the metadata of rewritten pods, as JSON.
+    let sample = Api::<Pod>::namespaced(client.clone(), &namespaces[0])
+        .list_metadata(&ListParams::default().limit(200))
+        .await
+        .unwrap();
+    let mean = |f: &dyn Fn(&kube::core::ObjectMeta) -> usize| {
+        sample.items.iter().map(|p| f(&p.metadata)).sum::<usize>() / sample.items.len().max(1)
+    };
+    let meta_bytes = mean(&|m| serde_json::to_vec(m).map_or(0, |v| v.len()));
+    let annotation_bytes = mean(&|m| serde_json::to_vec(&m.annotations).map_or(0, |v| v.len()));
+    let step_bytes = mean(&|m| {
+        m.annotations
+            .as_ref()
+            .and_then(|a| a.get(DOWNLOAD_STEP_ANNOTATION))
+            .map_or(0, String::len)
+    });
 
     let mut base: Vec<Duration> = baseline.iter().map(|c| c.latency).collect();
     base.sort();
@@ -497,6 +528,9 @@ async fn main() {
     println!("| webhook memory: now / peak | {webhook_rss:.0} / {webhook_hwm:.0} MiB | - | |");
     println!(
         "| binding controller memory: now / peak | {controller_rss:.0} / {controller_hwm:.0} MiB | - | |"
+    );
+    println!(
+        "| rewritten pod metadata (JSON), mean: whole / annotations / download step | {meta_bytes} / {annotation_bytes} / {step_bytes} B | - | |"
     );
     println!(
         "| bindings | {} (one per model) | - | |",

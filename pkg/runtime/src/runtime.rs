@@ -642,6 +642,35 @@ impl Runtime {
         Ok(self.cache(kind, reflector::store::Writer::new(()), events))
     }
 
+    /// [`Runtime::watch_metadata`], keeping of each object's annotations only the keys
+    /// `annotations` names: for a cache of many objects whose other annotations nobody reads
+    /// (a pod's can be kilobytes each). Only for caches never written back: an update built
+    /// from a trimmed object would remove the annotations it lacks.
+    pub fn watch_metadata_keeping<K>(
+        &mut self,
+        namespace: Option<&str>,
+        config: watcher::Config,
+        annotations: &'static [&'static str],
+    ) -> Result<Cache<PartialObjectMeta<K>>, RuntimeError>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let kind = kind_label::<K>();
+        let client = self.client()?;
+        let api: Api<PartialObjectMeta<K>> = match namespace {
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
+        };
+        let events = watch::keeping_annotations(watch::metadata(api, config), annotations);
+        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
+    }
+
     /// Watches only the metadata of the cluster-scoped kind `K` (Nodes, ...) into a shared
     /// [`Cache`]; `/readyz` waits for its first list.
     pub fn watch_cluster_metadata<K>(

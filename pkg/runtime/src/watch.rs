@@ -330,6 +330,35 @@ fn without_managed_fields<K: Resource>(mut event: Event<K>) -> Event<K> {
     event
 }
 
+/// `events` with each object's annotations cut down to the keys `keep` names (an object left
+/// with none has none, as the API server would send it).
+pub fn keeping_annotations<K, S>(
+    events: S,
+    keep: &'static [&'static str],
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Send + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    events.map(move |event| event.map(|event| keep_annotations(event, keep)))
+}
+
+fn keep_annotations<K: Resource>(mut event: Event<K>, keep: &[&str]) -> Event<K> {
+    match &mut event {
+        Event::Apply(object) | Event::InitApply(object) | Event::Delete(object) => {
+            let meta = object.meta_mut();
+            if let Some(annotations) = meta.annotations.as_mut() {
+                annotations.retain(|key, _| keep.contains(&key.as_str()));
+                if annotations.is_empty() {
+                    meta.annotations = None;
+                }
+            }
+        }
+        Event::Init | Event::InitDone => {}
+    }
+    event
+}
+
 /// A metadata-only watch of `K` (labels, annotations, owners; no spec or status): nothing in
 /// it can fail to decode, and the cache holds a fraction of the bytes. kube sends
 /// metadata-only requests for `Api<PartialObjectMeta<K>>`.
@@ -388,5 +417,69 @@ mod tests {
             without_managed_fields::<ConfigMap>(Event::Init),
             Event::Init
         ));
+    }
+
+    fn annotated(annotations: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("cm".into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                labels: Some([("kept".to_owned(), "yes".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_trimmed_watch_keeps_only_the_named_annotations() {
+        let big = "x".repeat(4096);
+        let events = futures::stream::iter(vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(annotated(&[
+                ("read", "1"),
+                ("kubectl.kubernetes.io/last-applied-configuration", &big),
+            ]))),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(annotated(&[("other", "2")]))),
+            Ok(Event::Delete(annotated(&[
+                ("read", "3"),
+                ("also-read", "4"),
+            ]))),
+        ]);
+        let out: Vec<_> = keeping_annotations(events, &["read", "also-read"])
+            .collect()
+            .await;
+        let annotations: Vec<_> = out
+            .into_iter()
+            .filter_map(|e| match e {
+                Ok(Event::InitApply(o) | Event::Apply(o) | Event::Delete(o)) => {
+                    assert_eq!(o.metadata.labels, annotated(&[]).metadata.labels);
+                    Some(o.metadata.annotations)
+                }
+                Ok(Event::Init | Event::InitDone) => None,
+                Err(e) => panic!("{e}"),
+            })
+            .collect();
+        assert_eq!(
+            annotations,
+            vec![
+                Some([("read".to_owned(), "1".to_owned())].into()),
+                // None left: no map at all, as the API server sends an object without any.
+                None,
+                Some(
+                    [
+                        ("also-read".to_owned(), "4".to_owned()),
+                        ("read".to_owned(), "3".to_owned()),
+                    ]
+                    .into()
+                ),
+            ]
+        );
     }
 }
