@@ -22,7 +22,8 @@
 //! the model is small
 //! (`E2E_SCALE_MODEL_BYTES`, default 4 MiB of weights) so that the opted-out run's downloads
 //! measure the fan-out, not the link. What is asserted is what the numbers rest on: every pod
-//! Ready, one binding; the numbers go to docs/benchmarks.md.
+//! Ready, one binding; the numbers go to docs/benchmarks.md. The Hub's bytes are the
+//! measurement: with `E2E_KUBECONFIG` it fails at start, saying so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -34,15 +35,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use warmcache_e2e::{
-    APP_SELECTOR, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE, REPO, bindings_api,
-    example_deployment, install, model, ready_pods, scenario_report, webhook_serving,
+    APP_SELECTOR, Scenario, Started, bindings_api, holds_resources, model, pod_request, ready_pods,
+    webhook_serving,
 };
-use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-};
+use warmcache_testkit::{TestNamespace, eventually};
 
-const IMAGE_TAG: &str = "e2e-scale";
 const OPT_OUT: &str = "nvca.nvcf.nvidia.io/model-cache-opt-out";
 const DOMAIN_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-sharing-domain";
 const TIMEOUT: Duration = Duration::from_secs(1800);
@@ -81,17 +78,17 @@ fn fit_on_one_node(mut workload: Deployment) -> Deployment {
 /// One run: its namespaces (created with `labels`), the Deployment in each with its share of
 /// `pods`, until every pod is Ready; the time that took.
 async fn run(
-    client: &Client,
-    net: &PodNetwork,
+    scenario: &Started,
     workload: &Deployment,
     prefix: &str,
     labels: &[(&str, &str)],
     namespaces: u64,
     pods: u64,
 ) -> (Vec<TestNamespace>, Duration) {
+    let client = &scenario.client;
     let mut created = Vec::new();
     for _ in 0..namespaces {
-        created.push(TestNamespace::with_labels(prefix, labels).await.unwrap());
+        created.push(scenario.namespace(prefix, labels).await.unwrap());
     }
     let names: Vec<String> = created.iter().map(|n| n.name.clone()).collect();
     let started = Instant::now();
@@ -113,7 +110,7 @@ async fn run(
     if ready.is_err() {
         panic!(
             "not every pod became Ready ({prefix})\n{}",
-            scenario_report(client, &names[0], net).await
+            scenario.report(&[&names[0]]).await
         );
     }
     (created, started.elapsed())
@@ -175,24 +172,9 @@ fn millicores(q: &str) -> u64 {
     }
 }
 
-/// The CPU a pod requests, as the scheduler counts it: the larger of its largest init
-/// container's request and the sum of its containers'.
+/// The CPU a pod requests, as the scheduler counts it, in millicores.
 fn pod_cpu(spec: &k8s_openapi::api::core::v1::PodSpec) -> u64 {
-    let cpu = |c: &k8s_openapi::api::core::v1::Container| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("cpu"))
-            .map_or(0, |q| millicores(&q.0))
-    };
-    let init = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(cpu)
-        .max()
-        .unwrap_or(0);
-    init.max(spec.containers.iter().map(cpu).sum())
+    pod_request(spec, "cpu", |q| millicores(&q.0))
 }
 
 /// Fails at once, saying why, when `pods` pods of `per_pod` millicores cannot all be scheduled
@@ -212,12 +194,7 @@ async fn check_room(client: &Client, node: &str, pods: u64, per_pod: u64) {
         .unwrap()
         .items
         .iter()
-        .filter(|p| {
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            )
-        })
+        .filter(|p| holds_resources(p))
         .filter_map(|p| p.spec.as_ref().map(pod_cpu))
         .sum();
     let free = allocatable.saturating_sub(used);
@@ -236,33 +213,18 @@ async fn main() {
     let pods = env_u64("E2E_SCALE_PODS", 200).max(1);
     let namespaces = env_u64("E2E_SCALE_NAMESPACES", 20).clamp(1, pods);
     let weights = env_u64("E2E_SCALE_MODEL_BYTES", 4 << 20);
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-
-    let hub = Hub::new(HubOptions::default());
-    let files = model(weights);
-    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
-    hub.publish(REPO, files).unwrap();
-    let hub_addr = hub.serve_loopback().await.unwrap();
-    let workload =
-        fit_on_one_node(example_deployment(&format!("http://{hub_addr}"), HF_IMAGE).unwrap());
-    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
-        gpus: u32::try_from(pods).unwrap(),
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: None,
-        extra_sets: &[],
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
+    let scenario = Scenario::new("download_once_at_scale")
+        .model(model(weights))
+        .needs_simulated_hub("the bytes the Hub served are the measurement")
+        .image_tag("e2e-scale")
+        .gpus(u32::try_from(pods).unwrap())
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = scenario.client.clone();
+    let node = scenario.node().unwrap();
+    let model_bytes = scenario.model_bytes().unwrap();
+    let workload = fit_on_one_node(scenario.workload().unwrap());
     // With warmcache each pod requests at least its wait container's 10m.
     check_room(
         &client,
@@ -276,10 +238,9 @@ async fn main() {
     );
 
     // Without warmcache: every pod downloads.
-    let before = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let before = scenario.served().unwrap();
     let (plain, plain_took) = run(
-        &client,
-        &net,
+        &scenario,
         &workload,
         "e2e-scale-off",
         &[(OPT_OUT, "true")],
@@ -287,7 +248,7 @@ async fn main() {
         pods,
     )
     .await;
-    let plain_bytes = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0) - before;
+    let plain_bytes = scenario.served().unwrap() - before;
     let plain_jobs = jobs(&client, &plain).await;
     println!(
         "without warmcache: {pods} pods Ready in {:.1} s, the Hub served {plain_bytes} bytes",
@@ -297,16 +258,16 @@ async fn main() {
 
     // With warmcache: one sharing domain over every namespace.
     let domain = format!("scale-{}", std::process::id());
-    let first = TestNamespace::with_labels("e2e-scale-probe", &[(DOMAIN_LABEL, &domain)])
+    let first = scenario
+        .namespace("e2e-scale-probe", &[(DOMAIN_LABEL, &domain)])
         .await
         .unwrap();
     if let Err(e) = webhook_serving(&client, &first.name, &workload).await {
-        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", scenario.report(&[]).await);
     }
-    let before = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let before = scenario.served().unwrap();
     let (cached, cached_took) = run(
-        &client,
-        &net,
+        &scenario,
         &workload,
         "e2e-scale-on",
         &[(DOMAIN_LABEL, &domain)],
@@ -314,7 +275,7 @@ async fn main() {
         pods,
     )
     .await;
-    let cached_bytes = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0) - before;
+    let cached_bytes = scenario.served().unwrap() - before;
     let cached_jobs = jobs(&client, &cached).await;
     let bindings = bindings_api(&client)
         .list(&ListParams::default())
@@ -344,4 +305,5 @@ async fn main() {
         cached_took.as_secs_f64(),
         plain_took.as_secs_f64()
     );
+    scenario.finish().await;
 }

@@ -15,10 +15,11 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use warmcache_test_sources::content::Content;
-use warmcache_test_sources::hub::{FileSpec, model_files};
+use warmcache_test_sources::hub::{FileSpec, Hub, HubOptions, model_files};
 use warmcache_testkit::{
-    COMPONENT_BINARIES, ControlPlane, PodNetwork, RealNode, TestCsiDriver, chart_dir,
-    component_image, eventually, helm_binary, hf_client_image, model_clients_dir, namespace_report,
+    COMPONENT_BINARIES, ControlPlane, OtlpReceiver, PodNetwork, RealNode, TESTKIT_NAMESPACE_LABEL,
+    TestCsiDriver, TestNamespace, built_binaries_dir, chart_dir, component_image, eventually,
+    helm_binary, hf_client_image, model_clients_dir, namespace_report,
 };
 
 /// The repository `examples/llm-deployment.yaml` downloads.
@@ -124,27 +125,6 @@ pub fn bindings_api(client: &kube::Client) -> Api<kube::api::DynamicObject> {
         CONTROL,
         &kube::core::ApiResource::from_gvk(&gvk),
     )
-}
-
-/// What a failed scenario prints: `namespace`'s and the control namespace's reports, each
-/// binding's status, and the pod network's.
-pub async fn scenario_report(client: &kube::Client, namespace: &str, net: &PodNetwork) -> String {
-    let mut out = namespace_report(client, namespace).await;
-    out.push_str(&namespace_report(client, CONTROL).await);
-    let bindings = bindings_api(client)
-        .list(&kube::api::ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    for b in bindings {
-        out.push_str(&format!(
-            "binding {}: {}\n",
-            kube::ResourceExt::name_any(&b),
-            serde_json::to_string(&b.data.get("status")).unwrap_or_default()
-        ));
-    }
-    out.push_str(&net.report());
-    out
 }
 
 /// The release and its namespace.
@@ -255,7 +235,18 @@ pub async fn install(
             String::from_utf8_lossy(&out.stdout)
         ));
     }
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    components_ready(&client, NAMESPACE)
+        .await
+        .map_err(|e| format!("{e}{}", net.report()))
+}
+
+/// Waits until the webhook and the binding controller of the release in `namespace` are Ready.
+///
+/// # Errors
+///
+/// They did not become Ready within [`READY_TIMEOUT`]; with the namespace's report.
+pub async fn components_ready(client: &kube::Client, namespace: &str) -> Result<(), String> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let up = eventually("the components Ready", READY_TIMEOUT, || {
         let deployments = deployments.clone();
         async move {
@@ -270,9 +261,9 @@ pub async fn install(
     .await;
     if up.is_err() {
         return Err(format!(
-            "the components did not become Ready\n{}{}",
-            namespace_report(&client, NAMESPACE).await,
-            net.report()
+            "the components (warmcache-webhook, warmcache-binding-controller) in {namespace} did \
+             not become Ready\n{}",
+            namespace_report(client, namespace).await
         ));
     }
     Ok(())
@@ -318,17 +309,39 @@ pub async fn webhook_serving(
         dry_run: true,
         ..PostParams::default()
     };
-    eventually("a dry-run pod rewritten", Duration::from_secs(120), || {
-        let (pods, probe, dry_run) = (pods.clone(), probe.clone(), dry_run.clone());
+    // The last answer, for the message when none came back rewritten (a refusal names its
+    // reason: an admission policy of the cluster, a quota).
+    let last = std::sync::Mutex::new(String::from("no answer"));
+    let rewritten = eventually("a dry-run pod rewritten", Duration::from_secs(120), || {
+        let (pods, probe, dry_run, last) = (pods.clone(), probe.clone(), dry_run.clone(), &last);
         async move {
-            let admitted = pods.create(&dry_run, &probe).await.ok()?;
-            kube::ResourceExt::annotations(&admitted)
-                .contains_key(BINDING_ANNOTATION)
-                .then_some(())
+            let admitted = match pods.create(&dry_run, &probe).await {
+                Ok(admitted) => admitted,
+                Err(e) => {
+                    if let Ok(mut last) = last.lock() {
+                        *last = format!("refused: {e}");
+                    }
+                    return None;
+                }
+            };
+            let rewritten =
+                kube::ResourceExt::annotations(&admitted).contains_key(BINDING_ANNOTATION);
+            if !rewritten && let Ok(mut last) = last.lock() {
+                *last = format!(
+                    "admitted unmodified, annotations {:?}",
+                    kube::ResourceExt::annotations(&admitted)
+                );
+            }
+            rewritten.then_some(())
         }
     })
-    .await
-    .map_err(|_| "the webhook never rewrote a dry-run pod".to_owned())
+    .await;
+    rewritten.map_err(|_| {
+        format!(
+            "the webhook never rewrote a dry-run pod in {namespace}; the last answer: {}",
+            last.lock().map(|l| l.clone()).unwrap_or_default()
+        )
+    })
 }
 
 /// How many of the example's pods ([`APP_SELECTOR`]) in `namespaces` are Ready; `None` when a
@@ -371,14 +384,14 @@ pub async fn app_pods(
 ///
 /// # Errors
 ///
-/// What is not so, with `namespace`'s [`scenario_report`].
+/// What is not so, with `namespace`'s [`Started::report`].
 pub async fn kept_primary(
-    client: &kube::Client,
+    started: &Started,
     primary: &str,
     namespace: &str,
-    net: &PodNetwork,
 ) -> Result<k8s_openapi::api::core::v1::PersistentVolume, String> {
     use k8s_openapi::api::core::v1::PersistentVolume;
+    let client = &started.client;
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     let released = eventually("the primary Released", Duration::from_secs(60), || {
         let volumes = volumes.clone();
@@ -392,7 +405,7 @@ pub async fn kept_primary(
         return Err(format!(
             "the primary PV {primary} is not kept Released: {:?}\n{}",
             volumes.get_opt(primary).await,
-            scenario_report(client, namespace, net).await
+            started.report(&[namespace]).await
         ));
     };
     let policy = kept
@@ -408,4 +421,824 @@ pub async fn kept_primary(
         ));
     }
     Ok(kept)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scenarios' setup: on the test kit's real node (default) or on a cluster (`E2E_KUBECONFIG`).
+// ---------------------------------------------------------------------------------------------
+
+/// When set, the scenarios run against the cluster of this kubeconfig and simulate nothing
+/// (docs/e2e-on-a-cluster.md).
+pub const ENV_KUBECONFIG: &str = "E2E_KUBECONFIG";
+/// Cluster mode: the Hugging Face endpoint the pods download from (`HF_ENDPOINT`). Required.
+pub const ENV_MODEL_ENDPOINT: &str = "E2E_MODEL_ENDPOINT";
+/// Cluster mode: the repository to download (default [`REPO`]); it must hold a `SHA256SUMS`
+/// of its files, which the example's engine checks.
+pub const ENV_MODEL_REPO: &str = "E2E_MODEL_REPO";
+/// Cluster mode: the revision to download (`hf download --revision`); the default branch when
+/// unset.
+pub const ENV_MODEL_REVISION: &str = "E2E_MODEL_REVISION";
+/// Cluster mode: an image with the `hf` CLI and busybox's `sh`/`sha256sum` (the example's
+/// client and engine). Required.
+pub const ENV_HF_IMAGE: &str = "E2E_HF_IMAGE";
+/// Cluster mode: the pods' `imagePullPolicy` (default `IfNotPresent`).
+pub const ENV_IMAGE_PULL_POLICY: &str = "E2E_IMAGE_PULL_POLICY";
+/// Cluster mode: the release's namespace (default [`NAMESPACE`]).
+pub const ENV_RELEASE_NAMESPACE: &str = "E2E_RELEASE_NAMESPACE";
+/// Cluster mode: `true` to `helm install` release [`RELEASE`] for the scenario (and uninstall
+/// it when the scenario passes); otherwise (default) the release must be installed and Ready.
+pub const ENV_HELM_INSTALL: &str = "E2E_HELM_INSTALL";
+/// Cluster mode with [`ENV_HELM_INSTALL`]: the product image's repository and tag.
+pub const ENV_IMAGE_REPOSITORY: &str = "E2E_IMAGE_REPOSITORY";
+pub const ENV_IMAGE_TAG: &str = "E2E_IMAGE_TAG";
+/// Cluster mode with [`ENV_HELM_INSTALL`]: more values, one `helm --set` argument
+/// (`a=b,c=d`), and a values file (`helm -f`), for what the cluster needs (storage, catalog).
+pub const ENV_HELM_SETS: &str = "E2E_HELM_SETS";
+pub const ENV_HELM_VALUES: &str = "E2E_HELM_VALUES";
+
+/// One scenario's setup, in either mode:
+///
+/// - default: the test kit's control plane and real node, the simulated Hub on loopback
+///   ([`Scenario::model`]), the kit's `PodNetwork`, the images built and imported, the node's
+///   GPUs advertised, and the chart installed by [`install`];
+/// - `E2E_KUBECONFIG` set: that cluster, nothing simulated; what the scenario needs comes from
+///   the `E2E_*` variables above, and a scenario that needs the simulation fails at
+///   [`Scenario::start`] saying so.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    name: String,
+    gpus: u32,
+    hub: bool,
+    hub_options: HubOptions,
+    model: Option<Vec<FileSpec>>,
+    otlp: bool,
+    extra_sets: Vec<String>,
+    image_tag: String,
+    needs_simulated_hub: Option<String>,
+    needs_test_node: Option<String>,
+    needs_own_release: Option<String>,
+}
+
+impl Scenario {
+    /// A scenario called `name` (in its messages), with no GPU, no Hub and the chart's defaults.
+    pub fn new(name: &str) -> Self {
+        Scenario {
+            name: name.to_owned(),
+            gpus: 0,
+            hub: false,
+            hub_options: HubOptions::default(),
+            model: None,
+            otlp: false,
+            extra_sets: Vec::new(),
+            image_tag: "e2e".to_owned(),
+            needs_simulated_hub: None,
+            needs_test_node: None,
+            needs_own_release: None,
+        }
+    }
+
+    /// The [`GPU`]s the scenario's pods hold at once: advertised by the test node; on a cluster,
+    /// checked free before the scenario starts.
+    pub fn gpus(mut self, gpus: u32) -> Self {
+        self.gpus = gpus;
+        self
+    }
+
+    /// The model source: the simulated Hub serving [`REPO`] with `files`; on a cluster, the
+    /// model of `E2E_MODEL_ENDPOINT`/`E2E_MODEL_REPO`/`E2E_MODEL_REVISION`.
+    pub fn model(mut self, files: Vec<FileSpec>) -> Self {
+        self.hub = true;
+        self.model = Some(files);
+        self
+    }
+
+    /// A simulated Hub with `options` and nothing published (the scenario publishes through
+    /// [`Started::hub`]); implies [`needs_simulated_hub`](Self::needs_simulated_hub).
+    pub fn simulated_hub(mut self, options: HubOptions, why: &str) -> Self {
+        self.hub = true;
+        self.hub_options = options;
+        self.needs_simulated_hub(why)
+    }
+
+    /// The scenario reads or steers the simulated Hub (byte counts as the measurement, injected
+    /// failures, moved tags, a rate limit): on a cluster it fails at start, saying `why`.
+    pub fn needs_simulated_hub(mut self, why: &str) -> Self {
+        self.hub = true;
+        self.needs_simulated_hub = Some(why.to_owned());
+        self
+    }
+
+    /// The scenario needs the test kit's node itself (its file system, images imported, the
+    /// kit's DNS stand-in): on a cluster it fails at start, saying `why`.
+    pub fn needs_test_node(mut self, why: &str) -> Self {
+        self.needs_test_node = Some(why.to_owned());
+        self
+    }
+
+    /// The scenario changes the release itself (`helm uninstall`): on a cluster it runs only
+    /// with `E2E_HELM_INSTALL=true` (its own release), and fails at start otherwise.
+    pub fn needs_own_release(mut self, why: &str) -> Self {
+        self.needs_own_release = Some(why.to_owned());
+        self
+    }
+
+    /// Traces: a real OTLP/gRPC receiver on loopback, bridged into the pods, as the chart's
+    /// `otel.endpoint`. On a cluster there is none ([`Started::otlp`] is `None`): its pods
+    /// cannot reach this machine's loopback.
+    pub fn otlp(mut self) -> Self {
+        self.otlp = true;
+        self
+    }
+
+    /// More `helm --set` values (`key=value`) the scenario needs. On a cluster they are applied
+    /// only to a release the scenario installs (`E2E_HELM_INSTALL=true`).
+    pub fn extra_sets<S: AsRef<str>>(mut self, sets: &[S]) -> Self {
+        self.extra_sets
+            .extend(sets.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// The tag of the product image built on the test node (default `e2e`).
+    pub fn image_tag(mut self, tag: &str) -> Self {
+        tag.clone_into(&mut self.image_tag);
+        self
+    }
+
+    /// Sets everything up, in the mode `E2E_KUBECONFIG` chooses.
+    ///
+    /// # Errors
+    ///
+    /// What failed, in words; on a cluster, also what the scenario cannot do there and which
+    /// variable is missing.
+    pub async fn start(self) -> Result<Started, String> {
+        match std::env::var_os(ENV_KUBECONFIG) {
+            Some(path) if !path.is_empty() => self.start_on_cluster(PathBuf::from(path)).await,
+            _ => self.start_simulated().await,
+        }
+    }
+
+    async fn start_simulated(self) -> Result<Started, String> {
+        let e = |e: warmcache_testkit::TestkitError| format!("scenario {}: {e}", self.name);
+        let plane = ControlPlane::shared().await.map_err(e)?;
+        let node = RealNode::shared().await.map_err(e)?;
+        let client = plane.client().await.map_err(e)?;
+
+        // The model source, reachable from pods at the address it has here.
+        let mut egress = Vec::new();
+        let mut model_bytes = None;
+        let (hub, endpoint) = if self.hub {
+            let hub = Hub::new(self.hub_options.clone());
+            if let Some(files) = self.model.clone() {
+                model_bytes = Some(files.iter().map(|f| f.content.len()).sum());
+                hub.publish(REPO, files)
+                    .map_err(|e| format!("publishing {REPO}: {e}"))?;
+            }
+            let addr = hub
+                .serve_loopback()
+                .await
+                .map_err(|e| format!("serving the Hub: {e}"))?;
+            egress.push(addr);
+            (Some(hub), format!("http://{addr}"))
+        } else {
+            (None, String::new())
+        };
+        // The traces' collector: real OTLP/gRPC, reached from the pods like the Hub.
+        let otlp = if self.otlp {
+            let otlp = OtlpReceiver::start().await.map_err(e)?;
+            let addr = otlp
+                .endpoint()
+                .trim_start_matches("http://")
+                .parse()
+                .map_err(|e| format!("the OTLP receiver's address: {e}"))?;
+            egress.push(addr);
+            Some(otlp)
+        } else {
+            None
+        };
+        let net = PodNetwork::on_node(plane, node, &egress)
+            .await
+            .map_err(|e| format!("scenario {}: the pod network: {e}", self.name))?;
+
+        // The product on the node, as a user installs it (images imported, the node's GPUs, a
+        // catalog qualifying the test driver, helm install).
+        let work = tempfile::tempdir().map_err(|e| format!("a work directory: {e}"))?;
+        let bin_dir = built_binaries_dir().map_err(e)?;
+        let otel_endpoint = otlp.as_ref().map(OtlpReceiver::endpoint);
+        let sets: Vec<&str> = self.extra_sets.iter().map(String::as_str).collect();
+        let how = Install {
+            image_repository: IMAGE_REPOSITORY,
+            image_tag: &self.image_tag,
+            bin_dir: &bin_dir,
+            hf_image: HF_IMAGE,
+            gpus: self.gpus,
+            kubeconfig: plane.kubeconfig_path(),
+            work_dir: work.path(),
+            otel_endpoint: otel_endpoint.as_deref(),
+            extra_sets: &sets,
+        };
+        install(plane, node, &net, &how)
+            .await
+            .map_err(|e| format!("scenario {}: {e}", self.name))?;
+        Ok(Started {
+            name: self.name,
+            client,
+            kubeconfig: plane.kubeconfig_path().to_owned(),
+            endpoint,
+            hf_image: HF_IMAGE.to_owned(),
+            pull_policy: "Never".to_owned(),
+            release_namespace: NAMESPACE.to_owned(),
+            model_repo: REPO.to_owned(),
+            model_revision: None,
+            otlp,
+            hub,
+            model_bytes,
+            sim: Some(Simulation { node, net }),
+            own_release: false,
+            created: std::sync::Mutex::new(Vec::new()),
+            work,
+        })
+    }
+
+    /// Why this scenario cannot run in the mode the environment chooses (it needs the
+    /// simulation, or a release of its own on a cluster); `None` when it can. [`start`](Self::start)
+    /// fails with it; a scenario may ask first, before its own preparations.
+    pub fn refusal(&self) -> Option<String> {
+        let kubeconfig = env_opt(ENV_KUBECONFIG)?;
+        let name = &self.name;
+        let not_here = |why: String| {
+            format!(
+                "scenario {name}: {why}; it does not apply to {ENV_KUBECONFIG}={kubeconfig} \
+                 (nothing is simulated there). Unset {ENV_KUBECONFIG} to run it on the test \
+                 kit's real node; see docs/e2e-on-a-cluster.md for the scenarios that run on a \
+                 cluster"
+            )
+        };
+        if let Some(why) = &self.needs_test_node {
+            return Some(not_here(format!("it needs the test kit's node ({why})")));
+        }
+        if let Some(why) = &self.needs_simulated_hub {
+            return Some(not_here(format!("it needs the simulated Hub ({why})")));
+        }
+        let own_release = matches!(env_opt(ENV_HELM_INSTALL).as_deref(), Some("true" | "1"));
+        if !own_release {
+            if let Some(why) = &self.needs_own_release {
+                return Some(format!(
+                    "scenario {name} {why}, so on a cluster it needs a release of its own: set \
+                     {ENV_HELM_INSTALL}=true (with {ENV_IMAGE_REPOSITORY}, {ENV_IMAGE_TAG} and \
+                     what the cluster needs in {ENV_HELM_SETS}/{ENV_HELM_VALUES})"
+                ));
+            }
+            if !self.extra_sets.is_empty() {
+                return Some(format!(
+                    "scenario {name} needs the chart values {:?}, which an existing release need \
+                     not have: set {ENV_HELM_INSTALL}=true so that it installs its own release \
+                     with them (with {ENV_IMAGE_REPOSITORY}, {ENV_IMAGE_TAG} and what the \
+                     cluster needs in {ENV_HELM_SETS}/{ENV_HELM_VALUES})",
+                    self.extra_sets
+                ));
+            }
+        }
+        None
+    }
+
+    async fn start_on_cluster(self, kubeconfig: PathBuf) -> Result<Started, String> {
+        let name = self.name.clone();
+        if let Some(refusal) = self.refusal() {
+            return Err(refusal);
+        }
+        let own_release = match env_opt(ENV_HELM_INSTALL).as_deref() {
+            None | Some("false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(other) => {
+                return Err(format!(
+                    "{ENV_HELM_INSTALL}={other}: expected true or false"
+                ));
+            }
+        };
+        let release_namespace =
+            env_opt(ENV_RELEASE_NAMESPACE).unwrap_or_else(|| NAMESPACE.to_owned());
+        let (endpoint, hf_image) = if self.hub {
+            (
+                required(ENV_MODEL_ENDPOINT, &name)?,
+                required(ENV_HF_IMAGE, &name)?,
+            )
+        } else {
+            (String::new(), String::new())
+        };
+        let model_repo = env_opt(ENV_MODEL_REPO).unwrap_or_else(|| REPO.to_owned());
+        let model_revision = env_opt(ENV_MODEL_REVISION);
+        let pull_policy =
+            env_opt(ENV_IMAGE_PULL_POLICY).unwrap_or_else(|| "IfNotPresent".to_owned());
+
+        let parsed = kube::config::Kubeconfig::read_from(&kubeconfig)
+            .map_err(|e| format!("{ENV_KUBECONFIG}={}: {e}", kubeconfig.display()))?;
+        let config = kube::Config::from_custom_kubeconfig(
+            parsed,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| format!("{ENV_KUBECONFIG}={}: {e}", kubeconfig.display()))?;
+        let client = kube::Client::try_from(config)
+            .map_err(|e| format!("a client for {}: {e}", kubeconfig.display()))?;
+
+        let work = tempfile::tempdir().map_err(|e| format!("a work directory: {e}"))?;
+        if own_release {
+            helm_install_on_cluster(&kubeconfig, &release_namespace, &self.extra_sets)?;
+        }
+        components_ready(&client, &release_namespace)
+            .await
+            .map_err(|e| {
+                format!(
+                    "scenario {name}: release {RELEASE} in {release_namespace} (set \
+                     {ENV_RELEASE_NAMESPACE}, or {ENV_HELM_INSTALL}=true to install it): {e}"
+                )
+            })?;
+        if self.gpus > 0 {
+            let free = free_gpus(&client).await?;
+            if free < u64::from(self.gpus) {
+                return Err(format!(
+                    "scenario {name} runs {} pods that each request one {GPU}; the cluster has \
+                     {free} free (allocatable less what running pods request)",
+                    self.gpus
+                ));
+            }
+        }
+        if self.otlp {
+            eprintln!(
+                "scenario {name}: traces are not checked on a cluster: its pods cannot reach an \
+                 OTLP receiver on this machine's loopback"
+            );
+        }
+        Ok(Started {
+            name,
+            client,
+            kubeconfig,
+            endpoint,
+            hf_image,
+            pull_policy,
+            release_namespace,
+            model_repo,
+            model_revision,
+            otlp: None,
+            hub: None,
+            model_bytes: None,
+            sim: None,
+            own_release,
+            created: std::sync::Mutex::new(Vec::new()),
+            work,
+        })
+    }
+}
+
+fn env_opt(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn required(name: &str, scenario: &str) -> Result<String, String> {
+    env_opt(name).ok_or_else(|| {
+        format!(
+            "scenario {scenario}: {name} is not set; with {ENV_KUBECONFIG} it is required (see \
+             docs/e2e-on-a-cluster.md)"
+        )
+    })
+}
+
+/// `helm install` of [`RELEASE`] in `namespace` on a cluster: the image of `E2E_IMAGE_*`, the
+/// values of `E2E_HELM_VALUES`/`E2E_HELM_SETS`, then the scenario's `extra_sets`.
+fn helm_install_on_cluster(
+    kubeconfig: &Path,
+    namespace: &str,
+    extra_sets: &[String],
+) -> Result<(), String> {
+    let repository = required(ENV_IMAGE_REPOSITORY, "install")?;
+    let tag = required(ENV_IMAGE_TAG, "install")?;
+    let helm = helm_binary().map_err(|e| e.to_string())?;
+    let mut command = std::process::Command::new(helm);
+    command
+        .arg("install")
+        .arg(RELEASE)
+        .arg(chart_dir())
+        .args([
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--kubeconfig",
+        ])
+        .arg(kubeconfig)
+        .args(["--set", &format!("image.repository={repository}")])
+        .args(["--set", &format!("image.tag={tag}")]);
+    if let Some(values) = env_opt(ENV_HELM_VALUES) {
+        command.args(["-f", &values]);
+    }
+    if let Some(sets) = env_opt(ENV_HELM_SETS) {
+        command.args(["--set", &sets]);
+    }
+    for s in extra_sets {
+        command.args(["--set", s]);
+    }
+    let out = command.output().map_err(|e| format!("running helm: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "helm install {RELEASE} in {namespace} failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    Ok(())
+}
+
+/// The [`GPU`]s the cluster's nodes can still give: allocatable less what the pods that are not
+/// done request.
+async fn free_gpus(client: &kube::Client) -> Result<u64, String> {
+    use k8s_openapi::api::core::v1::Pod;
+    let count = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        q.and_then(|q| q.0.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| format!("listing the nodes: {e}"))?;
+    let allocatable: u64 = nodes
+        .items
+        .iter()
+        .map(|n| {
+            count(
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.allocatable.as_ref()?.get(GPU)),
+            )
+        })
+        .sum();
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| format!("listing the pods: {e}"))?;
+    let used: u64 = pods
+        .items
+        .iter()
+        .filter(|p| holds_resources(p))
+        .filter_map(|p| p.spec.as_ref())
+        .map(|s| pod_request(s, GPU, |q| count(Some(q))))
+        .sum();
+    Ok(allocatable.saturating_sub(used))
+}
+
+/// What only the test kit's node has.
+struct Simulation {
+    node: &'static RealNode,
+    net: PodNetwork,
+}
+
+/// A started scenario: the client, the model source, and (on the test node) the simulation.
+pub struct Started {
+    name: String,
+    /// An admin client of the cluster.
+    pub client: kube::Client,
+    /// The admin kubeconfig (the test plane's, or `E2E_KUBECONFIG`).
+    pub kubeconfig: PathBuf,
+    /// The Hugging Face endpoint the pods download from (empty without a model source).
+    pub endpoint: String,
+    /// The image of the example's client and engine.
+    pub hf_image: String,
+    /// The pods' `imagePullPolicy` (`Never` on the test node: its images are imported).
+    pub pull_policy: String,
+    /// The release's namespace.
+    pub release_namespace: String,
+    model_repo: String,
+    model_revision: Option<String>,
+    /// The OTLP receiver the components export to (only on the test node).
+    pub otlp: Option<OtlpReceiver>,
+    hub: Option<Hub>,
+    model_bytes: Option<u64>,
+    sim: Option<Simulation>,
+    own_release: bool,
+    created: std::sync::Mutex<Vec<String>>,
+    work: tempfile::TempDir,
+}
+
+impl Started {
+    /// Whether this runs on the test kit's node with the simulation (`E2E_KUBECONFIG` unset).
+    pub fn simulated(&self) -> bool {
+        self.sim.is_some()
+    }
+
+    /// The simulated Hub (to publish, move tags, read byte counts); `None` on a cluster.
+    pub fn hub(&self) -> Option<&Hub> {
+        self.hub.as_ref()
+    }
+
+    /// The bytes of [`REPO`] the simulated Hub served so far; `None` on a cluster (no Hub to
+    /// count: the scenarios count download Jobs there).
+    pub fn served(&self) -> Option<u64> {
+        self.hub
+            .as_ref()
+            .map(|h| h.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0))
+    }
+
+    /// The bytes of the model of [`Scenario::model`] (on the test node).
+    pub fn model_bytes(&self) -> Option<u64> {
+        self.model_bytes
+    }
+
+    /// The test kit's node; `None` on a cluster.
+    pub fn node(&self) -> Option<&'static RealNode> {
+        self.sim.as_ref().map(|s| s.node)
+    }
+
+    /// The kit's pod network; `None` on a cluster.
+    pub fn net(&self) -> Option<&PodNetwork> {
+        self.sim.as_ref().map(|s| &s.net)
+    }
+
+    /// A directory for the scenario's files, removed with it.
+    pub fn work_dir(&self) -> &Path {
+        self.work.path()
+    }
+
+    /// `examples/llm-deployment.yaml` for this run: the model source's endpoint, the hf-client
+    /// image and the pull policy; on a cluster, the repository and revision of `E2E_MODEL_*`.
+    ///
+    /// # Errors
+    ///
+    /// The example cannot be read, or its download command is not the one expected.
+    pub fn workload(&self) -> Result<Deployment, String> {
+        let mut workload = example_deployment(&self.endpoint, &self.hf_image)?;
+        let Some(spec) = workload.spec.template.spec.as_mut() else {
+            return Err("the example has no pod spec".to_owned());
+        };
+        for c in spec
+            .init_containers
+            .iter_mut()
+            .flatten()
+            .chain(spec.containers.iter_mut())
+        {
+            c.image_pull_policy = Some(self.pull_policy.clone());
+        }
+        if self.model_repo != REPO || self.model_revision.is_some() {
+            let download = format!("hf download {REPO} ");
+            let revision = self
+                .model_revision
+                .as_ref()
+                .map(|r| format!("--revision {r} "))
+                .unwrap_or_default();
+            let script = spec
+                .init_containers
+                .iter_mut()
+                .flatten()
+                .find(|c| c.name == "download-model")
+                .and_then(|c| c.command.as_mut()?.last_mut())
+                .filter(|s| s.contains(&download))
+                .ok_or("the example's init container download-model does not run `hf download demo/llm`")?;
+            *script = script.replace(
+                &download,
+                &format!("hf download {} {revision}", self.model_repo),
+            );
+        }
+        Ok(workload)
+    }
+
+    /// A fresh namespace `t-<prefix>-<random>` with `labels` from its creation, once its
+    /// `default` ServiceAccount exists. On a cluster, [`Started::finish`] deletes it.
+    ///
+    /// # Errors
+    ///
+    /// The namespace could not be created.
+    pub async fn namespace(
+        &self,
+        prefix: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<TestNamespace, String> {
+        let ns = if self.simulated() {
+            TestNamespace::with_labels(prefix, labels)
+                .await
+                .map_err(|e| e.to_string())?
+        } else {
+            create_namespace(&self.client, prefix, labels).await?
+        };
+        if let Ok(mut created) = self.created.lock() {
+            created.push(ns.name.clone());
+        }
+        Ok(ns)
+    }
+
+    /// What a failed scenario prints: the reports of `namespaces`, the release's and the control
+    /// namespace, each binding's status, and (on the test node) the pod network's.
+    pub async fn report(&self, namespaces: &[&str]) -> String {
+        let mut out = String::new();
+        let mut seen = Vec::new();
+        for ns in namespaces
+            .iter()
+            .copied()
+            .chain([CONTROL, self.release_namespace.as_str()])
+        {
+            if !seen.contains(&ns) {
+                seen.push(ns);
+                out.push_str(&namespace_report(&self.client, ns).await);
+            }
+        }
+        let bindings = bindings_api(&self.client)
+            .list(&kube::api::ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        for b in bindings {
+            out.push_str(&format!(
+                "binding {}: {}\n",
+                kube::ResourceExt::name_any(&b),
+                serde_json::to_string(&b.data.get("status")).unwrap_or_default()
+            ));
+        }
+        if let Some(net) = self.net() {
+            out.push_str(&net.report());
+        }
+        out
+    }
+
+    /// Ends a scenario that passed. On the test node nothing is left to do (the plane goes with
+    /// the test process); on a cluster, the namespaces it created are deleted, and a release it
+    /// installed is uninstalled. A scenario that fails leaves them for a look (see
+    /// docs/e2e-on-a-cluster.md).
+    pub async fn finish(self) {
+        if self.simulated() {
+            return;
+        }
+        let created = self.created.lock().map(|c| c.clone()).unwrap_or_default();
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        for ns in created {
+            if let Err(e) = namespaces
+                .delete(&ns, &kube::api::DeleteParams::background())
+                .await
+                && !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+            {
+                eprintln!("scenario {}: deleting namespace {ns}: {e}", self.name);
+            }
+        }
+        if self.own_release {
+            let release_namespace = self.release_namespace.clone();
+            let kubeconfig = self.kubeconfig.clone();
+            let out = helm_binary().map_err(|e| e.to_string()).and_then(|helm| {
+                std::process::Command::new(helm)
+                    .args(["uninstall", RELEASE, "--namespace", &release_namespace])
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .args(["--timeout", "5m", "--ignore-not-found"])
+                    .output()
+                    .map_err(|e| e.to_string())
+            });
+            match out {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => eprintln!(
+                    "scenario {}: helm uninstall {RELEASE}: {}",
+                    self.name,
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                Err(e) => eprintln!("scenario {}: helm uninstall {RELEASE}: {e}", self.name),
+            }
+        }
+    }
+}
+
+/// A value unique to this test process, for names a cluster may already hold from another run
+/// (a sharing domain).
+pub fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{}-{:x}", std::process::id(), nanos % 0x10000)
+}
+
+/// [`TestNamespace::with_labels`] on a cluster's client: `t-<prefix>-<random>`, labelled as the
+/// kit labels its namespaces.
+async fn create_namespace(
+    client: &kube::Client,
+    prefix: &str,
+    labels: &[(&str, &str)],
+) -> Result<TestNamespace, String> {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let clean: String = prefix
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    // This process's id and a count: unique among the namespaces of every run.
+    static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!(
+        "t-{}-{}{n}",
+        clean.trim_matches('-'),
+        run_id().replace('-', "")
+    );
+    let mut all = serde_json::Map::new();
+    all.insert(TESTKIT_NAMESPACE_LABEL.to_owned(), json!("true"));
+    for (k, v) in labels {
+        all.insert((*k).to_owned(), json!(v));
+    }
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": all}}))
+            .map_err(|e| e.to_string())?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map_err(|e| format!("creating namespace {name}: {e}"))?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+    eventually(
+        &format!("ServiceAccount {name}/default"),
+        Duration::from_secs(60),
+        || {
+            let accounts = accounts.clone();
+            async move { accounts.get_opt("default").await.ok().flatten() }
+        },
+    )
+    .await
+    .map_err(|e| format!("namespace {name}: {e}"))?;
+    Ok(TestNamespace {
+        name,
+        client: client.clone(),
+    })
+}
+
+/// The claim the example's engine reads the model from, checked to be read-only on both sides:
+/// the engine's mount at the landing (`/models/llm`) is read-only, and so is the pod's claim
+/// (the webhook's rewrite, as the API returns it).
+///
+/// # Errors
+///
+/// What is not so, naming the pod.
+pub fn read_only_landing(
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Result<k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource, String> {
+    let name = kube::ResourceExt::name_any(pod);
+    let spec = pod.spec.as_ref().ok_or(format!("{name}: no spec"))?;
+    let engine = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "engine")
+        .ok_or(format!("{name}: no engine container"))?;
+    let mount = engine
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/models/llm")
+        .ok_or_else(|| format!("{name}: no mount at the landing: {engine:?}"))?;
+    if mount.read_only != Some(true) {
+        return Err(format!(
+            "{name}: the landing's mount is not read-only: {mount:?}"
+        ));
+    }
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .ok_or_else(|| format!("{name}: no volume {}", mount.name))?;
+    let claim = volume
+        .persistent_volume_claim
+        .clone()
+        .ok_or_else(|| format!("{name}: the landing is not a claim: {volume:?}"))?;
+    if claim.read_only != Some(true) {
+        return Err(format!(
+            "{name}: the claim is not mounted read-only: {claim:?}"
+        ));
+    }
+    Ok(claim)
+}
+
+/// What a pod of `spec` requests of `resource`, as the scheduler counts it: the larger of its
+/// largest init container's request and the sum of its containers', each request counted by
+/// `count`.
+pub fn pod_request(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    resource: &str,
+    count: impl Fn(&k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> u64,
+) -> u64 {
+    let requested = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref()?.get(resource))
+            .map_or(0, &count)
+    };
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(requested)
+        .max()
+        .unwrap_or(0);
+    init.max(spec.containers.iter().map(requested).sum())
+}
+
+/// Whether `pod` still holds what it requests: it is not done (phase neither `Succeeded` nor
+/// `Failed`), as the scheduler counts it.
+pub fn holds_resources(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
 }

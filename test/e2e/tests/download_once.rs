@@ -17,6 +17,11 @@
 //! so images are imported and pods say `imagePullPolicy: Never`; and the storage is the test
 //! CSI driver's shared-filesystem profile, qualified by a catalog ConfigMap the test applies
 //! (`catalog.enabled=false`, as a user with their own qualified driver does).
+//!
+//! With `E2E_KUBECONFIG` it runs against that cluster, nothing simulated
+//! (docs/e2e-on-a-cluster.md): the Hub's byte count gives way to the download Jobs and the two
+//! bindings the pods name, and the traces are not checked (no OTLP receiver the cluster's pods
+//! reach).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -28,109 +33,49 @@ const TRACE_PARENT_ANNOTATION: &str = "warmcache.nvidia.io/traceparent";
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_e2e::{
-    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, model,
-    ready_pods, webhook_serving,
+    APP_SELECTOR, BINDING_ANNOTATION, CONTROL, READY_TIMEOUT, Scenario, bindings_api, model,
+    read_only_landing, ready_pods, run_id, webhook_serving,
 };
-use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{
-    ControlPlane, OtlpReceiver, PodNetwork, RealNode, ReceivedSpan, TestNamespace,
-    built_binaries_dir, eventually, namespace_report,
-};
+use warmcache_testkit::{OtlpReceiver, ReceivedSpan, eventually};
 
-const CONTROL: &str = "nvca-modelcache-init";
-const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
-const IMAGE_TAG: &str = "e2e";
-const HF_IMAGE: &str = "warmcache.test/hf-client:1";
 const DOMAIN_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-sharing-domain";
-
-async fn report(client: &Client, namespaces: &[&str], net: &PodNetwork) -> String {
-    let mut out = String::new();
-    for ns in namespaces {
-        out.push_str(&namespace_report(client, ns).await);
-    }
-    let bindings = bindings_api(client)
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    for b in bindings {
-        out.push_str(&format!(
-            "binding {}: {}\n",
-            b.name_any(),
-            serde_json::to_string(&b.data.get("status")).unwrap_or_default()
-        ));
-    }
-    out.push_str(&net.report());
-    out
-}
-
-fn bindings_api(client: &Client) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("nvca.nvcf.nvidia.io", "v2beta1", "ModelCacheBinding");
-    Api::namespaced_with(client.clone(), CONTROL, &ApiResource::from_gvk(&gvk))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     let started = Instant::now();
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-
-    // The model source, reachable from pods at the address it has here.
-    let hub = Hub::new(HubOptions::default());
-    let files = model(24 << 20);
-    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
-    hub.publish(REPO, files).unwrap();
-    let hub_addr = hub.serve_loopback().await.unwrap();
-    let endpoint = format!("http://{hub_addr}");
-    let workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
-
-    // The traces' collector: real OTLP/gRPC, reached from the pods like the Hub.
-    let otlp = OtlpReceiver::start().await.unwrap();
-    let otlp_endpoint = otlp.endpoint();
-    let otlp_addr: std::net::SocketAddr =
-        otlp_endpoint.trim_start_matches("http://").parse().unwrap();
-
-    let net = PodNetwork::on_node(plane, node, &[hub_addr, otlp_addr])
-        .await
-        .unwrap();
-
     // The product on the node, as a user installs it (images imported, the node's GPUs, a
-    // catalog qualifying the test driver, helm install).
-    let work = tempfile::tempdir().unwrap();
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
+    // catalog qualifying the test driver, helm install), the model on the simulated Hub, and
+    // the traces' collector (real OTLP/gRPC, reached from the pods like the Hub); or a cluster
+    // (E2E_KUBECONFIG).
+    let run = Scenario::new("download_once")
+        .model(model(24 << 20))
+        .otlp()
         // Four replicas and the reader that tries to write.
-        gpus: 5,
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: Some(&otlp_endpoint),
-        extra_sets: &[],
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
+        .gpus(5)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = run.client.clone();
+    let workload = run.workload().unwrap();
     eprintln!("components Ready after {:.1?}", started.elapsed());
     let namespaces: Api<Namespace> = Api::all(client.clone());
 
     // Two namespaces of one sharing domain, one outside it.
-    let a = TestNamespace::new("e2e-a").await.unwrap();
-    let b = TestNamespace::new("e2e-b").await.unwrap();
-    let c = TestNamespace::new("e2e-c").await.unwrap();
+    // The domain's name is this run's own: a cluster may hold another run's bindings.
+    let domain = format!("e2e-{}", run_id());
+    let a = run.namespace("e2e-a", &[]).await.unwrap();
+    let b = run.namespace("e2e-b", &[]).await.unwrap();
+    let c = run.namespace("e2e-c", &[]).await.unwrap();
     for ns in [&a, &b] {
         namespaces
             .patch(
                 &ns.name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {DOMAIN_LABEL: "e2e"}}})),
+                &Patch::Merge(json!({"metadata": {"labels": {DOMAIN_LABEL: domain.as_str()}}})),
             )
             .await
             .unwrap();
@@ -139,7 +84,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     // The webhook serves the workload's pods (through its Service, its caches seeing the
     // catalog).
     if let Err(e) = webhook_serving(&client, &a.name, &workload).await {
-        panic!("{e}\n{}", report(&client, &[NAMESPACE], &net).await);
+        panic!("{e}\n{}", run.report(&[]).await);
     }
 
     // The unmodified workload: three replicas in the domain, one outside it.
@@ -158,16 +103,10 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     })
     .await;
     if all_ready.is_err() {
-        let namespaces = [
-            a.name.as_str(),
-            b.name.as_str(),
-            c.name.as_str(),
-            CONTROL,
-            NAMESPACE,
-        ];
+        let namespaces = [a.name.as_str(), b.name.as_str(), c.name.as_str()];
         panic!(
             "not every pod became Ready\n{}",
-            report(&client, &namespaces, &net).await
+            run.report(&namespaces).await
         );
     }
     eprintln!("all 4 pods Ready after {:.1?}", started.elapsed());
@@ -207,9 +146,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         .await
         .unwrap();
     assert!(
-        admitted
-            .annotations()
-            .contains_key(warmcache_e2e::BINDING_ANNOTATION),
+        admitted.annotations().contains_key(BINDING_ANNOTATION),
         "the reader joins the cache: {:?}",
         admitted.annotations()
     );
@@ -230,7 +167,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     let Ok(finished) = finished else {
         panic!(
             "the reader that tries to write never finished\n{}",
-            report(&client, &[b.name.as_str(), CONTROL], &net).await
+            run.report(&[b.name.as_str(), CONTROL]).await
         );
     };
     let message = finished
@@ -268,17 +205,43 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         jobs[&c.name], 1,
         "one for the namespace outside it: {jobs:?}"
     );
-    let bindings = bindings_api(&client)
+    // The bindings this run's pods read (a cluster may hold others).
+    let all_bindings = bindings_api(&client)
         .list(&ListParams::default())
         .await
-        .unwrap();
-    assert_eq!(bindings.items.len(), 2, "one binding per sharing domain");
-    let served = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+        .unwrap()
+        .items;
+    let mut ours = std::collections::BTreeSet::new();
+    for ns in &names {
+        for pod in Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels(APP_SELECTOR))
+            .await
+            .unwrap()
+        {
+            ours.insert(pod.annotations()[BINDING_ANNOTATION].clone());
+        }
+    }
+    let bindings: Vec<DynamicObject> = all_bindings
+        .iter()
+        .filter(|b| ours.contains(&b.name_any()))
+        .cloned()
+        .collect();
     assert_eq!(
-        served,
-        2 * model_bytes,
-        "the Hub served the model once per sharing domain"
+        (ours.len(), bindings.len()),
+        (2, 2),
+        "one binding per sharing domain: {ours:?}"
     );
+    // On the test node, the Hub's count: the model served once per sharing domain. On a
+    // cluster (no Hub to count), the two Jobs above are the two downloads.
+    let served = run.served();
+    if let (Some(served), Some(model_bytes)) = (served, run.model_bytes()) {
+        assert_eq!(all_bindings.len(), 2, "one binding per sharing domain");
+        assert_eq!(
+            served,
+            2 * model_bytes,
+            "the Hub served the model once per sharing domain"
+        );
+    }
 
     // Every pod reads through its read-only landing: the engine's mount at the landing is
     // read-only, of a claim mounted read-only (the webhook's rewrite, read back from the API).
@@ -288,27 +251,9 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
             .await
             .unwrap()
         {
-            let name = pod.name_any();
-            let spec = pod.spec.clone().unwrap();
-            let engine = spec.containers.iter().find(|c| c.name == "engine").unwrap();
-            let mount = engine
-                .volume_mounts
-                .iter()
-                .flatten()
-                .find(|m| m.mount_path == "/models/llm")
-                .unwrap_or_else(|| panic!("{name}: no mount at the landing: {engine:?}"));
-            assert_eq!(mount.read_only, Some(true), "{name}: {mount:?}");
-            let volume = spec
-                .volumes
-                .iter()
-                .flatten()
-                .find(|v| v.name == mount.name)
-                .unwrap();
-            let claim = volume
-                .persistent_volume_claim
-                .as_ref()
-                .unwrap_or_else(|| panic!("{name}: the landing is not a claim: {volume:?}"));
-            assert_eq!(claim.read_only, Some(true), "{name}: {claim:?}");
+            if let Err(e) = read_only_landing(&pod) {
+                panic!("{e}");
+            }
         }
     }
     // One trace per model download: the admission that created each binding, the binding
@@ -326,16 +271,28 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
         }
         out
     };
-    assert_traces(&otlp, &bindings.items, &all_jobs).await;
+    match &run.otlp {
+        Some(otlp) => assert_traces(otlp, &bindings, &all_jobs).await,
+        None => eprintln!("traces: not checked on a cluster (no OTLP receiver its pods reach)"),
+    }
 
-    eprintln!(
-        "download once: 4 pods in 3 namespaces (2 sharing domains) -> {} Jobs; the Hub served \
-         {served} bytes = {:.1}x the model ({model_bytes} bytes); without warmcache each pod \
-         downloads: 4.0x",
-        jobs.values().sum::<usize>(),
-        served as f64 / model_bytes as f64
-    );
+    match (served, run.model_bytes()) {
+        (Some(served), Some(model_bytes)) => eprintln!(
+            "download once: 4 pods in 3 namespaces (2 sharing domains) -> {} Jobs; the Hub served \
+             {served} bytes = {:.1}x the model ({model_bytes} bytes); without warmcache each pod \
+             downloads: 4.0x",
+            jobs.values().sum::<usize>(),
+            served as f64 / model_bytes as f64
+        ),
+        _ => eprintln!(
+            "download once on {}: 4 pods in 3 namespaces (2 sharing domains) -> {} Jobs, 2 \
+             bindings; without warmcache each pod downloads: 4 downloads",
+            run.kubeconfig.display(),
+            jobs.values().sum::<usize>()
+        ),
+    }
     eprintln!("done after {:.1?}", started.elapsed());
+    run.finish().await;
 }
 
 /// `00-<trace>-<span>-<flags>` of `annotations`' traceparent.

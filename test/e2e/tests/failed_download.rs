@@ -11,7 +11,8 @@
 //!
 //! As in `download_once.rs`, the node advertises `nvidia.com/gpu`, the kit's `PodNetwork`
 //! bridges the Hub's loopback address into the pods, images are imported, and the storage is the
-//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap.
+//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap. It needs the
+//! simulated Hub: with `E2E_KUBECONFIG` it fails at start, saying so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -21,16 +22,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
-    BINDING_ANNOTATION, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE, READY_TIMEOUT, REPO,
-    app_pods, bindings_api, example_deployment, install, is_ready, model, scenario_report,
+    BINDING_ANNOTATION, READY_TIMEOUT, REPO, Scenario, app_pods, bindings_api, is_ready, model,
     webhook_serving,
 };
-use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-};
+use warmcache_test_sources::hub::HubOptions;
+use warmcache_testkit::eventually;
 
-const IMAGE_TAG: &str = "e2e";
 const SKIP_REASON_ANNOTATION: &str = "nvca.nvcf.nvidia.io/model-cache-skip-reason";
 
 async fn status(client: &Client) -> Option<Value> {
@@ -46,37 +43,25 @@ async fn status(client: &Client) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-
     // The Hub, without the repository yet.
-    let hub = Hub::new(HubOptions::default());
-    let hub_addr = hub.serve_loopback().await.unwrap();
-    let endpoint = format!("http://{hub_addr}");
-    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
+    let run = Scenario::new("failed_download")
+        .simulated_hub(
+            HubOptions::default(),
+            "the repository appears on the Hub only after the first download failed",
+        )
+        .extra_sets(&["bindingController.failureRecordSeconds=20"])
+        .gpus(4)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = run.client.clone();
+    let hub = run.hub().unwrap();
 
-    let work = tempfile::tempdir().unwrap();
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
-        gpus: 4,
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: None,
-        extra_sets: &["bindingController.failureRecordSeconds=20"],
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
-
-    let mut workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
+    let mut workload = run.workload().unwrap();
     workload.spec.replicas = Some(1);
-    let ns = TestNamespace::new("e2e-fail").await.unwrap();
+    let ns = run.namespace("e2e-fail", &[]).await.unwrap();
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", run.report(&[]).await);
     }
     let deployments: Api<Deployment> = ns.api();
     deployments
@@ -96,7 +81,7 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     let Ok(record) = failed else {
         panic!(
             "the download's failure was never recorded\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     let words = record["message"].as_str().unwrap_or_default().to_owned();
@@ -136,11 +121,11 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     let Ok(own) = own else {
         panic!(
             "the replica never became Ready on its own download\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     assert!(!own.annotations().contains_key(BINDING_ANNOTATION));
-    let served = || hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let served = || run.served().unwrap();
     assert_eq!(served(), model_bytes, "the replica's own download");
 
     // 2. The record expires (20 s, and admission's 30 s clock margin): a new replica joins the
@@ -185,7 +170,7 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     if joined.is_err() {
         panic!(
             "no replica read the retried copy\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     }
     let s = eventually(
@@ -209,4 +194,5 @@ async fn a_failed_download_is_recorded_then_retried_once_the_record_expires() {
     );
 
     ns.cleanup().await;
+    run.finish().await;
 }

@@ -17,7 +17,10 @@
 //!
 //! As in `download_once.rs`, the node advertises `nvidia.com/gpu`, the kit's `PodNetwork`
 //! bridges the Hub's loopback address into the pods, images are imported, and the storage is the
-//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap.
+//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap. With
+//! `E2E_KUBECONFIG` and `E2E_HELM_INSTALL=true` it runs on that cluster with a release of its own
+//! (the reaper's schedule), the Job counts standing for the Hub's byte counts
+//! (docs/e2e-on-a-cluster.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -31,16 +34,11 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
-    APP_SELECTOR, BINDING_ANNOTATION, CONTROL, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE,
-    READY_TIMEOUT, REPO, bindings_api, example_deployment, install, is_ready, kept_primary, model,
-    scenario_report, webhook_serving,
+    APP_SELECTOR, BINDING_ANNOTATION, CONTROL, READY_TIMEOUT, Scenario, bindings_api, is_ready,
+    kept_primary, model, read_only_landing, webhook_serving,
 };
-use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-};
+use warmcache_testkit::eventually;
 
-const IMAGE_TAG: &str = "e2e";
 /// The reaper's schedule for this scenario (chart values `reaper.*`).
 const SWEEP: Duration = Duration::from_secs(5);
 const IDLE: Duration = Duration::from_secs(15);
@@ -102,70 +100,40 @@ async fn events(client: &Client, reason: &str, uid: &str) -> Vec<Event> {
         .collect()
 }
 
-/// The engine's mount at the landing, and the claim it reads: both read-only.
+/// The engine's mount at the landing, and the claim it reads: both read-only, the claim
+/// `view_claim`.
 fn assert_reads_read_only(pod: &Pod, view_claim: &str) {
-    let name = pod.name_any();
-    let spec = pod.spec.clone().unwrap();
-    let engine = spec.containers.iter().find(|c| c.name == "engine").unwrap();
-    let mount = engine
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| m.mount_path == "/models/llm")
-        .unwrap_or_else(|| panic!("{name}: no mount at the landing: {engine:?}"));
-    assert_eq!(mount.read_only, Some(true), "{name}: {mount:?}");
-    let volume = spec
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.name == mount.name)
-        .unwrap();
-    let claim = volume
-        .persistent_volume_claim
-        .as_ref()
-        .unwrap_or_else(|| panic!("{name}: the landing is not a claim: {volume:?}"));
-    assert_eq!(claim.claim_name, view_claim, "{name}: {claim:?}");
-    assert_eq!(claim.read_only, Some(true), "{name}: {claim:?}");
+    let claim = read_only_landing(pod).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        claim.claim_name,
+        view_claim,
+        "{}: {claim:?}",
+        pod.name_any()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_download() {
     let started = Instant::now();
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-
-    let hub = Hub::new(HubOptions::default());
-    let files = model(4 << 20);
-    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
-    hub.publish(REPO, files).unwrap();
-    let hub_addr = hub.serve_loopback().await.unwrap();
-    let endpoint = format!("http://{hub_addr}");
-    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
-    let served = || hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
-
-    let work = tempfile::tempdir().unwrap();
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
-        gpus: 2,
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: None,
-        extra_sets: &REAPER_SETS,
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
+    let run = Scenario::new("idle_retirement")
+        .model(model(4 << 20))
+        .extra_sets(&REAPER_SETS)
+        .gpus(2)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = run.client.clone();
+    // The Hub's count on the test node; on a cluster (no Hub to count) the Job counts next to
+    // each of these checks stand for it.
+    let served = || run.served();
+    let model_bytes = run.model_bytes();
     eprintln!("components Ready after {:.1?}", started.elapsed());
 
-    let mut workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
+    let mut workload = run.workload().unwrap();
     workload.spec.replicas = Some(1);
-    let ns = TestNamespace::new("e2e-idle").await.unwrap();
+    let ns = run.namespace("e2e-idle", &[]).await.unwrap();
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", run.report(&[]).await);
     }
     let deployments: Api<Deployment> = ns.api();
     let pods: Api<Pod> = ns.api();
@@ -197,7 +165,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     else {
         panic!(
             "the first replica never became Ready\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     let name = first.annotations()[BINDING_ANNOTATION].clone();
@@ -215,7 +183,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     else {
         panic!(
             "the binding never became Ready\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     let old_uid = old.uid().unwrap();
@@ -267,7 +235,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     {
         panic!(
             "the replica never went away\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     }
     let window = IDLE + 2 * SWEEP + Duration::from_secs(5);
@@ -288,7 +256,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
             panic!(
                 "a Deployment scaled to zero did not keep its binding Active and referenced: {:?}\n{}",
                 b.map(|b| status(&b)),
-                scenario_report(&client, &ns.name, &net).await
+                run.report(&[&ns.name]).await
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -306,7 +274,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     else {
         panic!(
             "the replica scaled back up never became Ready\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     assert_eq!(back.annotations()[BINDING_ANNOTATION], name);
@@ -333,7 +301,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     if retired.is_err() {
         panic!(
             "the idle binding was not retired\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     }
     eprintln!(
@@ -343,7 +311,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     assert!(
         !events(&client, "Retiring", &old_uid).await.is_empty(),
         "the reaper recorded the Event Retiring on the binding\n{}",
-        scenario_report(&client, &ns.name, &net).await
+        run.report(&[&ns.name]).await
     );
     // Everything the binding named is gone, once the binding is: the stages come first.
     let claims: Api<PersistentVolumeClaim> = ns.api();
@@ -404,7 +372,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
         "writer Lease {lease} deleted"
     );
     // The data is kept: the primary PV Released, Retain, complete, stamped with its last use.
-    let kept = kept_primary(&client, &primary, &ns.name, &net)
+    let kept = kept_primary(&run, &primary, &ns.name)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -415,7 +383,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     // 3. Created again: a new binding adopts the retained primary. The webhook first sees the
     // binding gone (a dry run comes back rewritten, not skipped as `binding-retiring`).
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", scenario_report(&client, &ns.name, &net).await);
+        panic!("{e}\n{}", run.report(&[&ns.name]).await);
     }
     deployments
         .create(&PostParams::default(), &workload)
@@ -443,11 +411,11 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
         Ok(Err(jobs)) => panic!(
             "a download Job was created after the retained primary could be adopted: {:?}\n{}",
             jobs.iter().map(ResourceExt::name_any).collect::<Vec<_>>(),
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         ),
         Err(_) => panic!(
             "the replica never became Ready on the adopted copy\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         ),
     };
     let warm_time = warm_started.elapsed();
@@ -486,7 +454,7 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     assert!(
         adopted.is_ok(),
         "the new binding recorded no AdoptedRetained Event\n{}",
-        scenario_report(&client, &ns.name, &net).await
+        run.report(&[&ns.name]).await
     );
     let after = jobs.list(&ListParams::default()).await.unwrap().items;
     assert!(
@@ -496,13 +464,20 @@ async fn an_idle_binding_is_retired_and_its_retained_copy_adopted_without_a_down
     );
     assert_eq!(served(), model_bytes, "the warm start downloaded nothing");
 
+    let in_all = match (served(), model_bytes) {
+        (Some(served), Some(model_bytes)) => format!(
+            "the Hub served {:.1}x the model in all",
+            served as f64 / model_bytes as f64
+        ),
+        _ => "1 download Job in all".to_owned(),
+    };
     eprintln!(
-        "idle retirement: 1 download ({model_bytes} bytes); scaled to zero the binding stays; \
+        "idle retirement: 1 download; scaled to zero the binding stays; \
          deleted, the binding was retired and its views, Job, claim and Lease deleted, primary \
          {primary} kept; recreated, a new binding adopted it: Ready in {warm_time:.1?}, 0 Jobs, \
-         the Hub served {:.1}x the model in all",
-        served() as f64 / model_bytes as f64
+         {in_all}"
     );
     eprintln!("done after {:.1?}", started.elapsed());
     ns.cleanup().await;
+    run.finish().await;
 }

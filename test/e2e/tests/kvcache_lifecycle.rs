@@ -23,7 +23,8 @@
 //! `ClusterDns` answers Service names and relays the leader Service's ports inside the pods of
 //! the release namespace.
 //!
-//! Needs `WARMCACHE_MOONCAKE_MASTER` (hack/test.sh exports it); without it the test fails.
+//! Needs `WARMCACHE_MOONCAKE_MASTER` (hack/test.sh exports it); without it the test fails. It
+//! needs the test node itself: with `E2E_KUBECONFIG` it fails at start, saying so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -37,15 +38,12 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use warmcache_e2e::{Install, NAMESPACE, READY_TIMEOUT, examples_dir, install};
+use warmcache_e2e::{NAMESPACE, READY_TIMEOUT, Scenario, examples_dir};
 use warmcache_testkit::{
-    ClusterDns, ControlPlane, MOONCAKE_UID, PodNetwork, RealNode, built_binaries_dir, eventually,
-    mooncake_image, mooncake_master, namespace_report,
+    ClusterDns, MOONCAKE_UID, PodNetwork, eventually, mooncake_image, mooncake_master,
+    namespace_report,
 };
 
-const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
-const IMAGE_TAG: &str = "e2e-kvcache";
-const HF_IMAGE: &str = "warmcache.test/hf-client:1";
 const STORE_IMAGE: &str = "warmcache.test/mooncake:0.3.13.post1";
 const FINALIZER: &str = "worker.gpustack.ai/kvcache";
 const NODE_LABEL: &str = "kvcache";
@@ -121,13 +119,28 @@ async fn report(client: &Client, net: &PodNetwork, dns: &ClusterDns) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_deletion() {
     let started = Instant::now();
+    // The chart with the operator on, its default image the store's image built below.
+    let default_image = format!("kvcacheOperator.defaultImage={STORE_IMAGE}");
+    let scenario = Scenario::new("kvcache_lifecycle")
+        .needs_test_node(
+            "the backend's local-disk tier is a directory of this machine, the store's image is \
+             built and imported here, and the kit's ClusterDns relays the leader Service",
+        )
+        .image_tag("e2e-kvcache")
+        .extra_sets(&[
+            "kvcacheOperator.enabled=true",
+            default_image.as_str(),
+            "kvcacheOperator.webhook.replicas=1",
+        ]);
+    if let Some(refusal) = scenario.refusal() {
+        panic!("{refusal}");
+    }
     // The real store, required: never skipped.
     let master = mooncake_master().unwrap_or_else(|e| panic!("{e}"));
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-
-    let net = PodNetwork::on_node(plane, node, &[]).await.unwrap();
+    let run = scenario.start().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = run.client.clone();
+    let node = run.node().unwrap();
+    let net = run.net().unwrap();
     let dns = ClusterDns::start(
         client.clone(),
         node.cgroups().first().cloned().unwrap(),
@@ -135,31 +148,11 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
         LEADER_SERVICES,
     );
 
-    // The store's image, the setting that names it, and the chart with the operator on.
-    let work = tempfile::tempdir().unwrap();
-    let store = mooncake_image(STORE_IMAGE, &master, work.path())
-        .and_then(|i| i.build(work.path()))
+    // The store's image, the one the setting names.
+    let store = mooncake_image(STORE_IMAGE, &master, run.work_dir())
+        .and_then(|i| i.build(run.work_dir()))
         .unwrap();
     node.import_image(&store).await.unwrap();
-    let default_image = format!("kvcacheOperator.defaultImage={STORE_IMAGE}");
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
-        gpus: 0,
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: None,
-        extra_sets: &[
-            "kvcacheOperator.enabled=true",
-            &default_image,
-            "kvcacheOperator.webhook.replicas=1",
-        ],
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let operator_up = eventually("the kvcache operator Ready", READY_TIMEOUT, || {
         let deployments = deployments.clone();
@@ -180,7 +173,7 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
     if operator_up.is_err() {
         panic!(
             "the kvcache operator or its webhook never became Ready\n{}",
-            report(&client, &net, &dns).await
+            report(&client, net, &dns).await
         );
     }
     eprintln!(
@@ -233,7 +226,7 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
     if let Err(e) = created {
         panic!(
             "creating the backend: {e}\n{}",
-            report(&client, &net, &dns).await
+            report(&client, net, &dns).await
         );
     }
 
@@ -254,7 +247,7 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
     .await;
     let backend = match ready {
         Ok(b) => b,
-        Err(e) => panic!("{e}\n{}", report(&client, &net, &dns).await),
+        Err(e) => panic!("{e}\n{}", report(&client, net, &dns).await),
     };
     eprintln!("backend Ready after {:.1?}", started.elapsed());
     let status = &backend["status"];
@@ -411,7 +404,7 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
     if gone.is_err() {
         panic!(
             "the backend was not released within 6 minutes of its deletion\n{}",
-            report(&client, &net, &dns).await
+            report(&client, net, &dns).await
         );
     }
     eprintln!(
@@ -426,7 +419,7 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
     assert!(
         left.is_empty(),
         "the tier still holds {left:?} after the deletion\n{}",
-        report(&client, &net, &dns).await
+        report(&client, net, &dns).await
     );
     let meta = std::fs::metadata(&tier).unwrap();
     assert!(meta.is_dir(), "the tier directory itself stays");
@@ -461,7 +454,7 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
     if workloads_gone.is_err() {
         panic!(
             "the backend's workloads or cleanup Pods outlived it\n{}",
-            report(&client, &net, &dns).await
+            report(&client, net, &dns).await
         );
     }
     // No node was given up.
@@ -481,4 +474,5 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
         .collect();
     assert!(warnings.is_empty(), "tier cleanup warnings: {warnings:?}");
     eprintln!("done after {:.1?}", started.elapsed());
+    run.finish().await;
 }

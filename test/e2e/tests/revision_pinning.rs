@@ -8,7 +8,8 @@
 //!
 //! As in `download_once.rs`, the node advertises `nvidia.com/gpu`, the kit's `PodNetwork`
 //! bridges the Hub's loopback address into the pods, images are imported, and the storage is the
-//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap.
+//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap. It needs the
+//! simulated Hub: with `E2E_KUBECONFIG` it fails at start, saying so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -20,16 +21,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use warmcache_e2e::{
-    APP_SELECTOR, BINDING_ANNOTATION, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE,
-    READY_TIMEOUT, REPO, bindings_api, example_deployment, install, is_ready, model_version,
-    scenario_report, webhook_serving,
+    APP_SELECTOR, BINDING_ANNOTATION, READY_TIMEOUT, REPO, Scenario, Started, bindings_api,
+    is_ready, model_version, webhook_serving,
 };
-use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-};
+use warmcache_test_sources::hub::HubOptions;
+use warmcache_testkit::eventually;
 
-const IMAGE_TAG: &str = "e2e";
 const REVISION_ANNOTATION: &str = "nvsnap.io/model-revision";
 const SALT_ANNOTATION: &str = "nvsnap.io/cache-salt";
 
@@ -47,8 +44,8 @@ async fn ready(pods: &Api<Pod>) -> Option<Vec<Pod>> {
     )
 }
 
-async fn report(client: &Client, ns: &str, net: &PodNetwork) -> String {
-    scenario_report(client, ns, net).await
+async fn report(run: &Started, ns: &str) -> String {
+    run.report(&[ns]).await
 }
 
 /// The binding `name`'s `status.resolvedRevision`, once its population is Ready.
@@ -62,12 +59,19 @@ async fn pinned_commit(client: &Client, name: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
+    let run = Scenario::new("revision_pinning")
+        .simulated_hub(
+            HubOptions::default(),
+            "tag v1 is moved to another commit on the Hub mid-scenario",
+        )
+        .gpus(4)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = run.client.clone();
+    let hub = run.hub().unwrap();
 
     // Two commits of the repository; tag v1 names the first.
-    let hub = Hub::new(HubOptions::default());
     let first = model_version("pin-a", 6 << 20);
     let first_bytes: u64 = first.iter().map(|f| f.content.len()).sum();
     let commit_a = hub.publish(REPO, first).unwrap();
@@ -76,28 +80,9 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
     let commit_b = hub.publish(REPO, second).unwrap();
     assert_ne!(commit_a, commit_b);
     hub.set_ref(REPO, "v1", &commit_a).unwrap();
-    let hub_addr = hub.serve_loopback().await.unwrap();
-    let endpoint = format!("http://{hub_addr}");
-    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
-
-    let work = tempfile::tempdir().unwrap();
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
-        gpus: 4,
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: None,
-        extra_sets: &[],
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
 
     // The example, downloading tag v1.
-    let mut workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
+    let mut workload = run.workload().unwrap();
     let init = &mut workload
         .spec
         .template
@@ -115,9 +100,9 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
     );
     workload.spec.replicas = Some(1);
 
-    let ns = TestNamespace::new("e2e-pin").await.unwrap();
+    let ns = run.namespace("e2e-pin", &[]).await.unwrap();
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", run.report(&[]).await);
     }
     let deployments: Api<Deployment> = ns.api();
     deployments
@@ -133,7 +118,7 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
     let Ok(one) = one else {
         panic!(
             "the first replica never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            report(&run, &ns.name).await
         );
     };
     let first_binding = one[0].annotations()[BINDING_ANNOTATION].clone();
@@ -145,14 +130,14 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
     let Ok(pinned) = pinned else {
         panic!(
             "the binding never recorded a commit\n{}",
-            report(&client, &ns.name, &net).await
+            report(&run, &ns.name).await
         );
     };
     assert_eq!(
         pinned, commit_a,
         "the download recorded the commit tag v1 named"
     );
-    let served = || hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let served = || run.served().unwrap();
     assert_eq!(served(), first_bytes, "one download of commit A");
 
     // The tag moves; a new replica still reads the pinned copy, carrying its commit.
@@ -177,7 +162,7 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
     let Ok(two) = two else {
         panic!(
             "the second replica never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            report(&run, &ns.name).await
         );
     };
     let second_pod = two
@@ -224,7 +209,7 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
     let Ok(refreshed) = refreshed else {
         panic!(
             "the refreshed replicas never became Ready\n{}",
-            report(&client, &ns.name, &net).await
+            report(&run, &ns.name).await
         );
     };
     let new_bindings: BTreeSet<String> = refreshed
@@ -256,4 +241,5 @@ async fn a_moved_tag_keeps_serving_the_pinned_commit_until_a_refresh() {
     );
 
     ns.cleanup().await;
+    run.finish().await;
 }

@@ -8,28 +8,22 @@
 //! that opted out (`nvca.nvcf.nvidia.io/model-cache-opt-out=true`: every replica downloads on
 //! its own, as without warmcache). What is asserted is what the numbers rest on: every replica
 //! Ready, and the bytes the Hub served for each run (one model with warmcache, one per replica
-//! without).
+//! without). It needs the simulated Hub (the link, the counts): with `E2E_KUBECONFIG` it fails at
+//! start, saying so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use warmcache_e2e::{
-    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, install, model,
-    ready_pods, webhook_serving,
+    APP_SELECTOR, READY_TIMEOUT, Scenario, Started, model, ready_pods, webhook_serving,
 };
-use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually,
-    namespace_report,
-};
+use warmcache_test_sources::hub::HubOptions;
+use warmcache_testkit::{eventually, namespace_report};
 
-const IMAGE_REPOSITORY: &str = "warmcache.test/warmcache";
-const IMAGE_TAG: &str = "e2e-ttr";
-const HF_IMAGE: &str = "warmcache.test/hf-client:1";
 const OPT_OUT: &str = "nvca.nvcf.nvidia.io/model-cache-opt-out";
 /// The model's weights, and the link: 8 MiB at 8 MiB/s, one second per download alone.
 const WEIGHTS: u64 = 8 << 20;
@@ -37,26 +31,22 @@ const LINK: u64 = 8 << 20;
 const REPLICAS: [i32; 3] = [1, 4, 16];
 
 /// A fresh namespace, opted out of warmcache from its creation when `opted_out`.
-async fn fresh_namespace(prefix: &str, opted_out: bool) -> String {
+async fn fresh_namespace(run: &Started, prefix: &str, opted_out: bool) -> String {
     let labels: &[(&str, &str)] = if opted_out { &[(OPT_OUT, "true")] } else { &[] };
-    TestNamespace::with_labels(prefix, labels)
-        .await
-        .unwrap()
-        .name
+    run.namespace(prefix, labels).await.unwrap().name
 }
 
 /// Deploys `replicas` of the workload in `namespace` and returns the time until all are Ready
 /// and the bytes the Hub served meanwhile; then deletes the Deployment and waits for its pods
 /// to go (the node's GPUs are reused by the next run).
 async fn run(
-    client: &Client,
-    hub: &Hub,
+    scenario: &Started,
     workload: &Deployment,
     namespace: &str,
     replicas: i32,
-    net: &PodNetwork,
 ) -> (Duration, u64) {
-    let before = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
+    let client = &scenario.client;
+    let before = scenario.served().unwrap();
     let mut deployment = workload.clone();
     deployment.spec.replicas = Some(replicas);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
@@ -76,10 +66,10 @@ async fn run(
         panic!(
             "{replicas} replicas in {namespace} never all became Ready\n{}{}",
             namespace_report(client, namespace).await,
-            net.report()
+            scenario.net().map(|n| n.report()).unwrap_or_default()
         );
     }
-    let served = hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0) - before;
+    let served = scenario.served().unwrap() - before;
     // Scaled to zero (the ReplicaSet deletes its pods), then deleted.
     deployments
         .patch(
@@ -112,46 +102,36 @@ async fn run(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_to_all_ready_with_and_without_warmcache_on_a_rate_limited_link() {
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-
-    let hub = Hub::new(HubOptions {
-        rate_limit: Some(LINK),
-    });
-    let files = model(WEIGHTS);
-    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
-    hub.publish(REPO, files).unwrap();
-    let hub_addr = hub.serve_loopback().await.unwrap();
-    let workload = example_deployment(&format!("http://{hub_addr}"), HF_IMAGE).unwrap();
-    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
-
-    let work = tempfile::tempdir().unwrap();
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
-        gpus: 16,
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: None,
-        extra_sets: &[],
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
-    let probe = fresh_namespace("ttr-probe", false).await;
+    let scenario = Scenario::new("time_to_ready")
+        .simulated_hub(
+            HubOptions {
+                rate_limit: Some(LINK),
+            },
+            "the Hub plays a rate-limited WAN link, and its byte counts are the measurement",
+        )
+        .model(model(WEIGHTS))
+        .image_tag("e2e-ttr")
+        .gpus(16)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = scenario.client.clone();
+    let model_bytes = scenario.model_bytes().unwrap();
+    let workload = scenario.workload().unwrap();
+    let probe = fresh_namespace(&scenario, "ttr-probe", false).await;
     if let Err(e) = webhook_serving(&client, &probe, &workload).await {
-        panic!("{e}\n{}", namespace_report(&client, NAMESPACE).await);
+        panic!(
+            "{e}\n{}",
+            namespace_report(&client, &scenario.release_namespace).await
+        );
     }
 
     let mut rows = Vec::new();
     for replicas in REPLICAS {
-        let with = fresh_namespace(&format!("ttr-with-{replicas}"), false).await;
-        let (with_time, with_bytes) = run(&client, &hub, &workload, &with, replicas, &net).await;
-        let alone = fresh_namespace(&format!("ttr-alone-{replicas}"), true).await;
-        let (alone_time, alone_bytes) = run(&client, &hub, &workload, &alone, replicas, &net).await;
+        let with = fresh_namespace(&scenario, &format!("ttr-with-{replicas}"), false).await;
+        let (with_time, with_bytes) = run(&scenario, &workload, &with, replicas).await;
+        let alone = fresh_namespace(&scenario, &format!("ttr-alone-{replicas}"), true).await;
+        let (alone_time, alone_bytes) = run(&scenario, &workload, &alone, replicas).await;
         assert_eq!(
             with_bytes, model_bytes,
             "{replicas} replicas with warmcache: one download"
@@ -180,4 +160,5 @@ async fn time_to_all_ready_with_and_without_warmcache_on_a_rate_limited_link() {
             alone_time.as_secs_f64() / with_time.as_secs_f64()
         );
     }
+    scenario.finish().await;
 }

@@ -17,7 +17,10 @@
 //!
 //! As in `download_once.rs`, the node advertises `nvidia.com/gpu`, the kit's `PodNetwork`
 //! bridges the Hub's loopback address into the pods, images are imported, and the storage is the
-//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap.
+//! test CSI driver's shared-filesystem profile qualified by a catalog ConfigMap. With
+//! `E2E_KUBECONFIG` and `E2E_HELM_INSTALL=true` it runs on that cluster with a release of its own
+//! (it uninstalls it); the download Job and the new replica's own download step stand for the
+//! Hub's byte counts (docs/e2e-on-a-cluster.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -36,16 +39,11 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
-    BINDING_ANNOTATION, CONTROL, HF_IMAGE, IMAGE_REPOSITORY, Install, NAMESPACE, READY_TIMEOUT,
-    RELEASE, REPO, app_pods, bindings_api, example_deployment, install, is_ready, kept_primary,
-    model, scenario_report, webhook_serving,
+    BINDING_ANNOTATION, CONTROL, READY_TIMEOUT, RELEASE, Scenario, Started, app_pods, bindings_api,
+    is_ready, kept_primary, model, webhook_serving,
 };
-use warmcache_test_sources::hub::{Hub, HubOptions};
-use warmcache_testkit::{
-    ControlPlane, PodNetwork, RealNode, TestNamespace, built_binaries_dir, eventually, helm_binary,
-};
+use warmcache_testkit::{eventually, helm_binary};
 
-const IMAGE_TAG: &str = "e2e";
 const HOOK: &str = "warmcache-uninstall-hook";
 const FINALIZER: &str = "nvca.nvcf.nvidia.io/model-cache-binding-finalizer";
 const COMPONENTS: [&str; 3] = [
@@ -71,9 +69,9 @@ struct HookSeen {
 /// Watches the hook's pod and reads its output, following it from the moment its container
 /// started until it ended (the pod is deleted only after the Job succeeded), or until
 /// `deadline`.
-async fn watch_hook(client: Client, deadline: Instant) -> HookSeen {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let deployments: Api<Deployment> = Api::namespaced(client, NAMESPACE);
+async fn watch_hook(client: Client, namespace: String, deadline: Instant) -> HookSeen {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client, &namespace);
     let selector = format!("job-name={HOOK}");
     let mut seen = HookSeen::default();
     while Instant::now() < deadline {
@@ -112,13 +110,13 @@ async fn watch_hook(client: Client, deadline: Instant) -> HookSeen {
 }
 
 /// `helm uninstall` of the release, as `install` ran `helm install`: its exit status and output.
-fn helm_uninstall(kubeconfig: &std::path::Path) -> (bool, String) {
+fn helm_uninstall(kubeconfig: &std::path::Path, namespace: &str) -> (bool, String) {
     let out = std::process::Command::new(helm_binary().unwrap())
         .args([
             "uninstall",
             RELEASE,
             "--namespace",
-            NAMESPACE,
+            namespace,
             "--kubeconfig",
         ])
         .arg(kubeconfig)
@@ -138,43 +136,28 @@ fn helm_uninstall(kubeconfig: &std::path::Path) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_readers() {
     let started = Instant::now();
-    let plane = ControlPlane::shared().await.unwrap();
-    let node = RealNode::shared().await.unwrap();
-    let client = plane.client().await.unwrap();
-
-    let hub = Hub::new(HubOptions::default());
-    let files = model(4 << 20);
-    let model_bytes: u64 = files.iter().map(|f| f.content.len()).sum();
-    hub.publish(REPO, files).unwrap();
-    let hub_addr = hub.serve_loopback().await.unwrap();
-    let endpoint = format!("http://{hub_addr}");
-    let net = PodNetwork::on_node(plane, node, &[hub_addr]).await.unwrap();
-    let served = || hub.stats().bytes_by_repo.get(REPO).copied().unwrap_or(0);
-
-    let work = tempfile::tempdir().unwrap();
-    let how = Install {
-        image_repository: IMAGE_REPOSITORY,
-        image_tag: IMAGE_TAG,
-        bin_dir: &built_binaries_dir().unwrap(),
-        hf_image: HF_IMAGE,
+    let run = Scenario::new("uninstall")
+        .model(model(4 << 20))
+        .needs_own_release("runs helm uninstall")
         // Two readers and the replica admitted after the uninstall.
-        gpus: 3,
-        kubeconfig: plane.kubeconfig_path(),
-        work_dir: work.path(),
-        otel_endpoint: None,
-        extra_sets: &[],
-    };
-    if let Err(e) = install(plane, node, &net, &how).await {
-        panic!("{e}");
-    }
+        .gpus(3)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = run.client.clone();
+    let release_namespace = run.release_namespace.clone();
+    // The Hub's count on the test node; on a cluster (no Hub to count) the download Jobs and
+    // the new replica's own download step stand for it.
+    let served = || run.served();
+    let model_bytes = run.model_bytes();
     eprintln!("components Ready after {:.1?}", started.elapsed());
 
     // The live workload: two replicas reading one download through their read-only view.
-    let mut workload = example_deployment(&endpoint, HF_IMAGE).unwrap();
+    let mut workload = run.workload().unwrap();
     workload.spec.replicas = Some(2);
-    let ns = TestNamespace::new("e2e-uninstall").await.unwrap();
+    let ns = run.namespace("e2e-uninstall", &[]).await.unwrap();
     if let Err(e) = webhook_serving(&client, &ns.name, &workload).await {
-        panic!("{e}\n{}", scenario_report(&client, NAMESPACE, &net).await);
+        panic!("{e}\n{}", run.report(&[]).await);
     }
     let deployments: Api<Deployment> = ns.api();
     deployments
@@ -194,7 +177,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     else {
         panic!(
             "the replicas never became Ready\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     let name = readers[0].annotations()[BINDING_ANNOTATION].clone();
@@ -216,7 +199,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     else {
         panic!(
             "the binding never became Ready\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     assert!(
@@ -237,6 +220,13 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
         .to_owned();
     let view_pv = view["persistentVolumeName"].as_str().unwrap().to_owned();
     assert_eq!(served(), model_bytes, "one download for two replicas");
+    let download_jobs = Api::<Job>::namespaced(client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(download_jobs, 1, "one download Job for two replicas");
     let before: BTreeMap<String, i32> = readers
         .iter()
         .map(|p| (p.uid().unwrap(), restarts(p)))
@@ -250,17 +240,20 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     let uninstall_started = Instant::now();
     let watcher = tokio::spawn(watch_hook(
         client.clone(),
+        release_namespace.clone(),
         Instant::now() + Duration::from_secs(330),
     ));
-    let kubeconfig = plane.kubeconfig_path().to_owned();
-    let (ok, helm_output) = tokio::task::spawn_blocking(move || helm_uninstall(&kubeconfig))
-        .await
-        .unwrap();
+    let kubeconfig = run.kubeconfig.clone();
+    let uninstall_namespace = release_namespace.clone();
+    let (ok, helm_output) =
+        tokio::task::spawn_blocking(move || helm_uninstall(&kubeconfig, &uninstall_namespace))
+            .await
+            .unwrap();
     let uninstall_time = uninstall_started.elapsed();
     if !ok {
         panic!(
             "helm uninstall failed: {helm_output}\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     }
     let hook = watcher.await.unwrap();
@@ -278,7 +271,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     let Some(output) = hook.output.clone() else {
         panic!(
             "the hook's output was not read before its pod went: {hook:?}\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     // The report (standard output) without the hook's JSON logs (standard error), which the
@@ -323,13 +316,13 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
         "the hook's objects deleted",
         Duration::from_secs(60),
         || {
-            let client = client.clone();
+            let (client, release_namespace) = (client.clone(), release_namespace.clone());
             async move {
-                let job = Api::<Job>::namespaced(client.clone(), NAMESPACE)
+                let job = Api::<Job>::namespaced(client.clone(), &release_namespace)
                     .get_opt(HOOK)
                     .await
                     .ok()?;
-                let account = Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+                let account = Api::<ServiceAccount>::namespaced(client.clone(), &release_namespace)
                     .get_opt(HOOK)
                     .await
                     .ok()?;
@@ -372,15 +365,15 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
 
     // The release's components and the webhook registration are gone.
     let release_gone = eventually("the components gone", Duration::from_secs(120), || {
-        let client = client.clone();
+        let (client, release_namespace) = (client.clone(), release_namespace.clone());
         async move {
-            let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE);
+            let deployments = Api::<Deployment>::namespaced(client.clone(), &release_namespace);
             for d in COMPONENTS {
                 if deployments.get_opt(d).await.ok()?.is_some() {
                     return None;
                 }
             }
-            let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+            let pods = Api::<Pod>::namespaced(client.clone(), &release_namespace)
                 .list(&ListParams::default())
                 .await
                 .ok()?;
@@ -395,14 +388,14 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     if release_gone.is_err() {
         panic!(
             "the release's components or webhook registration remain\n{}",
-            scenario_report(&client, NAMESPACE, &net).await
+            run.report(&[]).await
         );
     }
 
     // No data is deleted: the primary is kept, Released now that its claim went with the
     // control namespace; the view stays bound to its claim.
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    kept_primary(&client, &primary, &ns.name, &net)
+    kept_primary(&run, &primary, &ns.name)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     for pv in &listed {
@@ -438,7 +431,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
         after,
         before,
         "the readers keep running, unrestarted\n{}",
-        scenario_report(&client, &ns.name, &net).await
+        run.report(&[&ns.name]).await
     );
 
     // Their data stays readable: a pod mounting the view claim after the uninstall verifies
@@ -454,7 +447,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
         .and_then(|m| m.iter().find(|m| m.mount_path == "/models/llm"))
         .cloned()
         .unwrap();
-    let verify = verifier(&view_claim, engine_mount.sub_path.as_deref());
+    let verify = verifier(&run, &view_claim, engine_mount.sub_path.as_deref());
     pods.create(&PostParams::default(), &verify).await.unwrap();
     let verified = eventually("the verifier done", READY_TIMEOUT, || {
         let pods = pods.clone();
@@ -468,7 +461,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     if verified.as_ref().ok().map(String::as_str) != Some("Succeeded") {
         panic!(
             "the view could not be read after the uninstall: {verified:?}\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     }
 
@@ -495,7 +488,7 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     else {
         panic!(
             "the replica created after the uninstall never became Ready\n{}",
-            scenario_report(&client, &ns.name, &net).await
+            run.report(&[&ns.name]).await
         );
     };
     let touched: Vec<&String> = new
@@ -517,8 +510,33 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     assert_eq!(volumes_of_new, ["models"], "the template's own volumes");
     assert_eq!(
         served(),
-        2 * model_bytes,
+        model_bytes.map(|b| 2 * b),
         "the new replica downloaded on its own"
+    );
+    // Its own download step ran to success (what the Hub's count shows on the test node), and
+    // no download Job was added.
+    let own_download = new
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|s| s.iter().find(|c| c.name == "download-model"))
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+        .map(|t| t.exit_code);
+    assert_eq!(
+        own_download,
+        Some(0),
+        "the new replica downloaded on its own: {:?}",
+        new.status
+    );
+    let jobs_after = Api::<Job>::namespaced(client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert!(
+        jobs_after <= download_jobs,
+        "no download Job added after the uninstall: {jobs_after}"
     );
     assert!(
         Api::<Namespace>::all(client.clone())
@@ -553,16 +571,25 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
             })
             .collect();
     eprintln!("claims left in the workload's namespace: {claims_left:?}");
+    let in_all = match (served(), model_bytes) {
+        (Some(served), Some(model_bytes)) => {
+            format!(
+                "{:.1}x the model in all",
+                served as f64 / model_bytes as f64
+            )
+        }
+        _ => "1 download Job and 1 own download in all".to_owned(),
+    };
     eprintln!(
         "uninstall: helm uninstall took {uninstall_time:.1?} under 2 live readers; the hook \
          released 1 binding, the control namespace is gone, {} PV(s) of model data kept; the \
          readers kept running, the view still verifies, and a new replica downloaded on its \
-         own ({:.1}x the model in all)",
+         own ({in_all})",
         listed.len(),
-        served() as f64 / model_bytes as f64
     );
     eprintln!("done after {:.1?}", started.elapsed());
     ns.cleanup().await;
+    run.finish().await;
 }
 
 /// The restarts of `pod`'s containers.
@@ -576,7 +603,7 @@ fn restarts(pod: &Pod) -> i32 {
 
 /// A pod that mounts `claim` read-only (at `sub_path`, as the readers do) and verifies every
 /// file of the model, then exits.
-fn verifier(claim: &str, sub_path: Option<&str>) -> Pod {
+fn verifier(run: &Started, claim: &str, sub_path: Option<&str>) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "verify"},
         "spec": {
@@ -585,8 +612,8 @@ fn verifier(claim: &str, sub_path: Option<&str>) -> Pod {
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
             "containers": [{
                 "name": "verify",
-                "image": HF_IMAGE,
-                "imagePullPolicy": "Never",
+                "image": run.hf_image,
+                "imagePullPolicy": run.pull_policy,
                 "command": ["sh", "-c", "cd /models/llm && sha256sum -c SHA256SUMS"],
                 "volumeMounts": [{
                     "name": "model", "mountPath": "/models/llm", "readOnly": true,
