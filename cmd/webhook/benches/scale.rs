@@ -30,6 +30,8 @@
 //! SCALE_MODELS=10000 SCALE_PODS_PER_MODEL=10 cargo bench -p warmcache-webhook --bench scale
 //! ```
 //!
+//! `SCALE_CONTROLLER_CONCURRENCY` sets the controller's `--concurrency` (reconciles at once).
+//!
 //! `SCALE_CONTROLLER_WRAPPER` prefixes the controller's command line (a profiler such as
 //! `heaptrack -o /tmp/binding-controller`).
 //!
@@ -232,6 +234,13 @@ impl Controller {
             .args(["--control-namespace", control])
             .args(["--admin-listen", &admin.to_string()])
             .args(["--leader-elect=false", "--log-format", "plain"])
+            .args(
+                std::env::var("SCALE_CONTROLLER_CONCURRENCY")
+                    .ok()
+                    .map(|c| ["--concurrency".to_owned(), c])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(qps.iter().flat_map(|q| {
                 [
                     "--kube-api-qps".to_owned(),
@@ -386,8 +395,9 @@ async fn main() {
     let concurrency = env_usize("SCALE_CONCURRENCY", 64).max(1);
     let total = models * per_model;
     println!(
-        "scale: {models} models x {per_model} pods = {total} pods in {namespace_count} namespaces, {concurrency} creates in flight, controller --kube-api-qps {}",
-        std::env::var("SCALE_CONTROLLER_QPS").unwrap_or_else(|_| "default".into())
+        "scale: {models} models x {per_model} pods = {total} pods in {namespace_count} namespaces, {concurrency} creates in flight, controller --kube-api-qps {} --concurrency {}",
+        std::env::var("SCALE_CONTROLLER_QPS").unwrap_or_else(|_| "default".into()),
+        std::env::var("SCALE_CONTROLLER_CONCURRENCY").unwrap_or_else(|_| "default".into())
     );
 
     let plane = ControlPlane::shared().await.unwrap();
@@ -474,6 +484,12 @@ async fn main() {
     };
     let meta_bytes = mean(&|m| serde_json::to_vec(m).map_or(0, |v| v.len()));
     let annotation_bytes = mean(&|m| serde_json::to_vec(&m.annotations).map_or(0, |v| v.len()));
+    let managed_bytes = mean(&|m| {
+        m.managed_fields
+            .as_ref()
+            .and_then(|f| serde_json::to_vec(f).ok())
+            .map_or(0, |v| v.len())
+    });
     let step_bytes = mean(&|m| {
         m.annotations
             .as_ref()
@@ -530,7 +546,7 @@ async fn main() {
         "| binding controller memory: now / peak | {controller_rss:.0} / {controller_hwm:.0} MiB | - | |"
     );
     println!(
-        "| rewritten pod metadata (JSON), mean: whole / annotations / download step | {meta_bytes} / {annotation_bytes} / {step_bytes} B | - | |"
+        "| rewritten pod metadata (JSON), mean: whole / managedFields / annotations / download step | {meta_bytes} / {managed_bytes} / {annotation_bytes} / {step_bytes} B | - | |"
     );
     println!(
         "| bindings | {} (one per model) | - | |",
