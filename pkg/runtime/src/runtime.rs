@@ -632,14 +632,7 @@ impl Runtime {
             + Sync
             + 'static,
     {
-        let kind = kind_label::<K>();
-        let client = self.client()?;
-        let api: Api<PartialObjectMeta<K>> = match namespace {
-            Some(namespace) => Api::namespaced(client, namespace),
-            None => Api::all(client),
-        };
-        let events = watch::metadata(api, config);
-        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
+        self.metadata_cache::<K>(namespace, config, None)
     }
 
     /// [`Runtime::watch_metadata`], keeping of each object's annotations only the keys
@@ -661,14 +654,36 @@ impl Runtime {
             + Sync
             + 'static,
     {
+        self.metadata_cache::<K>(namespace, config, Some(annotations))
+    }
+
+    fn metadata_cache<K>(
+        &mut self,
+        namespace: Option<&str>,
+        config: watcher::Config,
+        keep: Option<&'static [&'static str]>,
+    ) -> Result<Cache<PartialObjectMeta<K>>, RuntimeError>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + DeserializeOwned
+            + Clone
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
         let kind = kind_label::<K>();
         let client = self.client()?;
         let api: Api<PartialObjectMeta<K>> = match namespace {
             Some(namespace) => Api::namespaced(client, namespace),
             None => Api::all(client),
         };
-        let events = watch::keeping_annotations(watch::metadata(api, config), annotations);
-        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
+        let events = watch::metadata(api, config);
+        let writer = reflector::store::Writer::new(());
+        Ok(match keep {
+            Some(keep) => self.cache(kind, writer, watch::keeping_annotations(events, keep)),
+            None => self.cache(kind, writer, events),
+        })
     }
 
     /// Watches only the metadata of the cluster-scoped kind `K` (Nodes, ...) into a shared
