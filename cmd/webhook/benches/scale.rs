@@ -216,7 +216,8 @@ impl Controller {
         let out = std::fs::File::create(&log).unwrap();
         let admin: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         // `SCALE_CONTROLLER_WRAPPER` runs the controller under a profiler (e.g. `heaptrack -o
-        // /tmp/bc`); the memory printed is then the wrapper's.
+        // /tmp/bc`); the memory printed is then the wrapper's, unless it execs the controller
+        // (as `env` does).
         let wrapper = std::env::var("SCALE_CONTROLLER_WRAPPER").unwrap_or_default();
         let mut words = wrapper.split_whitespace();
         let mut command = match words.next() {

@@ -212,29 +212,24 @@ pub async fn install(
         .chain(how.otel_endpoint.map(|e| format!("otel.endpoint={e}")))
         .chain(how.extra_sets.iter().map(|s| (*s).to_owned()))
         .collect();
-    let helm = helm_binary().map_err(|e| e.to_string())?;
-    let mut command = std::process::Command::new(helm);
-    command
-        .arg("install")
-        .arg(RELEASE)
-        .arg(chart_dir())
-        .args(["--namespace", NAMESPACE, "--kubeconfig"])
-        .arg(how.kubeconfig);
-    for s in &sets {
-        command.args(["--set", s]);
+    let mut args = vec![
+        "install".to_owned(),
+        RELEASE.to_owned(),
+        chart_dir().display().to_string(),
+        "--namespace".to_owned(),
+        NAMESPACE.to_owned(),
+    ];
+    for s in sets {
+        args.extend(["--set".to_owned(), s]);
     }
     if how.otel_endpoint.is_some() {
         // Exported within half a second, so a test sees the spans soon after the work.
-        command.args(["--set-string", "otel.env.OTEL_BSP_SCHEDULE_DELAY=500"]);
+        args.extend([
+            "--set-string".to_owned(),
+            "otel.env.OTEL_BSP_SCHEDULE_DELAY=500".to_owned(),
+        ]);
     }
-    let out = command.output().map_err(|e| format!("running helm: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "helm install failed: {}{}",
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        ));
-    }
+    helm(how.kubeconfig, &args)?;
     components_ready(&client, NAMESPACE)
         .await
         .map_err(|e| format!("{e}{}", net.report()))
@@ -468,7 +463,6 @@ pub const ENV_HELM_VALUES: &str = "E2E_HELM_VALUES";
 pub struct Scenario {
     name: String,
     gpus: u32,
-    hub: bool,
     hub_options: HubOptions,
     model: Option<Vec<FileSpec>>,
     otlp: bool,
@@ -485,7 +479,6 @@ impl Scenario {
         Scenario {
             name: name.to_owned(),
             gpus: 0,
-            hub: false,
             hub_options: HubOptions::default(),
             model: None,
             otlp: false,
@@ -507,7 +500,6 @@ impl Scenario {
     /// The model source: the simulated Hub serving [`REPO`] with `files`; on a cluster, the
     /// model of `E2E_MODEL_ENDPOINT`/`E2E_MODEL_REPO`/`E2E_MODEL_REVISION`.
     pub fn model(mut self, files: Vec<FileSpec>) -> Self {
-        self.hub = true;
         self.model = Some(files);
         self
     }
@@ -515,7 +507,6 @@ impl Scenario {
     /// A simulated Hub with `options` and nothing published (the scenario publishes through
     /// [`Started::hub`]); implies [`needs_simulated_hub`](Self::needs_simulated_hub).
     pub fn simulated_hub(mut self, options: HubOptions, why: &str) -> Self {
-        self.hub = true;
         self.hub_options = options;
         self.needs_simulated_hub(why)
     }
@@ -523,7 +514,6 @@ impl Scenario {
     /// The scenario reads or steers the simulated Hub (byte counts as the measurement, injected
     /// failures, moved tags, a rate limit): on a cluster it fails at start, saying `why`.
     pub fn needs_simulated_hub(mut self, why: &str) -> Self {
-        self.hub = true;
         self.needs_simulated_hub = Some(why.to_owned());
         self
     }
@@ -564,6 +554,12 @@ impl Scenario {
         self
     }
 
+    /// Whether the pods download a model: [`model`](Self::model) gave one, or the scenario
+    /// steers the simulated Hub.
+    fn has_model_source(&self) -> bool {
+        self.model.is_some() || self.needs_simulated_hub.is_some()
+    }
+
     /// Sets everything up, in the mode `E2E_KUBECONFIG` chooses.
     ///
     /// # Errors
@@ -586,7 +582,7 @@ impl Scenario {
         // The model source, reachable from pods at the address it has here.
         let mut egress = Vec::new();
         let mut model_bytes = None;
-        let (hub, endpoint) = if self.hub {
+        let (hub, endpoint) = if self.has_model_source() {
             let hub = Hub::new(self.hub_options.clone());
             if let Some(files) = self.model.clone() {
                 model_bytes = Some(files.iter().map(|f| f.content.len()).sum());
@@ -679,7 +675,10 @@ impl Scenario {
         if let Some(why) = &self.needs_simulated_hub {
             return Some(not_here(format!("it needs the simulated Hub ({why})")));
         }
-        let own_release = matches!(env_opt(ENV_HELM_INSTALL).as_deref(), Some("true" | "1"));
+        let own_release = match own_release() {
+            Ok(own) => own,
+            Err(e) => return Some(e),
+        };
         if !own_release {
             if let Some(why) = &self.needs_own_release {
                 return Some(format!(
@@ -706,18 +705,10 @@ impl Scenario {
         if let Some(refusal) = self.refusal() {
             return Err(refusal);
         }
-        let own_release = match env_opt(ENV_HELM_INSTALL).as_deref() {
-            None | Some("false" | "0") => false,
-            Some("true" | "1") => true,
-            Some(other) => {
-                return Err(format!(
-                    "{ENV_HELM_INSTALL}={other}: expected true or false"
-                ));
-            }
-        };
+        let own_release = own_release()?;
         let release_namespace =
             env_opt(ENV_RELEASE_NAMESPACE).unwrap_or_else(|| NAMESPACE.to_owned());
-        let (endpoint, hf_image) = if self.hub {
+        let (endpoint, hf_image) = if self.has_model_source() {
             (
                 required(ENV_MODEL_ENDPOINT, &name)?,
                 required(ENV_HF_IMAGE, &name)?,
@@ -790,6 +781,17 @@ impl Scenario {
     }
 }
 
+/// Whether `E2E_HELM_INSTALL` asks for a release of the scenario's own.
+fn own_release() -> Result<bool, String> {
+    match env_opt(ENV_HELM_INSTALL).as_deref() {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(other) => Err(format!(
+            "{ENV_HELM_INSTALL}={other}: expected true or false"
+        )),
+    }
+}
+
 fn env_opt(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
@@ -812,39 +814,59 @@ fn helm_install_on_cluster(
 ) -> Result<(), String> {
     let repository = required(ENV_IMAGE_REPOSITORY, "install")?;
     let tag = required(ENV_IMAGE_TAG, "install")?;
-    let helm = helm_binary().map_err(|e| e.to_string())?;
-    let mut command = std::process::Command::new(helm);
-    command
-        .arg("install")
-        .arg(RELEASE)
-        .arg(chart_dir())
-        .args([
-            "--namespace",
-            namespace,
-            "--create-namespace",
-            "--kubeconfig",
-        ])
-        .arg(kubeconfig)
-        .args(["--set", &format!("image.repository={repository}")])
-        .args(["--set", &format!("image.tag={tag}")]);
+    let mut args = vec![
+        "install".to_owned(),
+        RELEASE.to_owned(),
+        chart_dir().display().to_string(),
+        "--namespace".to_owned(),
+        namespace.to_owned(),
+        "--create-namespace".to_owned(),
+        "--set".to_owned(),
+        format!("image.repository={repository}"),
+        "--set".to_owned(),
+        format!("image.tag={tag}"),
+    ];
     if let Some(values) = env_opt(ENV_HELM_VALUES) {
-        command.args(["-f", &values]);
+        args.extend(["-f".to_owned(), values]);
     }
     if let Some(sets) = env_opt(ENV_HELM_SETS) {
-        command.args(["--set", &sets]);
+        args.extend(["--set".to_owned(), sets]);
     }
     for s in extra_sets {
-        command.args(["--set", s]);
+        args.extend(["--set".to_owned(), s.clone()]);
     }
-    let out = command.output().map_err(|e| format!("running helm: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "helm install {RELEASE} in {namespace} failed: {}{}",
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        ));
+    helm(kubeconfig, &args).map(drop)
+}
+
+/// Runs the real Helm CLI (`helm_binary`) with `args` against the cluster of `kubeconfig`: its
+/// output when it succeeds.
+///
+/// # Errors
+///
+/// Helm could not be found or run, or it failed: the command and its output.
+pub fn helm<S: AsRef<std::ffi::OsStr>>(kubeconfig: &Path, args: &[S]) -> Result<String, String> {
+    let binary = helm_binary().map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(binary)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .output()
+        .map_err(|e| format!("running helm: {e}"))?;
+    let words: Vec<String> = args
+        .iter()
+        .take(2)
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("helm {} failed: {text}", words.join(" ")))
     }
-    Ok(())
 }
 
 /// The [`GPU`]s the cluster's nodes can still give: allocatable less what the pods that are not
@@ -1074,25 +1096,17 @@ impl Started {
             }
         }
         if self.own_release {
-            let release_namespace = self.release_namespace.clone();
-            let kubeconfig = self.kubeconfig.clone();
-            let out = helm_binary().map_err(|e| e.to_string()).and_then(|helm| {
-                std::process::Command::new(helm)
-                    .args(["uninstall", RELEASE, "--namespace", &release_namespace])
-                    .arg("--kubeconfig")
-                    .arg(&kubeconfig)
-                    .args(["--timeout", "5m", "--ignore-not-found"])
-                    .output()
-                    .map_err(|e| e.to_string())
-            });
-            match out {
-                Ok(out) if out.status.success() => {}
-                Ok(out) => eprintln!(
-                    "scenario {}: helm uninstall {RELEASE}: {}",
-                    self.name,
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-                Err(e) => eprintln!("scenario {}: helm uninstall {RELEASE}: {e}", self.name),
+            let args = [
+                "uninstall",
+                RELEASE,
+                "--namespace",
+                &self.release_namespace,
+                "--timeout",
+                "5m",
+                "--ignore-not-found",
+            ];
+            if let Err(e) = helm(&self.kubeconfig, &args) {
+                eprintln!("scenario {}: {e}", self.name);
             }
         }
     }

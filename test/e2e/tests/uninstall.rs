@@ -40,9 +40,9 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmcache_e2e::{
     BINDING_ANNOTATION, CONTROL, READY_TIMEOUT, RELEASE, Scenario, Started, app_pods, bindings_api,
-    is_ready, kept_primary, model, webhook_serving,
+    helm, is_ready, kept_primary, model, webhook_serving,
 };
-use warmcache_testkit::{eventually, helm_binary};
+use warmcache_testkit::eventually;
 
 const HOOK: &str = "warmcache-uninstall-hook";
 const FINALIZER: &str = "nvca.nvcf.nvidia.io/model-cache-binding-finalizer";
@@ -107,30 +107,6 @@ async fn watch_hook(client: Client, namespace: String, deadline: Instant) -> Hoo
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     seen
-}
-
-/// `helm uninstall` of the release, as `install` ran `helm install`: its exit status and output.
-fn helm_uninstall(kubeconfig: &std::path::Path, namespace: &str) -> (bool, String) {
-    let out = std::process::Command::new(helm_binary().unwrap())
-        .args([
-            "uninstall",
-            RELEASE,
-            "--namespace",
-            namespace,
-            "--kubeconfig",
-        ])
-        .arg(kubeconfig)
-        .args(["--timeout", "5m"])
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,17 +221,26 @@ async fn helm_uninstall_releases_every_binding_and_keeps_the_data_and_the_reader
     ));
     let kubeconfig = run.kubeconfig.clone();
     let uninstall_namespace = release_namespace.clone();
-    let (ok, helm_output) =
-        tokio::task::spawn_blocking(move || helm_uninstall(&kubeconfig, &uninstall_namespace))
-            .await
-            .unwrap();
+    let uninstalled = tokio::task::spawn_blocking(move || {
+        helm(
+            &kubeconfig,
+            &[
+                "uninstall",
+                RELEASE,
+                "--namespace",
+                &uninstall_namespace,
+                "--timeout",
+                "5m",
+            ],
+        )
+    })
+    .await
+    .unwrap();
     let uninstall_time = uninstall_started.elapsed();
-    if !ok {
-        panic!(
-            "helm uninstall failed: {helm_output}\n{}",
-            run.report(&[&ns.name]).await
-        );
-    }
+    let helm_output = match uninstalled {
+        Ok(output) => output,
+        Err(e) => panic!("{e}\n{}", run.report(&[&ns.name]).await),
+    };
     let hook = watcher.await.unwrap();
     eprintln!(
         "helm uninstall took {uninstall_time:.1?}: {}",
