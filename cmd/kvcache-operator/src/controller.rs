@@ -381,12 +381,16 @@ impl Backends {
             warmcache_kvcache::status::admin_address(backend, namespace)
         };
         let deleting = backend.meta().deletion_timestamp.is_some();
-        let (health, metrics, segments) = match (&admin, deleting) {
-            (Some(address), false) => (
-                Some(crate::scrape::fetch(address, HEALTH_PATH).await),
-                Some(crate::scrape::fetch(address, METRICS_PATH).await),
-                Some(crate::scrape::fetch(address, SEGMENTS_DETAIL_PATH).await),
-            ),
+        // The listing before the gauges: a segment the listing shows mounted is then already
+        // in the capacity read after it (the reverse order could report a member mounted with
+        // the memory it brings still missing from `status.capacity`).
+        let (health, segments, metrics) = match (&admin, deleting) {
+            (Some(address), false) => {
+                let health = crate::scrape::fetch(address, HEALTH_PATH).await;
+                let segments = crate::scrape::fetch(address, SEGMENTS_DETAIL_PATH).await;
+                let metrics = crate::scrape::fetch(address, METRICS_PATH).await;
+                (Some(health), Some(segments), Some(metrics))
+            }
             _ => (None, None, None),
         };
         // Backends that left without a teardown of ours (a finalizer stripped by hand or by

@@ -290,15 +290,38 @@ async fn a_backend_with_a_local_disk_tier_serves_and_is_emptied_and_released_on_
         "status.capacity is read from the leader's gauges",
         !status["capacity"]["total"].is_null() && !status["capacity"]["used"].is_null(),
     );
-    let capacity_message = condition(&backend, "CapacityObserved")
-        .and_then(|c| c["message"].as_str())
-        .unwrap_or_default()
-        .to_owned();
-    check(
-        "CapacityObserved gives the segment's bytes and the tier's ceiling",
-        capacity_message.contains("of 67108864 bytes")
-            && capacity_message.contains("ceiling 67108864 bytes"),
-    );
+    // The capacity is a reading of the leader's gauges, taken again every settled requeue
+    // (15 s): the member's tier can register with the leader a moment after its memory
+    // segment, so the reading that made the backend Ready may predate it. The next ones must
+    // show the segment's bytes and the tier's ceiling.
+    let expected = |message: &str| {
+        message.contains("of 67108864 bytes") && message.contains("ceiling 67108864 bytes")
+    };
+    let observed = eventually(
+        "CapacityObserved with the segment's bytes and the tier's ceiling",
+        Duration::from_secs(60),
+        || {
+            let backends = backends.clone();
+            let name = name.clone();
+            async move {
+                let b = serde_json::to_value(backends.get(&name).await.ok()?).ok()?;
+                let message = condition(&b, "CapacityObserved")?["message"]
+                    .as_str()?
+                    .to_owned();
+                expected(&message).then_some(message)
+            }
+        },
+    )
+    .await;
+    if let Err(e) = observed {
+        let now = backends
+            .get(&name)
+            .await
+            .ok()
+            .and_then(|b| serde_json::to_string_pretty(&b.data["status"]).ok())
+            .unwrap_or_default();
+        panic!("{e}; the backend's status now: {now}");
+    }
 
     // The workloads the operator applied, owned by the backend, running the setting's image as
     // the image's uid under runAsNonRoot.
