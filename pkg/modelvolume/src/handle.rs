@@ -19,8 +19,13 @@
 //!   ([`crate::Options::floating_revision_max_age_seconds`]). A commit never gets one: its bytes
 //!   cannot change.
 //!
-//! Without a salt or a refresh the handle is what it always was, so existing caches keep their
-//! names.
+//! - A **capture** (`&fill=capture`) marks a copy the node agent captures from a pod's own
+//!   download after it is Ready (an engine script fetching an artifact no writer Job can
+//!   reproduce): it holds what that script left, so it is never the same cache as a Job's copy
+//!   of the same artifact, and a capture never fills a Job's cache or the reverse.
+//!
+//! Without a salt, a refresh or a capture the handle is what it always was, so existing caches
+//! keep their names.
 
 use std::fmt;
 
@@ -75,6 +80,19 @@ pub struct CacheHandle {
     endpoints: Vec<String>,
     salt: Option<String>,
     refresh: Option<String>,
+    capture: bool,
+}
+
+/// The part of the handle that marks a captured copy ([`CacheHandle::with_capture`]).
+const CAPTURE_PART: &str = "fill=capture";
+
+/// Whether the rendered handle `handle` is a captured copy's ([`CacheHandle::with_capture`]):
+/// one of its `&`-separated parameters is exactly `fill=capture`. Every value in a handle is
+/// percent-encoded, so no endpoint, salt or refresh can forge the part.
+pub fn is_capture_handle(handle: &str) -> bool {
+    handle
+        .split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|part| part == CAPTURE_PART))
 }
 
 /// Whether `identity` names a floating revision: a Hugging Face repository without a revision,
@@ -130,7 +148,19 @@ impl CacheHandle {
             endpoints,
             salt: None,
             refresh: None,
+            capture: false,
         }
+    }
+
+    /// The handle of a copy captured from a pod's own download after it is Ready.
+    pub fn with_capture(mut self) -> CacheHandle {
+        self.capture = true;
+        self
+    }
+
+    /// Whether this is a captured copy's handle.
+    pub fn is_capture(&self) -> bool {
+        self.capture
     }
 
     /// The handle with `salt` folded in (an empty salt is none).
@@ -185,6 +215,9 @@ impl fmt::Display for CacheHandle {
         if let Some(refresh) = &self.refresh {
             write!(f, "&refresh={}", encode(refresh))?;
         }
+        if self.capture {
+            write!(f, "&{CAPTURE_PART}")?;
+        }
         Ok(())
     }
 }
@@ -234,6 +267,24 @@ mod tests {
             h.to_string(),
             "hf://Qwen/Qwen3-0.6B@v1?layout=hub&endpoint=http://x%26layout%3Dflat"
         );
+    }
+
+    #[test]
+    fn a_capture_is_another_copy_and_cannot_be_forged() {
+        let plain = CacheHandle::new(hf(), Layout::Flat, &[]);
+        let captured = plain.clone().with_capture();
+        assert_eq!(
+            captured.to_string(),
+            "hf://Qwen/Qwen3-0.6B@v1?layout=flat&fill=capture"
+        );
+        assert!(is_capture_handle(&captured.to_string()));
+        assert!(!is_capture_handle(&plain.to_string()));
+        let salted = plain.with_salt(Some("x&fill=capture"));
+        assert!(!is_capture_handle(&salted.to_string()));
+        let mirror = CacheHandle::new(hf(), Layout::Flat, &["http://m/&fill=capture".into()]);
+        assert!(!is_capture_handle(&mirror.to_string()));
+        assert!(!is_capture_handle("fill=capture"));
+        assert!(!is_capture_handle("hf://a/b?layout=flat&fill=captured"));
     }
 
     #[test]

@@ -43,6 +43,19 @@ pub const REFRESH_LABEL: &str = "nvca.nvcf.nvidia.io/model-cache-refresh";
 /// (`status.resolvedRevision`: the download of a floating revision resolved it).
 pub const REVISION_ANNOTATION: &str = "nvsnap.io/model-revision";
 
+/// Pod label: `"true"` on a **capture source**, a pod whose engine downloads, by its own script,
+/// an artifact no writer Job can reproduce (an NGC model pulled in the main container), into an
+/// emptyDir. The pod keeps its own download; once it is Ready, the node agent of its node copies
+/// the landing into the binding's primary, and later pods read that copy.
+pub const CAPTURE_LABEL: &str = "nvsnap.io/model-capture";
+
+/// Capture-source pod annotation: the pod's emptyDir volume the landing lies in.
+pub const CAPTURE_VOLUME_ANNOTATION: &str = "nvsnap.io/model-capture-volume";
+
+/// Capture-source pod annotation: the landing's path inside [`CAPTURE_VOLUME_ANNOTATION`],
+/// relative, `/`-separated, without `.` or `..` components (empty: the volume's root).
+pub const CAPTURE_PATH_ANNOTATION: &str = "warmcache.nvidia.io/model-capture-path";
+
 /// Pod annotation: the landing, the directory the main container reads the model from.
 pub const LANDING_ANNOTATION: &str = "nvsnap.io/model-landing";
 

@@ -41,7 +41,7 @@ pub use admit::{
     admit_at, decide,
 };
 pub use binding::{accept_winner, check_joinable, desired_binding};
-pub use handle::{CacheHandle, Layout};
+pub use handle::{CacheHandle, Layout, is_capture_handle};
 pub use identify::leader_worker_set_name;
 pub use options::{
     DEFAULT_GPU_RESOURCE, DEFAULT_NON_ROOT_USER, DEFAULT_POLL_SECONDS,

@@ -65,6 +65,11 @@ pub const MANIFEST_DIGEST_ANNOTATION: &str = "warmcache.nvidia.io/manifest-sha25
 /// Annotation the node agent keeps on a roxReadOnly primary claim: its failed copy attempts.
 pub const COPY_ATTEMPTS_ANNOTATION: &str = "warmcache.nvidia.io/copy-attempts";
 
+/// Annotation the node agent puts on a primary claim when it gives up capturing a capture
+/// source's download into it ([`crate::keys::CAPTURE_LABEL`]) after three failed copies: its
+/// words. The binding controller then writes the failure record and releases the claim.
+pub const COPY_FAILED_ANNOTATION: &str = "warmcache.nvidia.io/copy-failed";
+
 /// Annotation the node agent puts on a roxReadOnly primary claim it created: its node.
 pub const COPY_NODE_ANNOTATION: &str = "warmcache.nvidia.io/copy-node";
 
