@@ -393,8 +393,9 @@ struct PodMetrics {
 }
 
 /// Outcomes of an admission (metric label `outcome`).
-const OUTCOMES: [&str; 6] = [
+const OUTCOMES: [&str; 7] = [
     "rewritten",
+    "capture_source",
     "unchanged",
     "skipped",
     "out_of_scope",
@@ -414,7 +415,7 @@ impl PodMetrics {
         };
         let admissions = counter(
             "pod_admissions_total",
-            "Pod admissions by outcome (rewritten, unchanged, skipped, out_of_scope, error: admitted unchanged with a warning, cancelled: the server answered for it at its timeout) and skip reason (none unless skipped or out of scope).",
+            "Pod admissions by outcome (rewritten, capture_source: keeps its own download, captured once Ready, unchanged, skipped, out_of_scope, error: admitted unchanged with a warning, cancelled: the server answered for it at its timeout) and skip reason (none unless skipped or out of scope).",
             &["outcome", "reason"],
         )?;
         let duration = HistogramVec::new(
@@ -450,7 +451,13 @@ impl PodMetrics {
             };
             admissions.with_label_values(&[outcome, reason.code()]);
         }
-        for outcome in ["rewritten", "unchanged", "error", "cancelled"] {
+        for outcome in [
+            "rewritten",
+            "capture_source",
+            "unchanged",
+            "error",
+            "cancelled",
+        ] {
             admissions.with_label_values(&[outcome, "none"]);
         }
         for outcome in OUTCOMES {
@@ -819,13 +826,18 @@ impl Admitter {
             Verdict::Unchanged(_) => (Ending::new("unchanged"), Reply::new(Mutation::Allow)),
             Verdict::Skip(skip) => self.skipped(pod, &namespace, &skip, request.dry_run),
             Verdict::Rewrite(rewrite) => {
+                let rewritten = if rewrite.plan.capture().is_some() {
+                    "capture_source"
+                } else {
+                    "rewritten"
+                };
                 let wanted = match &rewrite.binding {
                     BindingAction::Join { .. } => None,
                     BindingAction::Create(wanted) => Some(wanted.as_ref().clone()),
                 };
                 match wanted {
                     None => (
-                        Ending::new("rewritten"),
+                        Ending::new(rewritten),
                         Reply::new(Mutation::Mutated(rewrite.pod)),
                     ),
                     Some(wanted) if request.dry_run => {
@@ -835,7 +847,7 @@ impl Admitter {
                             wanted.metadata.name.as_deref().unwrap_or_default()
                         );
                         (
-                            Ending::new("rewritten"),
+                            Ending::new(rewritten),
                             Reply::new(Mutation::Mutated(rewrite.pod)).warning(note),
                         )
                     }
@@ -845,9 +857,7 @@ impl Admitter {
                             self.skipped(pod, &namespace, &skip, false)
                         }
                         Ok(stored) => match rewrite.complete(&stored) {
-                            Ok(pod) => {
-                                (Ending::new("rewritten"), Reply::new(Mutation::Mutated(pod)))
-                            }
+                            Ok(pod) => (Ending::new(rewritten), Reply::new(Mutation::Mutated(pod))),
                             Err(skip) => self.skipped(pod, &namespace, &skip, false),
                         },
                     },

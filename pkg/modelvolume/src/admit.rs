@@ -5,7 +5,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::jiff::Timestamp;
 use warmcache_api_modelcache::STORAGE_SELECTION_ANNOTATION;
 use warmcache_api_modelcache::selection::{Mode, Selection};
-use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Transition, Workflow};
+use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition, Workflow};
 use warmcache_catalog::{CatalogInput, DecisionInputs, Gates, Outcome};
 use warmcache_cli::text::shown;
 
@@ -13,7 +13,7 @@ use crate::binding::{accept_winner, check_joinable, desired_binding};
 use crate::keys::{BINDING_UID_ANNOTATION, REVISION_ANNOTATION};
 use crate::options::ReaderMode;
 use crate::plan::{Plan, Request, plan};
-use crate::rewrite::render;
+use crate::rewrite::{render, render_capture};
 use crate::skip::{Skip, SkipReason};
 
 /// The storage a new binding is decided on (everything `warmcache_catalog::decide` reads but the
@@ -182,6 +182,23 @@ impl Verdict {
     }
 }
 
+/// Whether `binding`'s copy is complete (`status.realized.populationState: Ready`).
+fn is_complete(binding: &ModelCacheBinding) -> bool {
+    binding
+        .status
+        .as_ref()
+        .and_then(|s| s.realized.as_ref())
+        .is_some_and(|r| r.population_state == Some(PopulationState::Ready))
+}
+
+/// The skip of a capture source whose readers would read through hostPath.
+fn capture_needs_view_claims() -> Skip {
+    Skip::new(
+        SkipReason::DownloadNotReproducible,
+        "the engine downloads by itself what no writer Job can reproduce, and its own download is captured only where readers read view claims; this block storage serves readers through hostPath (readerMode hostPath), so the pod keeps its own download",
+    )
+}
+
 fn has_view(binding: &ModelCacheBinding, namespace: &str) -> bool {
     binding
         .status
@@ -254,6 +271,32 @@ pub fn decide(
             let pending = !has_view(b, &plan.namespace);
             let selection = Selection::durable(workflow, &b.spec.decision, &b.spec.storage_class)
                 .with_binding(plan.binding_name.clone(), uid.clone());
+            // A capture source keeps its own download until its cache is complete; from then on
+            // its pods read the captured copy like any other reader.
+            if let Some(capture) = plan.capture.clone()
+                && !is_complete(b)
+            {
+                if mode == ReaderMode::HostPath {
+                    return skip(capture_needs_view_claims());
+                }
+                let pod = with_selection(
+                    render_capture(req.pod, &plan, &capture, Some(&uid)),
+                    &selection,
+                );
+                return Verdict::Rewrite(Box::new(Rewrite {
+                    pod,
+                    binding: BindingAction::Join {
+                        name: plan.binding_name.clone(),
+                        uid,
+                    },
+                    transition,
+                    reader_mode: mode,
+                    plan,
+                }));
+            }
+            if plan.capture.is_some() && mode == ReaderMode::HostPath {
+                return skip(capture_needs_view_claims());
+            }
             let mut pod = with_selection(
                 render(req.pod, &plan, req.options, mode, Some(&uid), pending),
                 &selection,
@@ -317,10 +360,14 @@ pub fn decide(
             // Durable, without the binding reference until the binding is stored (`complete`).
             let selection =
                 Selection::durable(workflow, &wanted.spec.decision, &wanted.spec.storage_class);
-            let mut pod = with_selection(
-                render(req.pod, &plan, req.options, mode, None, true),
-                &selection,
-            );
+            let rendered = match &plan.capture {
+                Some(_) if mode == ReaderMode::HostPath => {
+                    return skip(capture_needs_view_claims());
+                }
+                Some(capture) => render_capture(req.pod, &plan, capture, None),
+                None => render(req.pod, &plan, req.options, mode, None, true),
+            };
+            let mut pod = with_selection(rendered, &selection);
             // A new cache has no commit yet: a value the pod brought itself is not kept.
             if let Some(a) = pod.metadata.annotations.as_mut() {
                 a.remove(REVISION_ANNOTATION);

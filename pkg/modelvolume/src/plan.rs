@@ -89,6 +89,17 @@ pub(crate) struct WaitSource {
     pub(crate) fallback: Option<Fallback>,
 }
 
+/// A pod whose engine downloads, by its own script, an artifact no writer Job can reproduce,
+/// into an emptyDir: where that download lands, for the node agent to capture once the pod is
+/// Ready ([`crate::keys::CAPTURE_LABEL`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capture {
+    /// The pod's emptyDir volume holding the landing.
+    pub volume: String,
+    /// The landing inside it: relative, `/`-separated, no `.` or `..` (empty: the root).
+    pub path: String,
+}
+
 /// Everything the rewrite of one pod needs, decided from the pod and its namespace alone.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -111,8 +122,11 @@ pub struct Plan {
     pub(crate) relanded: bool,
     pub(crate) replace_init: Option<usize>,
     pub(crate) wait: WaitSource,
-    pub(crate) step: DownloadStep,
-    pub(crate) step_json: String,
+    /// The download step a writer Job runs; `None` for a capture source ([`Plan::capture`]).
+    pub(crate) step: Option<DownloadStep>,
+    pub(crate) step_json: Option<String>,
+    /// Where a capture source's own download lands, when no writer Job can reproduce it.
+    pub(crate) capture: Option<Capture>,
     pub(crate) traceparent: Option<String>,
     /// The namespace's refresh label ([`crate::keys::REFRESH_LABEL`]), for [`Plan::at`].
     pub(crate) refresh_label: Option<String>,
@@ -207,9 +221,14 @@ impl Plan {
         self.relanded
     }
 
-    /// The download step the writer Job runs.
-    pub fn download_step(&self) -> &DownloadStep {
-        &self.step
+    /// The download step the writer Job runs; `None` for a capture source.
+    pub fn download_step(&self) -> Option<&DownloadStep> {
+        self.step.as_ref()
+    }
+
+    /// Where a capture source's own download lands; `None` when a writer Job downloads.
+    pub fn capture(&self) -> Option<&Capture> {
+        self.capture.as_ref()
     }
 }
 
@@ -654,7 +673,6 @@ fn inner_plan(
     endpoints: Vec<String>,
 ) -> Result<Plan, Skip> {
     let pod = req.pod;
-    let options = req.options;
     let uri = res.identity.uri();
     if res.identity.scheme() == Scheme::Path {
         return Err(Skip::new(
@@ -959,7 +977,7 @@ fn inner_plan(
         ));
     }
     // The download step the writer Job runs, and what the wait container stands in for.
-    let (step, fallback) = match (res.downloader, &leader_pod) {
+    let filled = match (res.downloader, &leader_pod) {
         (Downloader::Init, lp) => {
             let (dl_main, origin, path) = match lp {
                 Some(lp) => (
@@ -1024,7 +1042,7 @@ fn inner_plan(
                 }),
                 _ => None,
             };
-            (step, fallback)
+            (Some(step), fallback, None)
         }
         (Downloader::Engine, lp) => {
             let origin = if lp.is_some() {
@@ -1032,7 +1050,45 @@ fn inner_plan(
             } else {
                 StepOrigin::Engine
             };
-            let step = step::derived(pod, main_c, origin, &res.identity, layout)?;
+            let step = match step::derived(pod, main_c, origin, &res.identity, layout) {
+                Ok(step) => step,
+                // No Job can reproduce what the engine fetches: capture its own download once
+                // the pod is Ready, when it lands in an emptyDir of the pod itself.
+                Err(s) if s.reason == SkipReason::DownloadNotReproducible && lp.is_none() => {
+                    match capture_source(pod, main_c, &landing, landing_volume.as_deref(), relanded)
+                    {
+                        Ok(capture) => {
+                            return finish_plan(
+                                req,
+                                sharing,
+                                res,
+                                endpoints,
+                                layout,
+                                Placed {
+                                    landing,
+                                    targets,
+                                    env,
+                                    scratch,
+                                    offline: sets_hub_env,
+                                    relanded,
+                                    replace_init,
+                                },
+                                (None, None, Some(capture)),
+                            );
+                        }
+                        Err(why) => {
+                            return Err(Skip::new(
+                                s.reason,
+                                format!(
+                                    "{}; nor can its own download be captured: {why}",
+                                    s.message
+                                ),
+                            ));
+                        }
+                    }
+                }
+                Err(s) => return Err(s),
+            };
             let fallback = Fallback {
                 argv: step
                     .container
@@ -1048,10 +1104,133 @@ fn inner_plan(
                 dest: WAIT_MOUNT_PATH.to_owned(),
                 working_dir: None,
             };
-            (step, Some(fallback))
+            (Some(step), Some(fallback), None)
         }
     };
-    let step_json = step.to_annotation()?;
+    finish_plan(
+        req,
+        sharing,
+        res,
+        endpoints,
+        layout,
+        Placed {
+            landing,
+            targets,
+            env,
+            scratch,
+            offline: sets_hub_env,
+            relanded,
+            replace_init,
+        },
+        filled,
+    )
+}
+
+/// Where the copy is placed in the pod and what the engine needs to read it.
+struct Placed {
+    landing: String,
+    targets: Vec<Target>,
+    env: Vec<(String, String)>,
+    scratch: bool,
+    offline: bool,
+    relanded: bool,
+    replace_init: Option<usize>,
+}
+
+/// The capture source of an engine download no Job can reproduce: the landing must lie in an
+/// emptyDir of the pod that the main container mounts (read through the kubelet's directory of
+/// that volume, it outlives nothing the pod does not own), and must not have been moved.
+fn capture_source(
+    pod: &Pod,
+    main_c: &Container,
+    landing: &str,
+    volume: Option<&str>,
+    relanded: bool,
+) -> Result<Capture, String> {
+    if relanded {
+        return Err(
+            "the landing was moved, so the engine's download is not where the pod put it"
+                .to_owned(),
+        );
+    }
+    let Some(volume) = volume else {
+        return Err(format!(
+            "the landing {} is in the container's own filesystem, not in a pod volume the node agent can read",
+            shown(landing)
+        ));
+    };
+    let empty_dir = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vs| vs.iter().any(|v| v.name == volume && v.empty_dir.is_some()));
+    if !empty_dir {
+        return Err(format!(
+            "the landing's volume {} is not an emptyDir of the pod",
+            shown(volume)
+        ));
+    }
+    let Some(inside) = in_volume(main_c, volume, landing) else {
+        return Err(format!(
+            "the main container does not mount volume {} above the landing {} (or only through subPathExpr)",
+            shown(volume),
+            shown(landing)
+        ));
+    };
+    let path = inside.trim_start_matches('/').to_owned();
+    if path
+        .split('/')
+        .any(|c| matches!(c, "." | "..") || (c.is_empty() && !path.is_empty()))
+    {
+        return Err(format!(
+            "the landing's path {} inside volume {} is not a plain relative path",
+            shown(&inside),
+            shown(volume)
+        ));
+    }
+    Ok(Capture {
+        volume: volume.to_owned(),
+        path,
+    })
+}
+
+/// The plan from the placement and what fills the copy: a download step (and the in-place
+/// fallback of hostPath readers), or a capture source.
+#[allow(clippy::too_many_arguments)]
+fn finish_plan(
+    req: &Request<'_>,
+    sharing: SharingDomain,
+    res: Resolution,
+    endpoints: Vec<String>,
+    layout: Layout,
+    placed: Placed,
+    filled: (Option<DownloadStep>, Option<Fallback>, Option<Capture>),
+) -> Result<Plan, Skip> {
+    let pod = req.pod;
+    let options = req.options;
+    let uri = res.identity.uri();
+    let main = res.main_index;
+    let Placed {
+        landing,
+        targets,
+        env,
+        scratch,
+        offline,
+        relanded,
+        replace_init,
+    } = placed;
+    let (step, fallback, capture) = filled;
+    let spec = pod
+        .spec
+        .as_ref()
+        .ok_or_else(|| Skip::new(SkipReason::NoDownloader, "spec: the pod has no spec"))?;
+    let main_c = spec.containers.get(main).ok_or_else(|| {
+        Skip::new(
+            SkipReason::NoDownloader,
+            "spec.containers: no main container",
+        )
+    })?;
+    let step_json = step.as_ref().map(DownloadStep::to_annotation).transpose()?;
     let wait_for: &Container = match replace_init {
         Some(i) => spec
             .init_containers
@@ -1090,9 +1269,12 @@ fn inner_plan(
         .get(REFRESH_LABEL)
         .filter(|v| !v.is_empty())
         .cloned();
-    let handle = CacheHandle::new(res.identity.clone(), layout, &endpoints)
+    let mut handle = CacheHandle::new(res.identity.clone(), layout, &endpoints)
         .with_salt(salt)
         .with_refresh(&[refresh_label.as_deref().unwrap_or_default()]);
+    if capture.is_some() {
+        handle = handle.with_capture();
+    }
     let identity = BindingIdentity::new(sharing.workflow, &sharing.domain, &handle.to_string());
     let traceparent = req
         .traceparent
@@ -1113,7 +1295,7 @@ fn inner_plan(
         main,
         landing,
         targets,
-        offline: sets_hub_env,
+        offline,
         env,
         scratch,
         relanded,
@@ -1131,6 +1313,7 @@ fn inner_plan(
         },
         step,
         step_json,
+        capture,
         traceparent,
         refresh_label,
         // Pods of one LeaderWorkerSet group must read one commit: a window that turned between

@@ -20,14 +20,14 @@ use k8s_openapi::api::core::v1::{
 use warmcache_api_modelcache::reader_pvc_name;
 
 use crate::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, COMPLETE_MARKER, DOWNLOAD_STEP_ANNOTATION,
-    FAILURE_MARKER, HANDLE_ANNOTATION, LANDING_ANNOTATION, MODEL_LABEL, MODEL_VOLUME,
-    PENDING_LABEL, ROLE_LABEL, ROLE_READER, SCRATCH_PATH, SCRATCH_VOLUME, SKIP_MESSAGE_ANNOTATION,
-    SKIP_REASON_ANNOTATION, TRACE_PARENT_ANNOTATION, URI_ANNOTATION, WAIT_CONTAINER,
-    WAIT_MOUNT_PATH,
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION,
+    CAPTURE_VOLUME_ANNOTATION, COMPLETE_MARKER, DOWNLOAD_STEP_ANNOTATION, FAILURE_MARKER,
+    HANDLE_ANNOTATION, LANDING_ANNOTATION, MODEL_LABEL, MODEL_VOLUME, PENDING_LABEL, ROLE_LABEL,
+    ROLE_READER, SCRATCH_PATH, SCRATCH_VOLUME, SKIP_MESSAGE_ANNOTATION, SKIP_REASON_ANNOTATION,
+    TRACE_PARENT_ANNOTATION, URI_ANNOTATION, WAIT_CONTAINER, WAIT_MOUNT_PATH,
 };
 use crate::options::{Options, ReaderMode};
-use crate::plan::{Plan, Slot, Target};
+use crate::plan::{Capture, Plan, Slot, Target};
 
 /// The wait script. Positional parameters carry every value (`sh -c SCRIPT name dir deadline
 /// poll uri binding fallback [argv...]`), so no value is parsed by the shell. It exits 0 when
@@ -295,7 +295,42 @@ pub(crate) fn render(
         (URI_ANNOTATION, plan.uri.clone()),
         (HANDLE_ANNOTATION, plan.handle.to_string()),
         (LANDING_ANNOTATION, plan.landing.clone()),
-        (DOWNLOAD_STEP_ANNOTATION, plan.step_json.clone()),
+    ] {
+        annotations.insert(k.to_owned(), v);
+    }
+    // A reader of a captured copy has no step: nothing a Job could run.
+    match &plan.step_json {
+        Some(step) => annotations.insert(DOWNLOAD_STEP_ANNOTATION.to_owned(), step.clone()),
+        None => annotations.remove(DOWNLOAD_STEP_ANNOTATION),
+    };
+    if let Some(uid) = uid {
+        annotations.insert(BINDING_UID_ANNOTATION.to_owned(), uid.to_owned());
+    }
+    if let Some(t) = &plan.traceparent {
+        annotations.insert(TRACE_PARENT_ANNOTATION.to_owned(), t.clone());
+    }
+    out
+}
+
+/// A capture source as admitted: the pod keeps its own download untouched (no volume, mount,
+/// container or variable changes); labels and annotations name the binding, the capture handle
+/// and where the download lands, for the node agent to capture it once the pod is Ready.
+pub(crate) fn render_capture(pod: &Pod, plan: &Plan, capture: &Capture, uid: Option<&str>) -> Pod {
+    let mut out = pod.clone();
+    let labels = out.metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(MODEL_LABEL.to_owned(), plan.hash.clone());
+    labels.insert(CAPTURE_LABEL.to_owned(), "true".to_owned());
+    let annotations = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.remove(SKIP_REASON_ANNOTATION);
+    annotations.remove(SKIP_MESSAGE_ANNOTATION);
+    annotations.remove(DOWNLOAD_STEP_ANNOTATION);
+    for (k, v) in [
+        (BINDING_ANNOTATION, plan.binding_name.clone()),
+        (URI_ANNOTATION, plan.uri.clone()),
+        (HANDLE_ANNOTATION, plan.handle.to_string()),
+        (LANDING_ANNOTATION, plan.landing.clone()),
+        (CAPTURE_VOLUME_ANNOTATION, capture.volume.clone()),
+        (CAPTURE_PATH_ANNOTATION, capture.path.clone()),
     ] {
         annotations.insert(k.to_owned(), v);
     }

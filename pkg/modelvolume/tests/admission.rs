@@ -19,7 +19,8 @@ use warmcache_api_modelcache::{FINALIZER, SHARING_DOMAIN_LABEL, STORAGE_SELECTIO
 use warmcache_catalog::{CatalogInput, Gates};
 use warmcache_modelid::{LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, LeaderWorkerSet};
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, MANAGED_BY_LABEL,
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION,
+    CAPTURE_VOLUME_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION, MANAGED_BY_LABEL,
     MODEL_LABEL, MODEL_VOLUME, OPT_OUT, PENDING_LABEL, ROLE_LABEL, SKIP_MESSAGE_ANNOTATION,
     SKIP_REASON_ANNOTATION, TRACE_PARENT_ANNOTATION, WAIT_CONTAINER,
 };
@@ -1216,11 +1217,13 @@ spec:
         "export TRANSFORMERS_OFFLINE=0; vllm serve Qwen/Qwen3-8B".into(),
     ]);
     check(&default, script, None, SkipReason::EngineEnvConflict);
+    // An engine pulling an NGC model by itself into its own filesystem: no Job reproduces it,
+    // and nothing outside the container can capture it.
     let ngc_engine = engine_with(
         &[],
         &[
             ("NGC_MODEL_NAME", "org/team/model:1"),
-            ("NGC_MODEL_MOUNT", "/models/ngc"),
+            ("NGC_MODEL_MOUNT", "/opt/ngc"),
         ],
     );
     check(
@@ -1869,4 +1872,172 @@ spec:
             .map(String::as_str),
         Some(sha)
     );
+}
+
+/// The seed's capture case in miniature: the engine pulls an NGC model by itself into an
+/// emptyDir the main container mounts.
+fn ngc_capture_pod() -> Pod {
+    engine_with(
+        &[],
+        &[
+            ("NGC_MODEL_NAME", "org/team/model:1"),
+            ("NGC_MODEL_MOUNT", "/models/ngc"),
+        ],
+    )
+}
+
+#[test]
+fn an_engine_download_no_job_can_reproduce_is_captured_until_its_cache_is_complete() {
+    let ctx = Ctx::default();
+    let original = ngc_capture_pod();
+
+    // No binding: the pod is a capture source of a new binding, its spec untouched.
+    let first = ctx.rewrite(&original, None);
+    let wanted = created(&first);
+    assert_eq!(
+        first.pod.spec, original.spec,
+        "a capture source keeps its own download"
+    );
+    let labels = first.pod.metadata.labels.clone().unwrap();
+    assert_eq!(labels[CAPTURE_LABEL], "true");
+    assert_eq!(labels[MODEL_LABEL].len(), 48);
+    assert!(!labels.contains_key(ROLE_LABEL), "not a reader");
+    assert!(!labels.contains_key(PENDING_LABEL));
+    let a = first.pod.metadata.annotations.clone().unwrap();
+    assert_eq!(a[CAPTURE_VOLUME_ANNOTATION], "m");
+    assert_eq!(a[CAPTURE_PATH_ANNOTATION], "ngc");
+    assert_eq!(
+        a[HANDLE_ANNOTATION],
+        "ngc://org/team/model:1?layout=ngc&fill=capture"
+    );
+    assert!(!a.contains_key(DOWNLOAD_STEP_ANNOTATION));
+    assert_eq!(a[BINDING_ANNOTATION], first.plan.binding_name());
+    assert!(first.plan.download_step().is_none());
+    assert!(warmcache_modelvolume::is_capture_handle(
+        &a[HANDLE_ANNOTATION]
+    ));
+
+    // The binding stored: the pod records its UID and is re-admitted unchanged.
+    let stored = common::stored(&wanted, Some(BindingPhase::Active), None);
+    let admitted = first.complete(&stored).unwrap();
+    assert_eq!(
+        admitted.metadata.annotations.as_ref().unwrap()[BINDING_UID_ANNOTATION],
+        stored.metadata.uid.clone().unwrap()
+    );
+    assert!(matches!(ctx.admit(&admitted, None), Verdict::Unchanged(_)));
+
+    // The binding exists and is not complete yet: the next pod joins as a capture source too.
+    let joined = ctx.rewrite(&original, Some(&stored));
+    assert!(matches!(joined.binding, BindingAction::Join { .. }));
+    assert_eq!(joined.pod.spec, original.spec);
+    assert_eq!(
+        joined.pod.metadata.labels.as_ref().unwrap()[CAPTURE_LABEL],
+        "true"
+    );
+    assert_eq!(
+        joined.pod.metadata.annotations.as_ref().unwrap()[BINDING_UID_ANNOTATION],
+        stored.metadata.uid.clone().unwrap()
+    );
+
+    // The copy is complete: later pods read it read-only and do not download.
+    let complete = common::stored(&wanted, Some(BindingPhase::Active), Some(common::NAMESPACE));
+    let reader = ctx.rewrite(&original, Some(&complete));
+    let labels = reader.pod.metadata.labels.clone().unwrap();
+    assert!(!labels.contains_key(CAPTURE_LABEL));
+    assert_eq!(labels[ROLE_LABEL], "reader");
+    let a = reader.pod.metadata.annotations.clone().unwrap();
+    assert!(
+        !a.contains_key(DOWNLOAD_STEP_ANNOTATION),
+        "nothing a Job could run"
+    );
+    assert!(!a.contains_key(CAPTURE_VOLUME_ANNOTATION));
+    let volume = model_volume(&reader.pod);
+    assert_eq!(volume["persistentVolumeClaim"]["readOnly"], true);
+    let spec = json(&reader.pod)["spec"].clone();
+    let main_mount = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == MODEL_VOLUME)
+        .cloned()
+        .unwrap();
+    assert_eq!(main_mount["mountPath"], "/models/ngc");
+    assert_eq!(main_mount["readOnly"], true);
+    assert_eq!(spec["initContainers"][0]["name"], WAIT_CONTAINER);
+    common::valid(&reader.pod).unwrap();
+}
+
+#[test]
+fn a_capture_needs_an_empty_dir_a_clean_path_and_view_claims() {
+    let ctx = Ctx::default();
+    // The landing's volume is the customer's claim, not an emptyDir of the pod: left alone (the
+    // landing is not substitutable either).
+    let mut claim = ngc_capture_pod();
+    claim.spec.as_mut().unwrap().volumes = Some(vec![
+        serde_json::from_value(
+            serde_json::json!({"name": "m", "persistentVolumeClaim": {"claimName": "models"}}),
+        )
+        .unwrap(),
+    ]);
+    assert!(matches!(ctx.admit(&claim, None), Verdict::Skip(_)));
+    // Mounted through subPathExpr: the kubelet decides the path, the agent could not find it.
+    let mut expr = ngc_capture_pod();
+    expr.spec.as_mut().unwrap().containers[0]
+        .volume_mounts
+        .as_mut()
+        .unwrap()[0]
+        .sub_path_expr = Some("$(POD_NAME)".into());
+    assert!(matches!(ctx.admit(&expr, None), Verdict::Skip(_)));
+    // Block storage read through hostPath: no capture (readers would need the in-place fallback
+    // a capture does not have).
+    let host = Ctx {
+        storage: "nvmesh".into(),
+        options: common::options(Some("hostPath")),
+        ..Ctx::default()
+    };
+    let s = host.skip(&ngc_capture_pod(), None);
+    assert_eq!(s.reason, SkipReason::DownloadNotReproducible);
+    assert!(s.message.contains("hostPath"), "{}", s.message);
+    // The same block storage read through view claims captures.
+    let pvc = Ctx {
+        storage: "nvmesh".into(),
+        ..Ctx::default()
+    };
+    let r = pvc.rewrite(&ngc_capture_pod(), None);
+    assert_eq!(r.transition, Transition::RoxReadOnly);
+    assert_eq!(
+        r.pod.metadata.labels.as_ref().unwrap()[CAPTURE_LABEL],
+        "true"
+    );
+}
+
+#[test]
+fn a_captured_copy_and_a_job_copy_of_one_artifact_are_two_caches() {
+    let ctx = Ctx::default();
+    // The init container's NGC download (a Job reproduces it) and the engine's own (captured)
+    // of the same model version: different handles, so different bindings.
+    let capture = ctx.rewrite(&ngc_capture_pod(), None);
+    let mut init = ngc_capture_pod();
+    let spec = init.spec.as_mut().unwrap();
+    spec.containers[0].env = None;
+    spec.init_containers = Some(vec![serde_json::from_value(serde_json::json!({
+        "name": "dl",
+        "image": "nvcr.io/nvidia/ngc-cli:3.41.4",
+        "command": ["/bin/bash", "-c", "ngc registry model download-version --dest /models/ngc org/team/model:1"],
+        "volumeMounts": [{"name": "m", "mountPath": "/models"}],
+    }))
+    .unwrap()]);
+    spec.containers[0].env = Some(vec![k8s_openapi::api::core::v1::EnvVar {
+        name: "MODEL_PATH".into(),
+        value: Some("/models/ngc".into()),
+        value_from: None,
+    }]);
+    match ctx.admit(&init, None) {
+        Verdict::Rewrite(job) => {
+            assert_eq!(job.plan.uri(), capture.plan.uri());
+            assert_ne!(job.plan.binding_name(), capture.plan.binding_name());
+            assert!(job.plan.capture().is_none());
+        }
+        other => panic!("expected a rewrite, got {:?}", common::summary(&other)),
+    }
 }

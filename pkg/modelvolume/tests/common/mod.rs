@@ -15,7 +15,8 @@ use warmcache_api_modelcache::v2beta1::{
 };
 use warmcache_catalog::{CatalogInput, Gates};
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION, MODEL_VOLUME, PENDING_LABEL,
+    BINDING_ANNOTATION, CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION, CAPTURE_VOLUME_ANNOTATION,
+    DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION, MODEL_VOLUME, PENDING_LABEL,
 };
 use warmcache_modelvolume::{
     BindingAction, DownloadStep, Options, ReaderMode, Request, StorageInputs, Verdict, admit,
@@ -169,10 +170,17 @@ pub fn summary(v: &Verdict) -> Value {
                 .and_then(|vs| vs.iter().find(|v| v["name"] == MODEL_VOLUME))
                 .cloned()
                 .unwrap_or(Value::Null);
-            let step: DownloadStep = DownloadStep::from_annotation(
-                r.pod.metadata.annotations.as_ref().unwrap()[DOWNLOAD_STEP_ANNOTATION].as_str(),
-            )
-            .unwrap();
+            // A capture source (or a reader of a captured copy) records no step.
+            let step = r
+                .pod
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .get(DOWNLOAD_STEP_ANNOTATION)
+                .map(|a| DownloadStep::from_annotation(a).unwrap());
+            let annotations = r.pod.metadata.annotations.as_ref().unwrap();
+            let labels = r.pod.metadata.labels.clone().unwrap_or_default();
             let inits: Vec<Value> = spec["initContainers"]
                 .as_array()
                 .into_iter()
@@ -196,7 +204,7 @@ pub fn summary(v: &Verdict) -> Value {
                 "mounts": mounts,
                 "volume": volume,
                 "pending": r.pod.metadata.labels.as_ref().and_then(|l| l.get(PENDING_LABEL)).is_some(),
-                "step": {
+                "step": step.map(|step| json!({
                     "origin": serde_json::to_value(step.origin).unwrap(),
                     "source": step.source_container,
                     "image": step.container.image,
@@ -206,7 +214,12 @@ pub fn summary(v: &Verdict) -> Value {
                     "landingVolume": step.landing_volume,
                     "env": env_of(&serde_json::to_value(&step.container).unwrap()),
                     "envFromPod": serde_json::to_value(&step.env_from_pod).unwrap(),
-                },
+                })),
+                "capture": labels.get(CAPTURE_LABEL).map(|l| json!({
+                    "label": l,
+                    "volume": annotations.get(CAPTURE_VOLUME_ANNOTATION),
+                    "path": annotations.get(CAPTURE_PATH_ANNOTATION),
+                })),
                 "annotations": {
                     "binding": r.pod.metadata.annotations.as_ref().unwrap().get(BINDING_ANNOTATION),
                     "handle": r.pod.metadata.annotations.as_ref().unwrap().get(HANDLE_ANNOTATION),
