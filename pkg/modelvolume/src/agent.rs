@@ -102,7 +102,7 @@ pub enum StagingState {
     Staged(Staged),
 }
 
-fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+pub(crate) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations
         .as_ref()?
         .get(key)
@@ -317,11 +317,50 @@ fn pause_pod(
     }
 }
 
-/// The primary claim the agent creates for `staged` on `node`: ReadWriteOnce, sized from the
-/// measured `bytes` ([`view::sized`]: 10 % headroom, whole GiB, at least `min_bytes`), with the agent's records.
-pub fn staged_primary_claim(
+/// The pod a primary claim is filled from (a staging pod, or a capture source): what the
+/// election records on the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourcePod<'a> {
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// Its UID.
+    pub uid: &'a str,
+}
+
+impl<'a> From<&'a Staged> for SourcePod<'a> {
+    fn from(s: &'a Staged) -> Self {
+        SourcePod {
+            namespace: &s.namespace,
+            name: &s.name,
+            uid: &s.uid,
+        }
+    }
+}
+
+/// What an election records on a primary claim: the node ([`COPY_NODE_ANNOTATION`]) and the
+/// pod ([`COPY_POD_ANNOTATION`], [`COPY_POD_NAME_ANNOTATION`], and its namespace under
+/// [`SOURCE_NAMESPACE_LABEL`]) the claim is filled from on that node.
+pub fn election_annotations(source: SourcePod<'_>, node: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (COPY_NODE_ANNOTATION.to_owned(), node.to_owned()),
+        (COPY_POD_ANNOTATION.to_owned(), source.uid.to_owned()),
+        (COPY_POD_NAME_ANNOTATION.to_owned(), source.name.to_owned()),
+        (
+            SOURCE_NAMESPACE_LABEL.to_owned(),
+            source.namespace.to_owned(),
+        ),
+    ])
+}
+
+/// The primary claim the agent creates for the pod `source` on `node`: ReadWriteOnce, sized
+/// from the measured `bytes` ([`view::sized`]: 10 % headroom, whole GiB, at least `min_bytes`),
+/// with the election's records ([`election_annotations`]), the binding's UID, and this node as
+/// the selected node (the holder is placed by `nodeName`). Its atomic create is the election.
+pub fn elected_primary_claim(
     binding: &ModelCacheBinding,
-    staged: &Staged,
+    source: SourcePod<'_>,
     node: &str,
     bytes: u64,
     min_bytes: u64,
@@ -330,18 +369,25 @@ pub fn staged_primary_claim(
     if let Some(spec) = claim.spec.as_mut() {
         spec.access_modes = Some(vec!["ReadWriteOnce".to_owned()]);
     }
-    claim.metadata.annotations = Some(BTreeMap::from([
-        (COPY_NODE_ANNOTATION.to_owned(), node.to_owned()),
-        (COPY_POD_ANNOTATION.to_owned(), staged.uid.clone()),
-        (COPY_POD_NAME_ANNOTATION.to_owned(), staged.name.clone()),
-        (SOURCE_NAMESPACE_LABEL.to_owned(), staged.namespace.clone()),
-        (SELECTED_NODE_ANNOTATION.to_owned(), node.to_owned()),
-        (
-            BINDING_UID_LABEL_ANNOTATION.to_owned(),
-            binding.metadata.uid.clone().unwrap_or_default(),
-        ),
-    ]));
+    let mut annotations = election_annotations(source, node);
+    annotations.insert(SELECTED_NODE_ANNOTATION.to_owned(), node.to_owned());
+    annotations.insert(
+        BINDING_UID_LABEL_ANNOTATION.to_owned(),
+        binding.metadata.uid.clone().unwrap_or_default(),
+    );
+    claim.metadata.annotations = Some(annotations);
     claim
+}
+
+/// The primary claim the agent creates for `staged` on `node` ([`elected_primary_claim`]).
+pub fn staged_primary_claim(
+    binding: &ModelCacheBinding,
+    staged: &Staged,
+    node: &str,
+    bytes: u64,
+    min_bytes: u64,
+) -> PersistentVolumeClaim {
+    elected_primary_claim(binding, staged.into(), node, bytes, min_bytes)
 }
 
 /// The failed copies recorded on a claim.
@@ -360,7 +406,7 @@ pub struct Doomed {
     pub uid: String,
 }
 
-fn doomed(meta: &ObjectMeta) -> Option<Doomed> {
+pub(crate) fn doomed(meta: &ObjectMeta) -> Option<Doomed> {
     if meta.deletion_timestamp.is_some() {
         return None;
     }
