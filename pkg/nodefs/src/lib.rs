@@ -34,6 +34,11 @@
 //!   `/proc/self/mountinfo`, compares device, root and read-only flag, redoes what is stale, and
 //!   reports success only when the table read afterwards shows the verified bind. A view that is
 //!   not a mount point is refused: binding it would bind an empty directory.
+//! - **A tree another party controls is reached without a link.** [`open_dir_beneath`] opens a
+//!   directory of it (a capture source's landing in its pod's emptyDir) one component at a time
+//!   with `O_NOFOLLOW|O_DIRECTORY`, refusing a link, `..` or another mount on the way;
+//!   [`measure_dir`] and [`copy_dir_into_mount`] then work from that descriptor, so a link the
+//!   pod swaps into the path afterwards changes nothing.
 //! - **A volume root is opened for a writer only on its mount.** [`open_root`] changes the owner
 //!   of one directory, the root of a mounted volume, through the descriptor it checked: the
 //!   opened directory must be the top mount at the path (never the node's disk under a kubelet
@@ -48,6 +53,7 @@
 //! describes the rules for operators; `docs/benchmarks.md` has the copy's cost against `cp -a`.
 
 mod at;
+mod beneath;
 pub mod copy;
 mod error;
 pub mod measure;
@@ -55,12 +61,13 @@ pub mod mounts;
 mod open;
 
 pub use at::MAX_DEPTH;
+pub use beneath::{TreeDir, open_dir_beneath};
 pub use copy::{
-    CopyReport, MANIFEST, MARKER, STAGING_PREFIX, VerifyReport, copy_tree, copy_tree_into_mount,
-    is_complete, verify_manifest,
+    CopyReport, MANIFEST, MARKER, STAGING_PREFIX, VerifyReport, copy_dir_into_mount, copy_tree,
+    copy_tree_into_mount, is_complete, verify_manifest,
 };
 pub use error::{Error, Problem, Shown};
-pub use measure::measure;
+pub use measure::{measure, measure_dir};
 pub use mounts::{
     BindOutcome, BindState, MountInfo, bind_state, ensure_read_only_bind,
     ensure_read_only_bind_over_empty, parse_mountinfo, read_mountinfo, top_mount, unbind,

@@ -7,6 +7,7 @@ use std::path::Path;
 use rustix::fs::{AtFlags, CWD, Statx};
 
 use crate::at::{self, Kind, MAX_DEPTH, RelPath};
+use crate::beneath::TreeDir;
 use crate::error::Error;
 
 /// The apparent size of the tree at `root` with `du -sb` semantics: the `st_size` of every inode
@@ -30,6 +31,22 @@ pub fn measure(root: &Path) -> Result<u64, Error> {
     let fd = at::open_root_dir(root)?;
     let mut rel = RelPath::default();
     walk(fd.as_fd(), root, &mut rel, 0, &mut m)?;
+    Ok(m.bytes)
+}
+
+/// [`measure`] of a directory opened beneath a trusted root ([`crate::open_dir_beneath`]),
+/// walked from its descriptor (no path to it is resolved again).
+///
+/// # Errors
+///
+/// A system call that failed, or a tree deeper than [`MAX_DEPTH`].
+pub fn measure_dir(dir: &TreeDir) -> Result<u64, Error> {
+    let root = dir.path();
+    let st = at::stat_fd(dir.fd(), || root.to_path_buf())?;
+    let mut m = Measure::default();
+    m.count(&st);
+    let mut rel = RelPath::default();
+    walk(dir.fd(), root, &mut rel, 0, &mut m)?;
     Ok(m.bytes)
 }
 

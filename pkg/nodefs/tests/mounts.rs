@@ -15,9 +15,9 @@ use std::process::Command;
 
 use rustix::mount::{MountFlags, UnmountFlags};
 use warmcache_nodefs::{
-    BindOutcome, BindState, Error, OpenOutcome, bind_state, copy_tree_into_mount,
-    ensure_read_only_bind, ensure_read_only_bind_over_empty, is_complete, open_root,
-    read_mountinfo, top_mount, unbind,
+    BindOutcome, BindState, Error, MANIFEST, MARKER, OpenOutcome, bind_state, copy_dir_into_mount,
+    copy_tree_into_mount, ensure_read_only_bind, ensure_read_only_bind_over_empty, is_complete,
+    measure, measure_dir, open_dir_beneath, open_root, read_mountinfo, top_mount, unbind,
 };
 
 const IN_MOUNTNS: &str = "WARMCACHE_NODEFS_IN_MOUNTNS";
@@ -531,6 +531,108 @@ fn a_copy_into_a_volume_is_refused_unless_the_volume_is_the_mount_the_table_show
             assert_eq!(is_complete(&volume).unwrap(), Some(report.bytes));
             assert_eq!(fs::read(volume.join("blobs/shard")).unwrap(), b"weights");
             umount(&volume);
+        },
+    );
+}
+
+/// A capture source's landing inside its pod's emptyDir, which the pod controls: reached one
+/// component at a time without following a link (`ngc -> /etc` is refused, as is a link
+/// anywhere on the path, a `..`, a file, and a mount inside the emptyDir), measured and copied
+/// from the opened descriptor (a link swapped into the path after the open changes nothing), into
+/// the mount the table shows, complete with marker and manifest.
+#[test]
+fn a_capture_landing_is_reached_and_copied_without_following_a_link() {
+    in_mount_namespace(
+        "a_capture_landing_is_reached_and_copied_without_following_a_link",
+        || {
+            let tmp = tempfile::tempdir().unwrap();
+            let base = fs::canonicalize(tmp.path()).unwrap();
+            // The kubelet's emptyDir of the pod (a Memory emptyDir is a tmpfs mounted there).
+            let empty_dir = base.join("pods/uid-1/volumes/kubernetes.io~empty-dir/ngc-cache");
+            fs::create_dir_all(&empty_dir).unwrap();
+            mount_tmpfs(&empty_dir);
+            let landing = empty_dir.join("ngc/models");
+            common::hf_tree(&landing);
+            // What the pod could plant: links to the node's /etc, up the tree, and a file.
+            symlink("/etc", empty_dir.join("etc-link")).unwrap();
+            fs::create_dir_all(empty_dir.join("real")).unwrap();
+            symlink("../..", empty_dir.join("real/up")).unwrap();
+            symlink("ngc", empty_dir.join("ngc-link")).unwrap();
+            fs::write(empty_dir.join("file"), b"x").unwrap();
+            let refused = |rel: &str| {
+                let err = open_dir_beneath(&empty_dir, rel).unwrap_err();
+                assert!(
+                    matches!(err, Error::Refused { .. }),
+                    "{rel}: {err} ({err:?})"
+                );
+            };
+            for rel in [
+                "etc-link",
+                "etc-link/ssl",
+                "real/up",
+                "real/up/volumes",
+                "ngc-link/models",
+                "file",
+                "..",
+                "ngc/../ngc/models",
+                "./ngc",
+                "ngc//models",
+                "/ngc",
+            ] {
+                refused(rel);
+            }
+            // The root itself must not be a link either.
+            let linked_root = base.join("linked-root");
+            symlink(&empty_dir, &linked_root).unwrap();
+            let err = open_dir_beneath(&linked_root, "ngc").unwrap_err();
+            assert!(matches!(err, Error::Refused { .. }), "{err}");
+            // A mount inside the emptyDir (another filesystem) is not the pod's tree.
+            let inner = empty_dir.join("inner");
+            fs::create_dir_all(&inner).unwrap();
+            mount_tmpfs(&inner);
+            let err = open_dir_beneath(&empty_dir, "inner").unwrap_err();
+            assert!(matches!(err, Error::CrossesMount { .. }), "{err}");
+            umount(&inner);
+            // Nothing missing is created.
+            assert!(open_dir_beneath(&empty_dir, "absent/dir").is_err());
+            assert!(!empty_dir.join("absent").exists());
+
+            // The landing, opened; then the pod swaps a link to another tree into its path: the
+            // measure and the copy read what was opened, nothing behind the link.
+            let opened = open_dir_beneath(&empty_dir, "ngc/models").unwrap();
+            assert_eq!(opened.path(), landing.as_path());
+            let expected = common::tree(&landing, &[], true);
+            let bytes = measure(&landing).unwrap();
+            let decoy = base.join("decoy");
+            fs::create_dir_all(&decoy).unwrap();
+            fs::write(decoy.join("secret"), b"node secret").unwrap();
+            fs::rename(empty_dir.join("ngc"), empty_dir.join("ngc-moved")).unwrap();
+            symlink(&decoy, empty_dir.join("ngc")).unwrap();
+            assert_eq!(measure_dir(&opened).unwrap(), bytes);
+
+            let volume = base.join("pods/holder/volumes/kubernetes.io~csi/pv/mount");
+            fs::create_dir_all(&volume).unwrap();
+            mount_tmpfs(&volume);
+            let table = read_mountinfo().unwrap();
+            let report = copy_dir_into_mount(&opened, &volume, "c1", &table).unwrap();
+            assert_eq!(is_complete(&volume).unwrap(), Some(report.bytes));
+            assert_eq!(common::tree(&volume, &[MARKER, MANIFEST], false), expected);
+            assert!(!volume.join("secret").exists());
+            common::sha256sum_check(&volume);
+            // Into a directory that is not the mount the table shows: refused, untouched.
+            let unmounted = base.join("pods/holder2/volumes/kubernetes.io~csi/pv/mount");
+            fs::create_dir_all(&unmounted).unwrap();
+            let err = copy_dir_into_mount(&opened, &unmounted, "c1", &table).unwrap_err();
+            assert!(matches!(err, Error::NotAVolumeRoot { .. }), "{err}");
+            assert_eq!(fs::read_dir(&unmounted).unwrap().count(), 0);
+            // A source overlapping the volume: refused.
+            let inside = open_dir_beneath(&volume, "").unwrap();
+            let err = copy_dir_into_mount(&inside, &volume, "c2", &table).unwrap_err();
+            assert!(matches!(err, Error::Overlap { .. }), "{err}");
+            drop(opened);
+            drop(inside);
+            umount(&volume);
+            umount(&empty_dir);
         },
     );
 }

@@ -42,6 +42,7 @@ use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 
 use crate::at::{self, Kind, MAX_DEPTH, Mount, RelPath};
+use crate::beneath::TreeDir;
 use crate::error::{Error, Problem};
 use manifest::Digests;
 use pipe::{HashPipe, SyncQueue, Syncer};
@@ -112,13 +113,40 @@ pub fn copy_tree_into_mount(
     copy_tree_checked(source, dest_root, attempt, Some(mounts))
 }
 
+/// [`copy_tree_into_mount`] from a directory opened beneath a trusted root
+/// ([`crate::open_dir_beneath`]): the source is walked from that descriptor, so no path to it is
+/// resolved again (a symbolic link the tree's owner swaps into the path afterwards changes
+/// nothing).
+///
+/// # Errors
+///
+/// As [`copy_tree_into_mount`].
+pub fn copy_dir_into_mount(
+    source: &TreeDir,
+    dest_root: &Path,
+    attempt: &str,
+    mounts: &[crate::mounts::MountInfo],
+) -> Result<CopyReport, Error> {
+    let a = Attempt::begin_from(
+        source.path(),
+        Some(source),
+        dest_root,
+        attempt,
+        Some(mounts),
+    )?;
+    run_attempt(a)
+}
+
 fn copy_tree_checked(
     source: &Path,
     dest_root: &Path,
     attempt: &str,
     mounts: Option<&[crate::mounts::MountInfo]>,
 ) -> Result<CopyReport, Error> {
-    let mut a = Attempt::begin(source, dest_root, attempt, mounts)?;
+    run_attempt(Attempt::begin(source, dest_root, attempt, mounts)?)
+}
+
+fn run_attempt(mut a: Attempt<'_>) -> Result<CopyReport, Error> {
     match a.run() {
         Ok(report) => Ok(report),
         Err(e) => {
@@ -245,6 +273,18 @@ impl<'a> Attempt<'a> {
         attempt: &str,
         mounts: Option<&[crate::mounts::MountInfo]>,
     ) -> Result<Self, Error> {
+        Self::begin_from(source, None, dest_root, attempt, mounts)
+    }
+
+    /// Step 1, the source either opened at `source` or, when given, the already opened `tree`
+    /// (`source` is then only its name in messages).
+    pub(crate) fn begin_from(
+        source: &'a Path,
+        tree: Option<&TreeDir>,
+        dest_root: &'a Path,
+        attempt: &str,
+        mounts: Option<&[crate::mounts::MountInfo]>,
+    ) -> Result<Self, Error> {
         if !valid_attempt(attempt) {
             return Err(Error::InvalidAttempt {
                 attempt: attempt.to_string(),
@@ -254,14 +294,22 @@ impl<'a> Attempt<'a> {
             tree: source.to_path_buf(),
             dest_root: dest_root.to_path_buf(),
         };
-        let canon_src =
-            std::fs::canonicalize(source).map_err(|e| Error::io("resolve", source, e))?;
+        let canon_src = match tree {
+            Some(t) => crate::beneath::resolved(t)?,
+            None => std::fs::canonicalize(source).map_err(|e| Error::io("resolve", source, e))?,
+        };
         let canon_dst =
             std::fs::canonicalize(dest_root).map_err(|e| Error::io("resolve", dest_root, e))?;
         if canon_src.starts_with(&canon_dst) || canon_dst.starts_with(&canon_src) {
             return Err(overlap());
         }
-        let src_fd = at::open_root_dir(source)?;
+        let src_fd = match tree {
+            Some(t) => t
+                .fd()
+                .try_clone_to_owned()
+                .map_err(|e| Error::io("duplicate the directory descriptor", source, e))?,
+            None => at::open_root_dir(source)?,
+        };
         let root_fd = at::open_root_dir(dest_root)?;
         let src_st = at::stat_fd(&src_fd, || source.to_path_buf())?;
         let root_st = at::stat_fd(&root_fd, || dest_root.to_path_buf())?;
