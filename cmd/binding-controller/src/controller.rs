@@ -69,8 +69,8 @@ use warmcache_kube::{
 use warmcache_modelvolume::DownloadStep;
 use warmcache_modelvolume::encryption::{self, EncryptionNames};
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, HANDLE_ANNOTATION,
-    MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, URI_ANNOTATION,
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CAPTURE_LABEL, DOWNLOAD_STEP_ANNOTATION,
+    HANDLE_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, URI_ANNOTATION,
 };
 use warmcache_modelvolume::lease::{self, LeaseView, LeaseWrite};
 use warmcache_modelvolume::lifecycle::{self, Action, LifecycleConfig, Observed, StepSource};
@@ -895,7 +895,7 @@ impl Bindings {
                         ..DeleteParams::default()
                     };
                     match api.delete(name, &params).await {
-                        Ok(_) => tracing::info!(claim = %name, namespace = %control, "released the complete primary claim so its volume detaches"),
+                        Ok(_) => tracing::info!(claim = %name, namespace = %control, "released the primary claim (complete: so its volume detaches; a failed capture: so the next starts afresh)"),
                         Err(err) if warmcache_kube::is_not_found(&err) => {}
                         Err(err) if warmcache_kube::is_conflict(&err) => {}
                         Err(err) => return Err(api_error("delete", api.resource_url(), name, err)),
@@ -1432,6 +1432,18 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let reader_namespaces: BTreeSet<String> =
                 pods.iter().filter_map(|p| p.namespace()).collect();
             let traceparents = traceparents(&pods);
+            // Capture sources keep their own download until the node agent captures one.
+            let mut capture_sources: Vec<String> = pods
+                .iter()
+                .filter(|p| {
+                    p.labels().get(CAPTURE_LABEL).map(String::as_str) == Some("true")
+                        && p.annotations()
+                            .get(HANDLE_ANNOTATION)
+                            .is_some_and(|h| sha256_digest(h) == identity.cache_handle_digest)
+                })
+                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                .collect();
+            capture_sources.sort();
             let model_uri = pods.iter().find_map(|p| {
                 let a = p.annotations();
                 let handle = a.get(HANDLE_ANNOTATION)?;
@@ -1575,6 +1587,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 reader_namespaces,
                 traceparents,
                 model_uri,
+                capture_sources,
                 writer,
                 previous_writer_claim,
                 stale_writer_claims,
@@ -1601,6 +1614,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             reader_namespaces,
             traceparents,
             model_uri,
+            capture_sources,
             writer,
             previous_writer_claim,
             stale_writer_claims,
@@ -1632,6 +1646,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 model_uri,
                 writer,
                 step: step_source,
+                capture_sources,
                 primary_claim: primary_claim.as_deref(),
                 primary_pv: primary_pv.as_ref(),
                 writer_view_pv: writer_view_pv.as_deref(),

@@ -54,7 +54,8 @@ use crate::lease::{Election, LeaseWrite};
 use crate::step::DownloadStep;
 use crate::view::{self, ViewError};
 use crate::volume_keys::{
-    BYTES_ANNOTATION, COMPLETE_LABEL, COPIED_BYTES_ANNOTATION, HANDLE_DIGEST_ANNOTATION,
+    BYTES_ANNOTATION, COMPLETE_LABEL, COPIED_BYTES_ANNOTATION, COPY_FAILED_ANNOTATION,
+    COPY_NODE_ANNOTATION, COPY_SOURCE_ANNOTATION, COPY_SOURCE_CAPTURE, HANDLE_DIGEST_ANNOTATION,
     MANIFEST_DIGEST_ANNOTATION, SOURCE_NAMESPACE_LABEL, WRITER_CONTAINER,
 };
 use crate::writer::{self, WriterOptions, bytes_from_termination_message};
@@ -116,6 +117,11 @@ pub enum Reason {
     Staging,
     /// roxReadOnly: the node agent is copying the staged download into the primary.
     Copying,
+    /// Capture sources keep their own download; the node agent of the first one Ready captures
+    /// it ([`crate::keys::CAPTURE_LABEL`]).
+    WaitingForCapture,
+    /// A node agent is copying a capture source's own download into the primary.
+    Capturing,
     /// roxReadOnly: the complete primary's claim is being released so the volume detaches.
     ReleasingPrimary,
     /// roxReadOnly: a VolumeAttachment still attaches the complete primary (read-write);
@@ -162,6 +168,8 @@ impl Reason {
             Self::Retiring => "Retiring",
             Self::Staging => "Staging",
             Self::Copying => "Copying",
+            Self::WaitingForCapture => "WaitingForCapture",
+            Self::Capturing => "Capturing",
             Self::ReleasingPrimary => "ReleasingPrimary",
             Self::WaitingForDetach => "WaitingForDetach",
             Self::PrimaryClaimHeld => "PrimaryClaimHeld",
@@ -244,9 +252,11 @@ pub enum Action {
         /// The observed UID.
         uid: String,
     },
-    /// roxReadOnly: delete the complete primary's claim in the control namespace (with its UID
-    /// as precondition) so the volume detaches; only after the completion labels and Retain
-    /// are observed on its PV, which stays Released for the read-only views.
+    /// Delete the primary claim in the control namespace (with its UID as precondition).
+    /// roxReadOnly: the complete primary's, so the volume detaches; only after the completion
+    /// labels and Retain are observed on its PV, which stays Released for the read-only views.
+    /// Either flow: a claim a capture failed on, so the next capture starts on a fresh volume
+    /// (the reaper removes the incomplete PV it leaves).
     ReleasePrimaryClaim {
         /// `rw-pvc-<hash>`.
         name: String,
@@ -383,6 +393,9 @@ pub struct Observed<'a> {
     pub writer: Election,
     /// A download step recorded on a pod of the writer namespace ([`Election::namespace`]).
     pub step: Option<StepSource>,
+    /// Live capture sources of the binding (`namespace/name`, sorted): pods labelled
+    /// [`crate::keys::CAPTURE_LABEL`] whose handle is the binding's.
+    pub capture_sources: Vec<String>,
     /// The primary claim in the control namespace.
     pub primary_claim: Option<&'a PersistentVolumeClaim>,
     /// The PV the primary claim is bound to.
@@ -849,6 +862,12 @@ fn rwx(
 
     // 1. The primary claim (a warm start adopts a retained complete primary).
     let Some(primary_claim) = obs.primary_claim else {
+        // A capture that failed released its claim: none is created while the record holds.
+        if realized.population_state == Some(PopulationState::Failed)
+            && failure_holds(obs, failure.as_ref(), out)
+        {
+            return;
+        }
         if let Some(pv) = adoptable(b, &obs.retained) {
             let name = pv.metadata.name.clone().unwrap_or_default();
             let mut claim = view::primary_claim(b, obs.config.primary_size.clone());
@@ -967,6 +986,64 @@ fn rwx(
         return;
     }
 
+    // 3b. A capture source's download, copied by the node agent and recorded on the claim (no
+    // Job writes a capture binding's primary): label the PV complete. The claim stays, as a
+    // Job's does: readers are served from views of the PV, which is shared while written.
+    if obs.job.is_none()
+        && let Some(bytes) = copied_bytes(primary_claim)
+    {
+        let source = primary_claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SOURCE_NAMESPACE_LABEL))
+            .map_or(writer_ns, String::as_str);
+        let (labels, mut annotations) = completion_marks(b, Some(bytes), source);
+        for key in [TRACE_PARENT_ANNOTATION, MANIFEST_DIGEST_ANNOTATION] {
+            if let Some(v) = primary_claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+            {
+                annotations.insert(key.to_owned(), v.clone());
+            }
+        }
+        out.actions.push(Action::MarkComplete {
+            pv: pv_name.clone(),
+            labels,
+            annotations,
+        });
+        realized.population_state = Some(PopulationState::Populating);
+        out.set(
+            READY,
+            false,
+            Reason::Completing,
+            format!(
+                "the node agent captured {bytes} bytes; labelling PersistentVolume {pv_name} complete and Retain"
+            ),
+        );
+        out.set(
+            PROGRESSING,
+            true,
+            Reason::Completing,
+            "persisting the completion of the captured copy",
+        );
+        match &obs.completion_error {
+            Some(e) => out.set(
+                DEGRADED,
+                true,
+                Reason::CompletionNotStored,
+                format!("{e}; the write is retried"),
+            ),
+            None => out.set(DEGRADED, false, Reason::AsExpected, ""),
+        }
+        return;
+    }
+    if obs.job.is_none() && capture_failed(obs, primary_claim, realized, failure, out) {
+        return;
+    }
+
     // 4. The writer Job (the Lease's bookkeeping, if any, after the other writes).
     if let Some(job) = obs.job {
         let record = obs.writer.record.clone().map(Action::WriteLease);
@@ -1039,7 +1116,21 @@ fn rwx(
         return;
     }
 
-    // 5. No Job: start (or retry) the download, with the writer view.
+    // 5. No Job: start (or retry) the download, with the writer view; never while a node agent
+    // captures into the primary (two writers).
+    if capturing(primary_claim, out) {
+        realized.population_state = Some(PopulationState::Populating);
+        let pending = views(obs, primary, None, &stored_views, realized, out);
+        if pending > 0 {
+            out.set(
+                PROGRESSING,
+                true,
+                Reason::Capturing,
+                format!("{pending} view(s) being created while the capture runs"),
+            );
+        }
+        return;
+    }
     let primary_pv = primary;
     start_download(obs, realized, failure, out, failed_before, |out| {
         writer_view_actions(obs, primary_pv, out)
@@ -1331,6 +1422,14 @@ fn rox(
         return;
     }
 
+    // 2b. The node agent gave up capturing a capture source's download into the claim.
+    if let Some(claim) = obs.primary_claim
+        && capture_failed(obs, claim, realized, failure, out)
+    {
+        out.actions.extend(record);
+        return;
+    }
+
     // 3. The staging Job.
     let failed_before = realized.population_state == Some(PopulationState::Failed);
     if let Some(job) = obs.job {
@@ -1378,11 +1477,16 @@ fn rox(
         out.actions.extend(record);
         return;
     }
-    if obs.primary_claim.is_some() {
-        // A claim without a Job: created for a staging pod of a Job that is gone, and recording
-        // no copy; nothing here writes to it. The new staging Job's agent finds that pod gone,
-        // drops the claim and is elected again (`crate::agent`, `AgentStep::DropClaim`).
+    if let Some(claim) = obs.primary_claim {
+        // A claim without a Job: created for a capture source, or for a staging pod of a Job
+        // that is gone, and recording no copy; nothing here writes to it. The new staging Job's
+        // agent finds that pod gone, drops the claim and is elected again (`crate::agent`,
+        // `AgentStep::DropClaim`).
         realized.population_state = Some(PopulationState::Populating);
+        if capturing(claim, out) {
+            out.actions.extend(record);
+            return;
+        }
     }
 
     // 4. No Job: start (or retry) the staging download; an encrypted cache's key and class
@@ -1485,16 +1589,23 @@ fn start_download(
             message: "the download failed before this failure record existed".to_owned(),
         });
     }
-    if failed_before && let Some(record) = failure.as_ref().filter(|r| r.holds_at(obs.now.0)) {
-        let retry = record.retry_after.0;
-        delete_waiting_readers(obs, out);
-        out.recheck_at = Some(retry);
+    if failed_before && failure_holds(obs, failure.as_ref(), out) {
+        return;
+    }
+    if obs.step.is_none() && !obs.capture_sources.is_empty() {
+        if !failed_before {
+            realized.population_state = Some(PopulationState::Pending);
+        }
         let m = format!(
-            "the download failed ({}); new pods download on their own until {retry}, then a reading pod's step retries it",
-            record.message
+            "{} capture source pod(s) download on their own ({}); the node agent of the first one Ready captures its download into the primary",
+            obs.capture_sources.len(),
+            sample(&obs.capture_sources)
         );
-        out.set(READY, false, Reason::DownloadFailed, m.clone());
-        out.set(PROGRESSING, false, Reason::DownloadFailed, m);
+        out.set(READY, false, Reason::WaitingForCapture, m.clone());
+        out.set(PROGRESSING, true, Reason::WaitingForCapture, m);
+        if !failed_before {
+            out.set(DEGRADED, false, Reason::AsExpected, "");
+        }
         return;
     }
     let Some(source) = &obs.step else {
@@ -1585,6 +1696,136 @@ fn start_download(
     out.set(READY, false, Reason::StartingDownload, m.clone());
     out.set(PROGRESSING, true, Reason::StartingDownload, m);
     out.set(DEGRADED, false, Reason::AsExpected, "");
+}
+
+/// While a failure record holds: readers still waiting are deleted (their controllers recreate
+/// them on their own download), the conditions say until when, and `true`.
+fn failure_holds(obs: &Observed<'_>, failure: Option<&FailureRecord>, out: &mut Builder) -> bool {
+    let Some(record) = failure.filter(|r| r.holds_at(obs.now.0)) else {
+        return false;
+    };
+    let retry = record.retry_after.0;
+    delete_waiting_readers(obs, out);
+    out.recheck_at = Some(retry);
+    let m = format!(
+        "the download failed ({}); new pods download on their own until {retry}, then a reading pod's step retries it",
+        record.message
+    );
+    out.set(READY, false, Reason::DownloadFailed, m.clone());
+    out.set(PROGRESSING, false, Reason::DownloadFailed, m);
+    true
+}
+
+/// At most three entries of `items`, and how many more.
+fn sample(items: &[String]) -> String {
+    let shown: Vec<&str> = items.iter().take(3).map(String::as_str).collect();
+    match items.len().saturating_sub(3) {
+        0 => shown.join(", "),
+        more => format!("{}, and {more} more", shown.join(", ")),
+    }
+}
+
+/// A node agent was elected to capture into `claim` ([`COPY_SOURCE_ANNOTATION`] `capture`, and
+/// [`crate::agent::COPY_POD_ANNOTATION`]) and has recorded neither a copy nor a give-up: the
+/// conditions say so, and `true`. A staging pod's claim is never this.
+fn capturing(claim: &PersistentVolumeClaim, out: &mut Builder) -> bool {
+    let a = claim.metadata.annotations.as_ref();
+    let get = |k: &str| a.and_then(|a| a.get(k)).map(String::as_str);
+    let (Some(COPY_SOURCE_CAPTURE), Some(_), None, None) = (
+        get(COPY_SOURCE_ANNOTATION),
+        get(crate::agent::COPY_POD_ANNOTATION),
+        get(COPIED_BYTES_ANNOTATION),
+        get(COPY_FAILED_ANNOTATION),
+    ) else {
+        return false;
+    };
+    let pod = match (
+        get(SOURCE_NAMESPACE_LABEL),
+        get(crate::agent::COPY_POD_NAME_ANNOTATION),
+    ) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        _ => "a pod".to_owned(),
+    };
+    let m = format!(
+        "the node agent on node {} is copying {pod}'s own download into the primary claim {}",
+        get(COPY_NODE_ANNOTATION).unwrap_or("?"),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    );
+    out.set(READY, false, Reason::Capturing, m.clone());
+    out.set(PROGRESSING, true, Reason::Capturing, m);
+    out.set(DEGRADED, false, Reason::AsExpected, "");
+    true
+}
+
+/// The node agent gave up capturing into `claim` ([`COPY_FAILED_ANNOTATION`], no copy
+/// recorded): the failure record with its words, and the claim released so the next capture,
+/// once the record expires, starts on a fresh volume. `false` when it did not give up.
+fn capture_failed(
+    obs: &Observed<'_>,
+    claim: &PersistentVolumeClaim,
+    realized: &mut RealizedStorage,
+    failure: &mut Option<FailureRecord>,
+    out: &mut Builder,
+) -> bool {
+    if copied_bytes(claim).is_some() {
+        return false;
+    }
+    let Some(words) = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(COPY_FAILED_ANNOTATION))
+    else {
+        return false;
+    };
+    realized.population_state = Some(PopulationState::Failed);
+    let kept = match failure.as_ref() {
+        Some(r) if r.job_uid.is_some() && r.job_uid == claim.metadata.uid => r.clone(),
+        _ => {
+            let retry = obs
+                .now
+                .0
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+                    obs.config.failure_record_seconds.max(0),
+                ))
+                .unwrap_or(Timestamp::MAX);
+            FailureRecord {
+                failed_at: obs.now.clone(),
+                retry_after: Time(retry),
+                job_uid: claim.metadata.uid.clone(),
+                message: warmcache_cli::text::bounded(
+                    &format!("capturing the engine's own download failed: {words}"),
+                    MAX_FAILURE_MESSAGE_BYTES,
+                ),
+            }
+        }
+    };
+    let retry = kept.retry_after.0;
+    if kept.holds_at(obs.now.0) {
+        delete_waiting_readers(obs, out);
+        out.recheck_at = Some(retry);
+    }
+    let m = format!("the capture failed: {}", kept.message);
+    *failure = Some(kept);
+    if claim.metadata.deletion_timestamp.is_none()
+        && let (Some(name), Some(uid)) = (&claim.metadata.name, &claim.metadata.uid)
+    {
+        out.actions.push(Action::ReleasePrimaryClaim {
+            name: name.clone(),
+            uid: uid.clone(),
+        });
+    }
+    out.set(READY, false, Reason::DownloadFailed, m.clone());
+    out.set(
+        PROGRESSING,
+        false,
+        Reason::DownloadFailed,
+        format!(
+            "the primary claim is released; new pods download on their own until {retry}, then the next capture source Ready is captured again"
+        ),
+    );
+    out.set(DEGRADED, true, Reason::DownloadFailed, m);
+    true
 }
 
 /// The writer view's PV and claim for the RWX writer Job (created, or the PV rebound to a new
@@ -2222,6 +2463,7 @@ mod tests {
             model_uri: None,
             writer: crate::lease::fixed(b, None),
             step: None,
+            capture_sources: Vec::new(),
             primary_claim: None,
             primary_pv: None,
             writer_view_pv: None,
@@ -4167,5 +4409,223 @@ mod tests {
             None,
             "a failed Job's download never names the copy (its copy may have failed)"
         );
+    }
+
+    /// `claim` as the node agent leaves it when it is elected to capture pod team-b/engine-0.
+    fn elected_for_capture(mut claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
+        claim
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend([
+                (
+                    COPY_SOURCE_ANNOTATION.to_owned(),
+                    COPY_SOURCE_CAPTURE.to_owned(),
+                ),
+                (
+                    crate::agent::COPY_POD_ANNOTATION.to_owned(),
+                    "pod-uid".to_owned(),
+                ),
+                (
+                    crate::agent::COPY_POD_NAME_ANNOTATION.to_owned(),
+                    "engine-0".to_owned(),
+                ),
+                (SOURCE_NAMESPACE_LABEL.to_owned(), "team-b".to_owned()),
+                (COPY_NODE_ANNOTATION.to_owned(), "node-1".to_owned()),
+            ]);
+        claim
+    }
+
+    fn gave_up(mut claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
+        claim
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                COPY_FAILED_ANNOTATION.to_owned(),
+                "the copy into claim x failed 3 times".to_owned(),
+            );
+        claim
+    }
+
+    #[test]
+    fn capture_sources_wait_then_a_capture_completes_the_shared_filesystem_primary() {
+        let config = LifecycleConfig::default();
+        let b = binding(Transition::RwxReadOnly);
+        let claim = bound_claim(&b);
+        let pv = primary_pv();
+        let mut o = observed(&b, &config);
+        o.primary_claim = Some(&claim);
+        o.primary_pv = Some(&pv);
+        o.capture_sources = vec!["team-b/engine-0".into(), "team-b/engine-1".into()];
+        // Capture sources download on their own: nothing to start.
+        let s = step(&o);
+        assert_eq!(condition(&s, READY).reason, Reason::WaitingForCapture);
+        assert!(
+            condition(&s, READY).message.contains("team-b/engine-0"),
+            "{}",
+            condition(&s, READY).message
+        );
+        assert!(
+            !s.actions
+                .iter()
+                .any(|a| matches!(a, Action::CreateJob(_) | Action::CreateWriterView(..))),
+            "{:?}",
+            s.actions
+        );
+
+        // Elected: capturing. Even a step that appeared meanwhile starts no second writer.
+        let capturing = elected_for_capture(bound_claim(&b));
+        o.primary_claim = Some(&capturing);
+        o.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&o);
+        assert_eq!(condition(&s, READY).reason, Reason::Capturing);
+        assert!(condition(&s, READY).message.contains("node-1"));
+        assert!(
+            !s.actions
+                .iter()
+                .any(|a| matches!(a, Action::CreateJob(_) | Action::CreateWriterView(..))),
+            "{:?}",
+            s.actions
+        );
+        assert_eq!(population(&s), Some(PopulationState::Populating));
+
+        // The copy is recorded: the PV is labelled complete, from the capture's namespace.
+        let done = copied(elected_for_capture(bound_claim(&b)), "987654");
+        o.primary_claim = Some(&done);
+        let s = step(&o);
+        let [
+            Action::MarkComplete {
+                pv: name,
+                labels,
+                annotations,
+            },
+        ] = &s.actions[..]
+        else {
+            panic!("{:?}", s.actions);
+        };
+        assert_eq!(Some(name), pv.metadata.name.as_ref());
+        assert_eq!(labels.get(COMPLETE_LABEL).map(String::as_str), Some("true"));
+        assert_eq!(
+            annotations.get(BYTES_ANNOTATION).map(String::as_str),
+            Some("987654")
+        );
+        assert!(annotations.contains_key(MANIFEST_DIGEST_ANNOTATION));
+        assert_eq!(condition(&s, READY).reason, Reason::Completing);
+
+        // Once the PV is complete, the ordinary completion takes over: Ready.
+        let mut complete = primary_pv();
+        let (l, a) = completion_marks(&b, Some(987_654), "team-a");
+        complete.metadata.labels = Some(l);
+        complete
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(a);
+        o.primary_pv = Some(&complete);
+        let s = step(&o);
+        assert!(condition(&s, READY).status);
+        assert_eq!(population(&s), Some(PopulationState::Ready));
+    }
+
+    #[test]
+    fn a_capture_the_agent_gave_up_on_fails_the_binding_and_releases_its_claim() {
+        let config = LifecycleConfig::default();
+        for transition in [Transition::RwxReadOnly, Transition::RoxReadOnly] {
+            let b = binding(transition);
+            let claim = gave_up(elected_for_capture(bound_claim(&b)));
+            let pv = primary_pv();
+            let mut o = observed(&b, &config);
+            o.primary_claim = Some(&claim);
+            o.primary_pv = Some(&pv);
+            o.reader_namespaces = BTreeSet::from(["team-b".to_owned()]);
+            let s = step(&o);
+            assert_eq!(
+                population(&s),
+                Some(PopulationState::Failed),
+                "{transition:?}"
+            );
+            let record = s.status.failure_record.clone().unwrap();
+            assert!(
+                record.message.contains("failed 3 times"),
+                "{}",
+                record.message
+            );
+            assert_eq!(record.job_uid.as_deref(), Some("primary-claim-uid"));
+            assert!(
+                s.actions.iter().any(|a| matches!(
+                    a,
+                    Action::ReleasePrimaryClaim { uid, .. } if uid == "primary-claim-uid"
+                )),
+                "{transition:?}: {:?}",
+                s.actions
+            );
+            assert!(
+                s.actions
+                    .iter()
+                    .any(|a| matches!(a, Action::DeleteWaitingReaders { .. }))
+            );
+            assert_eq!(condition(&s, READY).reason, Reason::DownloadFailed);
+            assert!(condition(&s, DEGRADED).status);
+
+            // The record is kept (not renewed) on the next reconcile, and once the claim is
+            // gone nothing is provisioned while it holds.
+            let mut failed = b.clone();
+            failed.status = Some(s.status.clone());
+            let mut o = observed(&failed, &config);
+            o.primary_claim = Some(&claim);
+            o.primary_pv = Some(&pv);
+            let again = step(&o);
+            assert_eq!(again.status.failure_record, Some(record.clone()));
+            let o = observed(&failed, &config);
+            let gone = step(&o);
+            assert!(
+                !gone
+                    .actions
+                    .iter()
+                    .any(|a| matches!(a, Action::CreatePrimaryClaim(_) | Action::CreateJob(_))),
+                "{transition:?}: {:?}",
+                gone.actions
+            );
+            assert_eq!(condition(&gone, READY).reason, Reason::DownloadFailed);
+        }
+    }
+
+    #[test]
+    fn a_staging_claim_left_without_its_job_is_not_a_capture() {
+        // The block flow's recovery: the claim of a staging pod whose Job is gone carries the
+        // agent's election but no capture source; a new staging Job starts.
+        let config = LifecycleConfig::default();
+        let b = binding(Transition::RoxReadOnly);
+        let mut claim = elected_for_capture(bound_claim(&b));
+        claim
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(COPY_SOURCE_ANNOTATION);
+        let pv = primary_pv();
+        let mut o = observed(&b, &config);
+        o.primary_claim = Some(&claim);
+        o.primary_pv = Some(&pv);
+        o.step = Some(StepSource {
+            step: init_step(),
+            pod_env: Vec::new(),
+        });
+        let s = step(&o);
+        assert!(
+            s.actions.iter().any(|a| matches!(a, Action::CreateJob(_))),
+            "{:?}",
+            s.actions
+        );
+        // The same claim elected for a capture starts nothing.
+        let capture = elected_for_capture(bound_claim(&b));
+        o.primary_claim = Some(&capture);
+        let s = step(&o);
+        assert_eq!(condition(&s, READY).reason, Reason::Capturing);
+        assert!(!s.actions.iter().any(|a| matches!(a, Action::CreateJob(_))));
     }
 }

@@ -65,6 +65,15 @@ pub const MANIFEST_DIGEST_ANNOTATION: &str = "warmcache.nvidia.io/manifest-sha25
 /// Annotation the node agent keeps on a roxReadOnly primary claim: its failed copy attempts.
 pub const COPY_ATTEMPTS_ANNOTATION: &str = "warmcache.nvidia.io/copy-attempts";
 
+/// Annotation the node agent puts on a primary claim it was elected to fill from a capture
+/// source ([`crate::keys::CAPTURE_LABEL`]), with the value [`COPY_SOURCE_CAPTURE`]; a claim for a
+/// staging pod has none. The binding controller starts no writer Job while a capture fills the
+/// claim, and tells the two apart in its conditions.
+pub const COPY_SOURCE_ANNOTATION: &str = "warmcache.nvidia.io/copy-source";
+
+/// [`COPY_SOURCE_ANNOTATION`] of a claim filled from a capture source.
+pub const COPY_SOURCE_CAPTURE: &str = "capture";
+
 /// Annotation the node agent puts on a primary claim when it gives up capturing a capture
 /// source's download into it ([`crate::keys::CAPTURE_LABEL`]) after three failed copies: its
 /// words. The binding controller then writes the failure record and releases the claim.
