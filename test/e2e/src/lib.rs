@@ -17,9 +17,9 @@ use serde_json::json;
 use warmcache_test_sources::content::Content;
 use warmcache_test_sources::hub::{FileSpec, Hub, HubOptions, model_files};
 use warmcache_testkit::{
-    COMPONENT_BINARIES, ControlPlane, OtlpReceiver, PodNetwork, RealNode, TESTKIT_NAMESPACE_LABEL,
-    TestCsiDriver, TestNamespace, built_binaries_dir, chart_dir, component_image, eventually,
-    helm_binary, hf_client_image, model_clients_dir, namespace_report,
+    COMPONENT_BINARIES, ControlPlane, OtlpReceiver, PAUSE_IMAGE, PodNetwork, RealNode,
+    TESTKIT_NAMESPACE_LABEL, TestCsiDriver, TestNamespace, built_binaries_dir, chart_dir,
+    component_image, eventually, helm_binary, hf_client_image, model_clients_dir, namespace_report,
 };
 
 /// The repository `examples/llm-deployment.yaml` downloads.
@@ -105,7 +105,52 @@ pub struct Install<'a> {
     pub otel_endpoint: Option<&'a str>,
     /// More `--set` values for `helm install` (`key=value`), after the ones the node needs.
     pub extra_sets: &'a [&'a str],
+    /// The storage `nvcf-sc` is on, and the catalog qualifies.
+    pub storage: Storage,
 }
+
+/// The storage [`install`] puts StorageClass `nvcf-sc` on, on the test node, and qualifies in
+/// the catalog ConfigMap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Storage {
+    /// The test CSI driver's shared-filesystem profile ([`TestCsiDriver::SharedFs`]), qualified
+    /// for ReadWriteMany: the `rwxReadOnly` flow.
+    #[default]
+    SharedFs,
+    /// The test CSI driver's namespaced-block profile ([`TestCsiDriver::NamespacedBlock`]:
+    /// NVMesh-style handles `<volume>:<namespace>`, real VolumeAttachments, one read-write
+    /// attachment at a time), qualified as provider `nvmesh` with ReadWriteOnce and ReadOnlyMany
+    /// and reader mount option `ro`: the `roxReadOnly` flow. The chart's node agent DaemonSet is
+    /// switched on for it (`modelVolumeController.enabled=true`, its kubelet root the node's),
+    /// in a release namespace that allows Pod Security `privileged`, as docs/install.md says.
+    NamespacedBlock,
+}
+
+impl Storage {
+    /// The test CSI driver instance.
+    pub fn driver(self) -> TestCsiDriver {
+        match self {
+            Storage::SharedFs => TestCsiDriver::SharedFs,
+            Storage::NamespacedBlock => TestCsiDriver::NamespacedBlock,
+        }
+    }
+
+    /// The driver's entry of the catalog ConfigMap (`drivers:` list item).
+    fn catalog_entry(self) -> String {
+        let driver = self.driver().driver_name();
+        match self {
+            Storage::SharedFs => format!(
+                "  - name: {driver}\n    provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n"
+            ),
+            Storage::NamespacedBlock => format!(
+                "  - name: {driver}\n    provider: nvmesh\n    accessModes: [ReadWriteOnce, ReadOnlyMany]\n    readerMountOptions: [ro]\n"
+            ),
+        }
+    }
+}
+
+/// The node agent's DaemonSet (`modelVolumeController.enabled=true`).
+pub const AGENT_DAEMON_SET: &str = "warmcache-model-volume-controller";
 
 /// The control namespace the chart's components use (`controlNamespace.name`'s default).
 pub const CONTROL: &str = "nvca-modelcache-init";
@@ -133,9 +178,11 @@ pub const NAMESPACE: &str = "warmcache-system";
 
 /// Installs the product on the test node as a user with their own qualified driver does: the
 /// product's and the hf client's images imported (no registry), the node's GPUs advertised, the
-/// release namespace with a catalog ConfigMap qualifying the test driver's shared file system for
-/// ReadWriteMany, `helm install` with StorageClass `nvcf-sc` on that driver, and waits until the
-/// webhook and the binding controller are Ready (the pod network `net` bridges their Services).
+/// release namespace with a catalog ConfigMap qualifying the test driver's profile of
+/// [`Install::storage`] (the shared file system for ReadWriteMany, or namespaced block storage
+/// for roxReadOnly with the node agent), `helm install` with StorageClass `nvcf-sc` on that
+/// driver, and waits until the webhook and the binding controller (and the node agent) are Ready
+/// (the pod network `net` bridges their Services).
 ///
 /// # Errors
 ///
@@ -173,16 +220,26 @@ pub async fn install(
         .await
         .map_err(|e| format!("advertising the node's GPUs: {e}"))?;
 
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
-        .map_err(|e| e.to_string())?;
+    // The node agent is privileged: with it, the release namespace allows Pod Security
+    // "privileged" from its creation, as docs/install.md asks.
+    let block = how.storage == Storage::NamespacedBlock;
+    let labels = if block {
+        json!({"pod-security.kubernetes.io/enforce": "privileged"})
+    } else {
+        json!({})
+    };
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": NAMESPACE, "labels": labels}}))
+            .map_err(|e| e.to_string())?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &namespace)
         .await
         .map_err(|e| format!("creating namespace {NAMESPACE}: {e}"))?;
-    let driver = TestCsiDriver::SharedFs.driver_name();
+    let driver = how.storage.driver().driver_name();
     let catalog = format!(
         "apiVersion: storage.nvcf.nvidia.com/v1alpha1\nkind: StorageCapabilityCatalog\n\
-         drivers:\n  - name: {driver}\n    provider: testSharedFs\n    accessModes: [ReadWriteMany]\n    readerMountOptions: []\n"
+         drivers:\n{}",
+        how.storage.catalog_entry()
     );
     let config_map: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "nvcf-storage-capabilities"},
@@ -207,8 +264,26 @@ pub async fn install(
         "kvcacheOperator.enabled=false".to_owned(),
         "webhook.replicas=1".to_owned(),
     ];
+    // Block storage: the kubelet applies fsGroup to a ReadWriteOnce volume only with an fsType
+    // (the kit's own class of the profile says xfs too), and the node agent on this node: its
+    // kubelet root, and the holder image the node has (every pod here says Never).
+    let block_sets = if block {
+        vec![
+            "storageClass.parameters.csi\\.storage\\.k8s\\.io/fstype=xfs".to_owned(),
+            "modelVolumeController.enabled=true".to_owned(),
+            format!(
+                "modelVolumeController.kubeletRoot={}",
+                node.dir().join("kubelet").display()
+            ),
+            format!("modelVolumeController.holderImage={PAUSE_IMAGE}"),
+            "modelVolumeController.holderImagePullPolicy=Never".to_owned(),
+        ]
+    } else {
+        Vec::new()
+    };
     let sets: Vec<String> = sets
         .into_iter()
+        .chain(block_sets)
         .chain(how.otel_endpoint.map(|e| format!("otel.endpoint={e}")))
         .chain(how.extra_sets.iter().map(|s| (*s).to_owned()))
         .collect();
@@ -232,7 +307,41 @@ pub async fn install(
     helm(how.kubeconfig, &args)?;
     components_ready(&client, NAMESPACE)
         .await
-        .map_err(|e| format!("{e}{}", net.report()))
+        .map_err(|e| format!("{e}{}", net.report()))?;
+    if block {
+        agent_ready(&client, NAMESPACE)
+            .await
+            .map_err(|e| format!("{e}{}", net.report()))?;
+    }
+    Ok(())
+}
+
+/// Waits until the node agent's DaemonSet ([`AGENT_DAEMON_SET`]) of the release in `namespace`
+/// has a Ready pod on every node it wants.
+///
+/// # Errors
+///
+/// It did not within [`READY_TIMEOUT`]; with the namespace's report.
+pub async fn agent_ready(client: &kube::Client, namespace: &str) -> Result<(), String> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let daemon_sets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    let up = eventually("the node agent Ready", READY_TIMEOUT, || {
+        let daemon_sets = daemon_sets.clone();
+        async move {
+            let d = daemon_sets.get(AGENT_DAEMON_SET).await.ok()?;
+            let s = d.status?;
+            let want = s.desired_number_scheduled;
+            (want >= 1 && s.number_ready == want && s.number_available == Some(want)).then_some(())
+        }
+    })
+    .await;
+    if up.is_err() {
+        return Err(format!(
+            "the node agent's DaemonSet {AGENT_DAEMON_SET} in {namespace} did not become Ready\n{}",
+            namespace_report(client, namespace).await
+        ));
+    }
+    Ok(())
 }
 
 /// Waits until the webhook and the binding controller of the release in `namespace` are Ready.
@@ -468,6 +577,7 @@ pub struct Scenario {
     otlp: bool,
     extra_sets: Vec<String>,
     image_tag: String,
+    storage: Storage,
     needs_simulated_hub: Option<String>,
     needs_test_node: Option<String>,
     needs_own_release: Option<String>,
@@ -484,6 +594,7 @@ impl Scenario {
             otlp: false,
             extra_sets: Vec::new(),
             image_tag: "e2e".to_owned(),
+            storage: Storage::SharedFs,
             needs_simulated_hub: None,
             needs_test_node: None,
             needs_own_release: None,
@@ -545,6 +656,16 @@ impl Scenario {
     pub fn extra_sets<S: AsRef<str>>(mut self, sets: &[S]) -> Self {
         self.extra_sets
             .extend(sets.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Block storage: StorageClass `nvcf-sc` on the test CSI driver's namespaced-block profile,
+    /// qualified for the `roxReadOnly` flow, and the chart's node agent DaemonSet on the test
+    /// node ([`Storage::NamespacedBlock`]). On a cluster it fails at start: that profile and the
+    /// agent's kubelet root are the test node's (a cluster's block storage is its own, and its
+    /// release already says whether the agent runs).
+    pub fn block_storage(mut self) -> Self {
+        self.storage = Storage::NamespacedBlock;
         self
     }
 
@@ -631,6 +752,7 @@ impl Scenario {
             work_dir: work.path(),
             otel_endpoint: otel_endpoint.as_deref(),
             extra_sets: &sets,
+            storage: self.storage,
         };
         install(plane, node, &net, &how)
             .await
@@ -669,6 +791,14 @@ impl Scenario {
                  cluster"
             )
         };
+        if self.storage == Storage::NamespacedBlock {
+            return Some(not_here(
+                "it needs the test kit's node (its storage is the test CSI driver's \
+                 namespaced-block profile, with the chart's node agent pointed at the node's \
+                 kubelet root)"
+                    .to_owned(),
+            ));
+        }
         if let Some(why) = &self.needs_test_node {
             return Some(not_here(format!("it needs the test kit's node ({why})")));
         }

@@ -41,8 +41,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use warmcache_e2e::{
-    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, example_deployment, examples_dir,
-    install, is_ready, model, ready_pods, webhook_serving,
+    APP_SELECTOR, Install, NAMESPACE, READY_TIMEOUT, REPO, Storage, example_deployment,
+    examples_dir, install, is_ready, model, ready_pods, webhook_serving,
 };
 use warmcache_test_sources::hub::{Hub, HubOptions};
 use warmcache_testkit::{
@@ -216,6 +216,7 @@ async fn demo(
             &default_image,
             "kvcacheOperator.webhook.replicas=1",
         ],
+        storage: Storage::SharedFs,
     };
     install(plane, node, &net, &how).await?;
     say(&format!("components Ready after {:.0?}", started.elapsed()));
