@@ -15,7 +15,9 @@
 //! | `persistentvolumeclaims`, `persistentvolumes` | get | writer namespaces; cluster | a non-root writer's writer view claim and PV and the binding's primary, read afresh before its root is opened ([`crate::open`]) |
 //! | `pods` | get | cluster | the staging pod a primary claim was created for, to find it gone (then the claim is dropped and the election runs again); the binding's mount holder on another node |
 //! | `persistentvolumeclaims` | get, list, watch, create, patch, delete | control namespace | the primary claim: created sized from the bytes, read afresh before a copy (never copied twice), the copy recorded (merge patch with resourceVersion), dropped after three failed copies (UID precondition) |
-//! | `modelcachebindings` | list, watch | control namespace | the binding a staging pod names |
+//! | `namespaces` | get | cluster | a capture source's namespace: its labels decide its sharing domain ([`crate::capture`]) |
+//! | `persistentvolumeclaims` | patch | control namespace | a capture source's election of the binding controller's ReadWriteMany claim, and its undoing; a given-up capture (merge patches with resourceVersion) |
+//! | `modelcachebindings` | list, watch | control namespace | the binding a staging pod or capture source names |
 //! | `events` | create | | Events |
 
 use std::collections::BTreeMap;
@@ -35,8 +37,10 @@ use warmcache_modelvolume::agent::{
     Doomed, HolderImage, HostReaderState, MOUNT_HOLDER, Staged, StagingState, copy_attempts,
     holder_name, host_reader, is_view_holder, staged_primary_claim, staging_state, staging_step,
 };
+use warmcache_modelvolume::capture::{CaptureState, capture_source};
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_LABEL, ROLE_READER,
+    BINDING_ANNOTATION, CAPTURE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_LABEL,
+    ROLE_READER,
 };
 use warmcache_modelvolume::lifecycle::copied_bytes;
 use warmcache_modelvolume::volume_keys::{
@@ -241,35 +245,35 @@ pub struct Agent {
     pub(crate) client: Client,
     pub(crate) settings: Settings,
     pub(crate) bindings: Cache<ModelCacheBinding>,
-    claims: Cache<PersistentVolumeClaim>,
-    pods: Cache<Pod>,
+    pub(crate) claims: Cache<PersistentVolumeClaim>,
+    pub(crate) pods: Cache<Pod>,
     pub(crate) metrics: Metrics,
     pub(crate) host: Arc<HostBinds>,
 }
 
 impl Agent {
-    fn claim(&self, binding: &ModelCacheBinding) -> Option<Arc<PersistentVolumeClaim>> {
+    pub(crate) fn claim(&self, binding: &ModelCacheBinding) -> Option<Arc<PersistentVolumeClaim>> {
         self.claims.store().get(
             &ObjectRef::new(&writer_pvc_name(&binding.spec.identity))
                 .within(&self.settings.control_namespace),
         )
     }
 
-    fn holder(&self, binding: &ModelCacheBinding) -> Option<Arc<Pod>> {
+    pub(crate) fn holder(&self, binding: &ModelCacheBinding) -> Option<Arc<Pod>> {
         self.pods
             .store()
             .get(&ObjectRef::new(&holder_name(binding)).within(&self.settings.control_namespace))
     }
 
-    fn claims_api(&self) -> Api<PersistentVolumeClaim> {
+    pub(crate) fn claims_api(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &self.settings.control_namespace)
     }
 
-    fn pods_api(&self) -> Api<Pod> {
+    pub(crate) fn pods_api(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.settings.control_namespace)
     }
 
-    async fn delete_pod(&self, d: &Doomed) -> Result<(), Failure> {
+    pub(crate) async fn delete_pod(&self, d: &Doomed) -> Result<(), Failure> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(d.uid.clone()),
@@ -284,7 +288,7 @@ impl Agent {
         }
     }
 
-    async fn delete_claim(&self, d: &Doomed) -> Result<(), Failure> {
+    pub(crate) async fn delete_claim(&self, d: &Doomed) -> Result<(), Failure> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(d.uid.clone()),
@@ -300,7 +304,7 @@ impl Agent {
     }
 
     /// Merges `annotations` into the claim, only if it is still at `resource_version`.
-    async fn annotate_claim(
+    pub(crate) async fn annotate_claim(
         &self,
         claim: &PersistentVolumeClaim,
         annotations: BTreeMap<String, String>,
@@ -446,11 +450,28 @@ impl Agent {
         holder_uid: &str,
         pv: &str,
     ) -> Result<Action, Failure> {
-        let source = empty_dir_path(
+        let source = CopySource::Staged(empty_dir_path(
             &self.settings.kubelet_root,
             &staged.uid,
             &staged.staging_volume,
-        );
+        ));
+        self.copy_into(&staged.uid, source, claim, holder_uid, pv)
+            .await
+    }
+
+    /// Copies `source` (the tree of the pod `pod_uid`) into the holder's mount of `pv`, once the
+    /// mount table shows that mount, and records the copy on `claim`; a volume already holding
+    /// a verified copy is recorded as it is; a failed copy increments the claim's attempts.
+    pub(crate) async fn copy_into(
+        &self,
+        pod_uid: &str,
+        source: CopySource,
+        claim: &PersistentVolumeClaim,
+        holder_uid: &str,
+        pv: &str,
+    ) -> Result<Action, Failure> {
+        let captured = matches!(source, CopySource::Captured { .. });
+        let shown = source.shown();
         let dest = csi_mount_path(&self.settings.kubelet_root, holder_uid, pv);
         // Only into the volume: the kubelet's directory is on the node's disk until mounted.
         let mounts = warmcache_nodefs::mounts::read_mountinfo().map_err(|e| Failure::Node {
@@ -497,8 +518,7 @@ impl Agent {
         let attempts = copy_attempts(claim);
         let attempt = format!(
             "{}-{attempts}",
-            staged
-                .uid
+            pod_uid
                 .chars()
                 .filter(char::is_ascii_alphanumeric)
                 .take(12)
@@ -506,21 +526,31 @@ impl Agent {
                 .to_ascii_lowercase()
         );
         let started = Instant::now();
-        let (s, d) = (source.clone(), dest.clone());
-        let result = tokio::task::spawn_blocking(move || {
-            warmcache_nodefs::copy_tree_into_mount(&s, &d, &attempt, &checked)
+        let d = dest.clone();
+        let result = tokio::task::spawn_blocking(move || match source {
+            CopySource::Staged(s) => {
+                warmcache_nodefs::copy_tree_into_mount(&s, &d, &attempt, &checked)
+            }
+            CopySource::Captured { root, path } => warmcache_nodefs::open_dir_beneath(&root, &path)
+                .and_then(|tree| {
+                    warmcache_nodefs::copy_dir_into_mount(&tree, &d, &attempt, &checked)
+                }),
         })
         .await
         .map_err(|_| Failure::Task("copy"))?;
         match result {
             Ok(report) => {
                 let seconds = started.elapsed().as_secs_f64();
-                self.metrics.copied(report.bytes, seconds);
+                if captured {
+                    self.metrics.captured(report.bytes, seconds);
+                } else {
+                    self.metrics.copied(report.bytes, seconds);
+                }
                 tracing::info!(
                     bytes = report.bytes,
                     files = report.files,
                     seconds,
-                    "copied and verified the staged download"
+                    "copied and verified the tree"
                 );
                 self.annotate_claim(
                     claim,
@@ -536,8 +566,12 @@ impl Agent {
                 Ok(Action::requeue(Duration::from_secs(1)))
             }
             Err(e) => {
-                self.metrics.copy_failed();
-                tracing::warn!(error = %e, attempt = attempts + 1, source = %source.display(), dest = %dest.display(), "the copy failed");
+                if captured {
+                    self.metrics.capture_failed();
+                } else {
+                    self.metrics.copy_failed();
+                }
+                tracing::warn!(error = %e, attempt = attempts + 1, source = %shown, dest = %dest.display(), "the copy failed");
                 self.annotate_claim(
                     claim,
                     BTreeMap::from([(
@@ -548,6 +582,30 @@ impl Agent {
                 .await?;
                 Ok(Action::requeue(REQUEUE_AFTER_FAILED_COPY))
             }
+        }
+    }
+}
+
+/// What a copy reads.
+#[derive(Debug, Clone)]
+pub(crate) enum CopySource {
+    /// A staging pod's emptyDir (the root's last component is never followed).
+    Staged(PathBuf),
+    /// A capture source's landing: `path` beneath its emptyDir `root`, reached without following
+    /// any link ([`warmcache_nodefs::open_dir_beneath`]).
+    Captured {
+        /// The pod's emptyDir on the node.
+        root: PathBuf,
+        /// The landing inside it (clean, relative).
+        path: String,
+    },
+}
+
+impl CopySource {
+    fn shown(&self) -> String {
+        match self {
+            Self::Staged(p) => p.display().to_string(),
+            Self::Captured { root, path } => root.join(path).display().to_string(),
         }
     }
 }
@@ -575,6 +633,19 @@ impl Reconciler<Pod> for Agent {
         // A non-root writer waiting for its fresh root.
         if let Some(done) = self.open_root(&pod).await {
             return done;
+        }
+        // A capture source: its landing copied into the binding's primary once it is Ready.
+        match capture_source(&pod) {
+            CaptureState::Source(source) => return self.capture(&pod, source).await,
+            CaptureState::Refused(why) => {
+                if pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+                    == Some(self.settings.node.as_str())
+                {
+                    self.refuse(&pod, &why).await;
+                }
+                return Ok(Action::await_change());
+            }
+            CaptureState::NotCapture => {}
         }
         let staged = match staging_state(&pod) {
             StagingState::Staged(s) => s,
@@ -717,12 +788,15 @@ impl Reconciler<Pod> for Agent {
     }
 }
 
-/// The staging pods of a binding this node's cache holds (for changes of its claim or holder).
+/// The staging pods and capture sources of a binding this node's cache holds (for changes of
+/// its claim, holder or binding).
 fn staging_pods_of(pods: &Cache<Pod>, binding: &str) -> Vec<ObjectRef<Pod>> {
     pods.store()
         .state()
         .iter()
-        .filter(|p| p.labels().contains_key(STAGING_LABEL))
+        .filter(|p| {
+            p.labels().contains_key(STAGING_LABEL) || p.labels().contains_key(CAPTURE_LABEL)
+        })
         .filter(|p| p.annotations().get(BINDING_ANNOTATION).map(String::as_str) == Some(binding))
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
@@ -779,7 +853,7 @@ pub fn start(
         metrics,
         host: Arc::clone(&host),
     };
-    let (p1, p2) = (pods.clone(), pods.clone());
+    let (p1, p2, p3) = (pods.clone(), pods.clone(), pods.clone());
     let controller = runtime
         .controller("staged-copy", &pods, agent)
         // A holder changed: the staging pods of its binding; a view holder, the readers of its
@@ -809,10 +883,17 @@ pub fn start(
                 .map(|b| staging_pods_of(&p2, b))
                 .unwrap_or_default()
         })
-        // The binding recorded a view or its completion: the readers of its model.
+        // The binding recorded a view or its completion: the readers of its model, and its
+        // capture sources (complete: their holder goes; a failure record: they wait).
         .watches(&bindings, {
             let host = Arc::clone(&host);
-            move |b: &ModelCacheBinding| host.readers_of_binding(b)
+            move |b: &ModelCacheBinding| {
+                let mut pods = host.readers_of_binding(b);
+                if let Some(name) = b.metadata.name.as_deref() {
+                    pods.extend(staging_pods_of(&p3, name));
+                }
+                pods
+            }
         })
         .concurrency(settings.concurrency);
     runtime.start_controller(controller);

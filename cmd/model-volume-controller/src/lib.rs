@@ -1,7 +1,8 @@
 //! The node agent (`model-volume-controller`, a DaemonSet): the steps of the model lifecycle that
-//! can only happen on a node: the block (roxReadOnly) staging copy ([`agent`]), verified
-//! read-only binds for hostPath readers of block storage ([`host`]) and fresh ReadWriteMany
-//! roots opened for non-root writers ([`open`]); see `docs/node-agent.md`.
+//! can only happen on a node: the block (roxReadOnly) staging copy ([`agent`]), the capture of a
+//! Ready pod's own download into its binding's primary ([`capture`]), verified read-only binds
+//! for hostPath readers of block storage ([`host`]) and fresh ReadWriteMany roots opened for
+//! non-root writers ([`open`]); see `docs/node-agent.md`.
 //!
 //! ```text
 //! model-volume-controller run --node-name NODE [--kubelet-root DIR] [--control-namespace NS]
@@ -15,6 +16,7 @@
 //! the election between agents.
 
 pub mod agent;
+pub mod capture;
 pub mod host;
 pub mod metrics;
 pub mod open;

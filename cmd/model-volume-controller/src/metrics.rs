@@ -5,8 +5,10 @@
 //! |---|---|---|
 //! | `staged_steps_total` | `step` (the fixed [`AgentStep`] kinds) | decisions taken for staged downloads |
 //! | `copies_total` | `outcome` (`succeeded`, `failed`, `gave_up`) | copies of staged downloads into primaries |
-//! | `copied_bytes_total` | | bytes copied and verified |
-//! | `copy_seconds` | | duration of a successful copy (with its manifest verification) |
+//! | `copied_bytes_total` | | bytes copied and verified (staged downloads and captures) |
+//! | `copy_seconds` | | duration of a successful copy (with its manifest verification; staged downloads and captures) |
+//! | `capture_steps_total` | `step` ([`CAPTURE_STEPS`]) | decisions taken for capture sources |
+//! | `captures_total` | `outcome` ([`CAPTURE_OUTCOMES`]) | captures of a Ready pod's download into primaries |
 //! | `host_steps_total` | `step` (the fixed [`HostBindStep`] kinds) | decisions taken for hostPath readers' binds |
 //! | `binds_total` | `outcome` ([`BIND_OUTCOMES`]) | what a bind or unbind found and did, as the mount table shows it |
 //! | `unpends_total` | | hostPath readers un-pended after their bind was verified |
@@ -15,6 +17,7 @@
 //! Every label value is a fixed word; no pod, binding or model is a label.
 
 use warmcache_modelvolume::agent::{AgentStep, HostBindStep};
+use warmcache_modelvolume::capture::CaptureStep;
 use warmcache_telemetry::prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
 };
@@ -75,6 +78,44 @@ pub const fn host_step_label(step: &HostBindStep) -> &'static str {
 /// call failed (`failed`).
 pub const OPEN_OUTCOMES: [&str; 5] = ["opened", "already_open", "not_mounted", "refused", "failed"];
 
+/// Label values of `capture_steps_total`.
+pub const CAPTURE_STEPS: [&str; 11] = [
+    "skip",
+    "wait",
+    "refused",
+    "create_claim",
+    "elect",
+    "reelect",
+    "create_holder",
+    "delete_holder",
+    "copy",
+    "done",
+    "give_up",
+];
+
+/// The label of a capture step.
+pub const fn capture_step_label(step: &CaptureStep) -> &'static str {
+    match step {
+        CaptureStep::Skip(_) => "skip",
+        CaptureStep::Wait(_) => "wait",
+        CaptureStep::Refused(_) => "refused",
+        CaptureStep::CreateClaim => "create_claim",
+        CaptureStep::Elect { .. } => "elect",
+        CaptureStep::Reelect { .. } => "reelect",
+        CaptureStep::CreateHolder(_) => "create_holder",
+        CaptureStep::DeleteHolder(_) => "delete_holder",
+        CaptureStep::Copy { .. } => "copy",
+        CaptureStep::Done { .. } => "done",
+        CaptureStep::GiveUp { .. } => "give_up",
+    }
+}
+
+/// Label values of `captures_total`: copied and verified (`copied`), a copy failed (`failed`),
+/// given up after three (`gave_up`), a capture pod refused: its records do not match its
+/// binding or the binding's sharing domain, or its landing is not reached without a link
+/// (`refused`).
+pub const CAPTURE_OUTCOMES: [&str; 4] = ["copied", "failed", "gave_up", "refused"];
+
 /// Label values of `copies_total`.
 pub const OUTCOMES: [&str; 3] = ["succeeded", "failed", "gave_up"];
 
@@ -107,6 +148,8 @@ pub struct Metrics {
     binds: IntCounterVec,
     unpends: IntCounter,
     roots: IntCounterVec,
+    capture_steps: IntCounterVec,
+    captures: IntCounterVec,
 }
 
 impl Metrics {
@@ -197,6 +240,34 @@ impl Metrics {
                 &["outcome"],
             ),
         )?;
+        let capture_steps = register_metric(
+            registry,
+            "capture_steps_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "capture_steps_total",
+                    "Decisions taken for capture sources.",
+                ),
+                &["step"],
+            ),
+        )?;
+        let captures = register_metric(
+            registry,
+            "captures_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "captures_total",
+                    "Captures of a Ready pod's own download into primaries, by outcome.",
+                ),
+                &["outcome"],
+            ),
+        )?;
+        for s in CAPTURE_STEPS {
+            capture_steps.with_label_values(&[s]);
+        }
+        for o in CAPTURE_OUTCOMES {
+            captures.with_label_values(&[o]);
+        }
         for o in OPEN_OUTCOMES {
             roots.with_label_values(&[o]);
         }
@@ -221,6 +292,8 @@ impl Metrics {
             binds,
             unpends,
             roots,
+            capture_steps,
+            captures,
         })
     }
 
@@ -260,6 +333,35 @@ impl Metrics {
         self.copies.with_label_values(&["succeeded"]).inc();
         self.bytes.inc_by(bytes);
         self.seconds.observe(seconds);
+    }
+
+    /// A decision for a capture source.
+    pub fn capture_step(&self, step: &CaptureStep) {
+        self.capture_steps
+            .with_label_values(&[capture_step_label(step)])
+            .inc();
+    }
+
+    /// A capture of `bytes` copied and verified in `seconds`.
+    pub fn captured(&self, bytes: u64, seconds: f64) {
+        self.captures.with_label_values(&["copied"]).inc();
+        self.bytes.inc_by(bytes);
+        self.seconds.observe(seconds);
+    }
+
+    /// A capture's copy failed.
+    pub fn capture_failed(&self) {
+        self.captures.with_label_values(&["failed"]).inc();
+    }
+
+    /// A capture given up after three failed copies.
+    pub fn capture_gave_up(&self) {
+        self.captures.with_label_values(&["gave_up"]).inc();
+    }
+
+    /// A capture pod refused.
+    pub fn capture_refused(&self) {
+        self.captures.with_label_values(&["refused"]).inc();
     }
 
     /// A failed copy.
@@ -326,11 +428,52 @@ mod tests {
                 "{text}"
             );
         }
+        for s in CAPTURE_STEPS {
+            assert!(
+                text.contains(&format!("capture_steps_total{{step=\"{s}\"}} 0")),
+                "{text}"
+            );
+        }
+        for o in CAPTURE_OUTCOMES {
+            assert!(
+                text.contains(&format!("captures_total{{outcome=\"{o}\"}} 0")),
+                "{text}"
+            );
+        }
         assert!(text.contains("copied_bytes_total 1048576"), "{text}");
         assert!(text.contains("copy_seconds_count 1"), "{text}");
         assert!(Metrics::register(&registry).is_err(), "registered twice");
         if let Some(path) = std::env::var_os("WARMCACHE_AGENT_METRICS_DUMP") {
             std::fs::write(path, &text).unwrap();
+        }
+    }
+
+    /// A capture shares the copy's bytes and duration, counted by its own outcome, not as a
+    /// staged copy.
+    #[test]
+    fn a_capture_counts_its_outcome_and_the_shared_bytes() {
+        let registry = Registry::new();
+        let m = Metrics::register(&registry).unwrap();
+        m.captured(4096, 1.5);
+        m.capture_failed();
+        m.capture_refused();
+        m.capture_step(&CaptureStep::CreateClaim);
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        for line in [
+            "captures_total{outcome=\"copied\"} 1",
+            "captures_total{outcome=\"failed\"} 1",
+            "captures_total{outcome=\"refused\"} 1",
+            "captures_total{outcome=\"gave_up\"} 0",
+            "capture_steps_total{step=\"create_claim\"} 1",
+            "copies_total{outcome=\"succeeded\"} 0",
+            "copied_bytes_total 4096",
+            "copy_seconds_count 1",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Staging pods live in the namespaces that read a model, so listing this node's pods is
 //! cluster-wide (a ClusterRole; the watch is narrowed by field selector to the node and by
-//! label to warmcache's pods, or to reader pods). The primary claim lives in the control
+//! label to warmcache's pods, or to reader pods); capture sources are there too, and their
+//! namespaces are read for their sharing-domain label. The primary claim lives in the control
 //! namespace; mount holders live there (the primary's) and in reader namespaces (a hostPath
 //! reader's view: a pod mounts only claims of its own namespace), so creating and deleting pods
 //! is cluster-wide. No leader election: no Lease.
@@ -29,7 +30,7 @@ const OWN: &[Permission] = &[
         verbs: &["get"],
         scope: Scope::Cluster,
         names: &[],
-        why: "the staging pod a primary claim was created for, read afresh to find it gone before its copy (the claim is then dropped and the election runs again); the binding's mount holder on another node",
+        why: "the staging pod or capture source a primary claim was elected for, read afresh to find it gone before its copy (the election is then undone and runs again); the binding's mount holder on another node",
     },
     Permission {
         group: "",
@@ -69,7 +70,15 @@ const OWN: &[Permission] = &[
         verbs: &["list", "watch", "create", "patch", "delete"],
         scope: Scope::ControlNamespace,
         names: &[],
-        why: "the primary claim: created sized from the measured bytes (the atomic create elects one agent), the copy and failed attempts recorded (merge patch with resourceVersion), deleted after three failed copies (UID precondition)",
+        why: "the primary claim: created sized from the measured bytes (the atomic create elects one agent), a ReadWriteMany one elected for a capture source and the election undone (merge patches with resourceVersion), the copy, failed attempts and a given-up capture recorded (merge patch with resourceVersion), deleted after three failed staged copies or when its staging pod or capture source is gone before the copy (UID precondition)",
+    },
+    Permission {
+        group: "",
+        resource: "namespaces",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        names: &[],
+        why: "a capture source's namespace, read afresh: its labels (an administrator's) decide its sharing domain, which must be the binding's before the pod's download is captured into the binding's primary",
     },
     Permission {
         group: "nvca.nvcf.nvidia.io",

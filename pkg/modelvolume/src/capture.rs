@@ -24,8 +24,7 @@
 //!   not being deleted); the binding is not being deleted, not Retiring, not complete, and has
 //!   no failure record that still holds.
 //! - **The election.** roxReadOnly: the agent measures the landing and creates the primary
-//!   claim sized from its bytes ([`crate::agent::elected_primary_claim`]); the atomic create is
-//!   the election. rwxReadOnly: the binding controller's claim exists; once it is Bound the
+//!   claim sized from its bytes ([`capture_primary_claim`]); the atomic create is the election. rwxReadOnly: the binding controller's claim exists; once it is Bound the
 //!   agent adds the election's annotations with a merge patch carrying the claim's
 //!   resourceVersion, only while it names no pod (a conflict: someone else won; re-read).
 //! - **Another pod's election** is waited on while that pod lives (Ready or not); once it is gone
@@ -48,8 +47,9 @@ use warmcache_api_modelcache::sha256_digest;
 use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Transition};
 
 use crate::agent::{
-    COMPONENT_LABEL, COPY_POD_ANNOTATION, Doomed, HolderImage, MAX_COPY_ATTEMPTS, MOUNT_HOLDER,
-    annotation, copy_attempts, doomed, holder_pod,
+    COMPONENT_LABEL, COPY_POD_ANNOTATION, COPY_POD_NAME_ANNOTATION, Doomed, HolderImage,
+    MAX_COPY_ATTEMPTS, MOUNT_HOLDER, SourcePod, annotation, copy_attempts, doomed,
+    elected_primary_claim, election_annotations, holder_pod,
 };
 use crate::handle::is_capture_handle;
 use crate::keys::{
@@ -58,7 +58,8 @@ use crate::keys::{
 };
 use crate::lifecycle::copied_bytes;
 use crate::volume_keys::{
-    BINDING_LABEL, BINDING_UID_LABEL_ANNOTATION, COPY_FAILED_ANNOTATION, COPY_NODE_ANNOTATION,
+    BINDING_LABEL, BINDING_UID_LABEL_ANNOTATION, COPY_ATTEMPTS_ANNOTATION, COPY_FAILED_ANNOTATION,
+    COPY_NODE_ANNOTATION, COPY_SOURCE_ANNOTATION, COPY_SOURCE_CAPTURE, SOURCE_NAMESPACE_LABEL,
 };
 
 /// Longest capture path accepted (bytes), and longest component.
@@ -215,6 +216,60 @@ pub fn capture_source(pod: &Pod) -> CaptureState {
     })
 }
 
+/// What a capture's election records on the primary claim: the election's annotations
+/// ([`election_annotations`]: node, pod, its name and namespace) and
+/// [`COPY_SOURCE_ANNOTATION`] `capture` (the binding controller starts no writer Job while it is
+/// there, and tells a capture from a staging copy).
+pub fn capture_election_annotations(
+    source: &CaptureSource,
+    node: &str,
+) -> BTreeMap<String, String> {
+    let mut a = election_annotations(source_pod(source), node);
+    a.insert(
+        COPY_SOURCE_ANNOTATION.to_owned(),
+        COPY_SOURCE_CAPTURE.to_owned(),
+    );
+    a
+}
+
+/// The primary claim the agent creates for a roxReadOnly capture on `node`
+/// ([`elected_primary_claim`]: ReadWriteOnce, sized from the measured `bytes`, at least
+/// `min_bytes`), marked as a capture's ([`capture_election_annotations`]).
+pub fn capture_primary_claim(
+    binding: &ModelCacheBinding,
+    source: &CaptureSource,
+    node: &str,
+    bytes: u64,
+    min_bytes: u64,
+) -> PersistentVolumeClaim {
+    let mut claim = elected_primary_claim(binding, source_pod(source), node, bytes, min_bytes);
+    claim
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .extend(capture_election_annotations(source, node));
+    claim
+}
+
+/// The annotations an undone rwxReadOnly election removes (the election's and the failed
+/// attempts).
+pub const ELECTION_KEYS: [&str; 6] = [
+    COPY_NODE_ANNOTATION,
+    COPY_POD_ANNOTATION,
+    COPY_POD_NAME_ANNOTATION,
+    SOURCE_NAMESPACE_LABEL,
+    COPY_SOURCE_ANNOTATION,
+    COPY_ATTEMPTS_ANNOTATION,
+];
+
+fn source_pod(source: &CaptureSource) -> SourcePod<'_> {
+    SourcePod {
+        namespace: &source.namespace,
+        name: &source.name,
+        uid: &source.uid,
+    }
+}
+
 /// Whether the pod an election recorded (`uid`) is gone, from a fresh read of it (`None`: not
 /// found): another UID under its name, finished, or being deleted.
 pub fn elected_pod_gone(uid: &str, fresh: Option<&Pod>) -> bool {
@@ -235,10 +290,10 @@ pub enum CaptureStep {
     /// domain, or an object under the binding's names is not what the agent expects (why).
     Refused(String),
     /// roxReadOnly, no claim: measure the landing and create the primary claim sized from it
-    /// ([`crate::agent::elected_primary_claim`]); AlreadyExists means another agent won.
+    /// ([`capture_primary_claim`]); AlreadyExists means another agent won.
     CreateClaim,
     /// rwxReadOnly, the binding controller's claim Bound and naming no pod: add the election's
-    /// annotations ([`crate::agent::election_annotations`]) with a merge patch carrying
+    /// annotations ([`capture_election_annotations`]) with a merge patch carrying
     /// `resource_version`; a conflict means someone else won.
     Elect {
         /// The claim.
@@ -248,8 +303,8 @@ pub enum CaptureStep {
     },
     /// The claim was elected for another capture pod that is gone and records no copy: delete
     /// the binding's mount holder (wherever it runs), then undo the election: roxReadOnly
-    /// (`drop_claim`) deletes the claim (UID precondition), rwxReadOnly removes the election's
-    /// annotations and the failed attempts (resourceVersion precondition).
+    /// (`drop_claim`) deletes the claim (UID precondition), rwxReadOnly removes
+    /// [`ELECTION_KEYS`] (resourceVersion precondition).
     Reelect {
         /// The claim.
         claim: Doomed,
@@ -570,15 +625,10 @@ pub fn capture_step(obs: &CaptureObserved<'_>) -> CaptureStep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::{
-        COPY_POD_NAME_ANNOTATION, SourcePod, elected_primary_claim, election_annotations,
-        holder_name,
-    };
+    use crate::agent::holder_name;
     use crate::testing::{HANDLE, binding};
     use crate::view;
-    use crate::volume_keys::{
-        COPIED_BYTES_ANNOTATION, COPY_ATTEMPTS_ANNOTATION, SOURCE_NAMESPACE_LABEL,
-    };
+    use crate::volume_keys::COPIED_BYTES_ANNOTATION;
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateRunning, ContainerStatus, EmptyDirVolumeSource,
         HostPathVolumeSource, PersistentVolumeClaimStatus, PodCondition, PodSpec, PodStatus,
@@ -727,7 +777,7 @@ mod tests {
 
         /// The claim this pod's agent creates (roxReadOnly), not yet bound.
         fn rox_claim(&self) -> PersistentVolumeClaim {
-            let mut c = elected_primary_claim(&self.b, self.pod_ref(), NODE, 15 << 30, 1 << 30);
+            let mut c = capture_primary_claim(&self.b, &self.source, NODE, 15 << 30, 1 << 30);
             c.metadata.uid = Some("claim-uid".into());
             c.metadata.resource_version = Some("7".into());
             c
@@ -739,14 +789,6 @@ mod tests {
             c.metadata.uid = Some("claim-uid".into());
             c.metadata.resource_version = Some("7".into());
             bound(c)
-        }
-
-        fn pod_ref(&self) -> SourcePod<'_> {
-            SourcePod {
-                namespace: &self.source.namespace,
-                name: &self.source.name,
-                uid: &self.source.uid,
-            }
         }
     }
 
@@ -1058,6 +1100,12 @@ mod tests {
         assert_eq!(a[COPY_NODE_ANNOTATION], NODE);
         assert_eq!(a[SOURCE_NAMESPACE_LABEL], "team-a");
         assert_eq!(a[BINDING_UID_LABEL_ANNOTATION], "binding-uid-1");
+        assert_eq!(a[COPY_SOURCE_ANNOTATION], COPY_SOURCE_CAPTURE);
+        assert_eq!(
+            a[crate::agent::SELECTED_NODE_ANNOTATION],
+            NODE,
+            "the holder is placed by nodeName"
+        );
 
         let CaptureStep::CreateHolder(h) = w.step(Some(&claim), None) else {
             panic!("a holder")
@@ -1167,7 +1215,7 @@ mod tests {
             .metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .extend(election_annotations(w.pod_ref(), NODE));
+            .extend(capture_election_annotations(&w.source, NODE));
         assert!(matches!(
             w.step(Some(&elected), None),
             CaptureStep::CreateHolder(_)

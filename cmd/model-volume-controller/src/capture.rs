@@ -1,0 +1,418 @@
+//! Capture after Ready: the IO of [`warmcache_modelvolume::capture`]. One reconcile per capture
+//! source of this node = fetch (the caches, the pod's Namespace and, when the claim's election
+//! names another pod, that pod, read afresh) -> the pure step
+//! [`warmcache_modelvolume::capture::capture_step`] -> its IO: measure the landing (reached
+//! without following a link) and create the primary claim sized from it (roxReadOnly), or elect
+//! the binding controller's claim with a preconditioned patch (rwxReadOnly); create the mount
+//! holder; copy through the holder's volume; record the copy; give up after three failed copies.
+//! All of it inside a `capture_copy` span continuing the pod's trace.
+//!
+//! API calls beyond the staging copy's ([`crate::agent`]): `get namespaces` (the pod's
+//! namespace, whose labels decide its sharing domain), and `patch persistentvolumeclaims` in the
+//! control namespace for the rwxReadOnly election and its undoing (merge patches carrying the
+//! claim's resourceVersion) and the give-up's `copy-failed` annotation.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tracing::Instrument;
+use warmcache_modelvolume::agent::{
+    COMPONENT_LABEL, COPY_POD_ANNOTATION, COPY_POD_NAME_ANNOTATION, Doomed, MOUNT_HOLDER,
+    holder_name,
+};
+use warmcache_modelvolume::capture::{
+    CaptureObserved, CaptureSource, CaptureStep, ELECTION_KEYS, capture_election_annotations,
+    capture_primary_claim, capture_step, elected_pod_gone,
+};
+use warmcache_modelvolume::lifecycle::copied_bytes;
+use warmcache_modelvolume::volume_keys::{COPY_FAILED_ANNOTATION, SOURCE_NAMESPACE_LABEL};
+use warmcache_runtime::{Action, ObjectRef};
+
+use crate::agent::{
+    Agent, CopySource, FIELD_MANAGER, Failure, REQUEUE_WAITING, api_error, empty_dir_path,
+};
+
+/// Look again this often at a capture pod refused for something that may change (its landing
+/// not there yet).
+pub const REQUEUE_CAPTURE_RETRY: Duration = Duration::from_secs(30);
+
+impl Agent {
+    /// Reconciles the capture source `source` (read from `pod`).
+    pub(crate) async fn capture(
+        &self,
+        pod: &Pod,
+        source: CaptureSource,
+    ) -> Result<Action, Failure> {
+        if source.node.as_deref() != Some(self.settings.node.as_str()) {
+            return Ok(Action::await_change());
+        }
+        let span = tracing::info_span!("capture_copy", pod = %source.name, namespace = %source.namespace, binding = %source.binding);
+        if let Err(err) = warmcache_telemetry::set_parent_from_annotations(&span, pod.annotations())
+        {
+            tracing::debug!(error = %err, "the capture span starts its own trace");
+        }
+        let traceparent = pod
+            .annotations()
+            .get(warmcache_telemetry::TRACE_PARENT_ANNOTATION)
+            .cloned();
+        self.capture_in_span(pod, &source, traceparent.as_ref())
+            .instrument(span)
+            .await
+    }
+
+    async fn capture_in_span(
+        &self,
+        pod: &Pod,
+        source: &CaptureSource,
+        traceparent: Option<&String>,
+    ) -> Result<Action, Failure> {
+        let binding = self
+            .bindings
+            .store()
+            .get(&ObjectRef::new(&source.binding).within(&self.settings.control_namespace));
+        // The namespace's labels, read afresh: they decide its sharing domain (an
+        // administrator's, unlike the pod's own records).
+        let namespace = match binding {
+            Some(_) => Api::<Namespace>::all(self.client.clone())
+                .get_opt(&source.namespace)
+                .await
+                .map_err(|e| api_error("get", "namespaces", &source.namespace, e))?,
+            None => None,
+        };
+        let labels = namespace.map(|n| n.metadata.labels.unwrap_or_default());
+        let claim = binding.as_deref().and_then(|b| self.claim(b));
+        let holder = binding.as_deref().and_then(|b| self.holder(b));
+        let claim_pod_gone = match claim.as_deref() {
+            Some(c) if copied_bytes(c).is_none() => self.elected_gone(c, source).await?,
+            _ => false,
+        };
+        let step = capture_step(&CaptureObserved {
+            node: &self.settings.node,
+            source,
+            namespace_labels: labels.as_ref(),
+            binding: binding.as_deref(),
+            claim: claim.as_deref(),
+            holder: holder.as_deref(),
+            holder_image: &self.settings.holder_image,
+            claim_pod_gone,
+            now: k8s_openapi::jiff::Timestamp::now(),
+        });
+        self.metrics.capture_step(&step);
+        match step {
+            CaptureStep::Skip(why) => {
+                tracing::debug!(%why, "nothing to capture now");
+                Ok(Action::await_change())
+            }
+            CaptureStep::Wait(why) => {
+                tracing::debug!(%why, "waiting");
+                Ok(Action::requeue(REQUEUE_WAITING))
+            }
+            CaptureStep::Refused(why) => {
+                self.refuse(pod, &why).await;
+                Ok(Action::await_change())
+            }
+            CaptureStep::CreateClaim => match binding.as_deref() {
+                Some(b) => self.create_capture_claim(pod, b, source, traceparent).await,
+                None => Ok(Action::await_change()),
+            },
+            CaptureStep::Elect {
+                claim,
+                resource_version,
+            } => {
+                let mut annotations: BTreeMap<String, Value> =
+                    capture_election_annotations(source, &self.settings.node)
+                        .into_iter()
+                        .map(|(k, v)| (k, Value::String(v)))
+                        .collect();
+                if let Some(tp) = traceparent {
+                    annotations.insert(
+                        warmcache_telemetry::TRACE_PARENT_ANNOTATION.to_owned(),
+                        Value::String(tp.clone()),
+                    );
+                }
+                if self
+                    .patch_claim(&claim, &resource_version, annotations)
+                    .await?
+                {
+                    tracing::info!(%claim, "elected to capture into the primary claim");
+                }
+                Ok(Action::requeue(Duration::from_secs(1)))
+            }
+            CaptureStep::Reelect {
+                claim,
+                resource_version,
+                drop_claim,
+            } => {
+                // The binding's holder of the gone pod's election (on its node, outside this
+                // node's cache) goes first: a new one is placed on this node under its name.
+                if let Some(b) = binding.as_deref() {
+                    self.delete_binding_holder(&holder_name(b)).await?;
+                }
+                if drop_claim {
+                    self.delete_claim(&claim).await?;
+                } else {
+                    let undone: BTreeMap<String, Value> = ELECTION_KEYS
+                        .into_iter()
+                        .map(|k| (k.to_owned(), Value::Null))
+                        .collect();
+                    self.patch_claim(&claim.name, &resource_version, undone)
+                        .await?;
+                }
+                tracing::info!(claim = %claim.name, "undid the election of a capture pod that is gone before its copy; electing again");
+                Ok(Action::requeue(Duration::from_secs(1)))
+            }
+            CaptureStep::CreateHolder(h) => {
+                match self.pods_api().create(&PostParams::default(), &h).await {
+                    Ok(_) => tracing::info!(holder = %h.name_any(), "created the mount holder"),
+                    Err(e) if warmcache_kube::is_already_exists(&e) => {}
+                    Err(e) => return Err(api_error("create", "pods", &h.name_any(), e)),
+                }
+                Ok(Action::requeue(REQUEUE_WAITING))
+            }
+            CaptureStep::DeleteHolder(d) => {
+                self.delete_pod(&d).await?;
+                Ok(Action::requeue(REQUEUE_WAITING))
+            }
+            CaptureStep::Copy { holder_uid, pv } => {
+                // The cache may lag the copy's record: read the claim afresh, and never copy
+                // again into one that records a copy.
+                let Some(name) = claim.as_deref().map(ResourceExt::name_any) else {
+                    return Ok(Action::requeue(REQUEUE_WAITING));
+                };
+                let fresh = self
+                    .claims_api()
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| api_error("get", "persistentvolumeclaims", &name, e))?;
+                let Some(fresh) = fresh.filter(|c| copied_bytes(c).is_none()) else {
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                };
+                let from = CopySource::Captured {
+                    root: self.capture_root(source),
+                    path: source.path.clone(),
+                };
+                let action = self
+                    .copy_into(&source.uid, from, &fresh, &holder_uid, &pv)
+                    .await?;
+                Ok(action)
+            }
+            CaptureStep::Done { holder, why } => {
+                // The holder of this node's copy goes once it is recorded: said once, on the pod.
+                let recorded = claim.as_deref().and_then(copied_bytes).is_some();
+                let had_holder = holder.is_some();
+                if let Some(d) = holder {
+                    self.delete_pod(&d).await?;
+                    tracing::info!(%why, "deleted the mount holder");
+                }
+                if recorded && had_holder {
+                    self.host
+                        .recorder
+                        .normal(
+                            pod,
+                            "ModelCaptured",
+                            "CaptureModel",
+                            Some(&format!("{why}; later pods read the shared copy")),
+                        )
+                        .await;
+                } else {
+                    tracing::debug!(%why, "nothing left to capture");
+                }
+                Ok(Action::await_change())
+            }
+            CaptureStep::GiveUp { holder, words } => {
+                if let Some(d) = holder {
+                    self.delete_pod(&d).await?;
+                }
+                if let Some(c) = claim.as_deref() {
+                    let failed = BTreeMap::from([(
+                        COPY_FAILED_ANNOTATION.to_owned(),
+                        Value::String(words.clone()),
+                    )]);
+                    let rv = c.resource_version().unwrap_or_default();
+                    if !self.patch_claim(&c.name_any(), &rv, failed).await? {
+                        return Ok(Action::requeue(Duration::from_secs(1)));
+                    }
+                }
+                self.metrics.capture_gave_up();
+                tracing::warn!(%words, "gave up capturing the pod's download");
+                self.host
+                    .recorder
+                    .warning(pod, "ModelCaptureFailed", "CaptureModel", Some(&words))
+                    .await;
+                Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// The pod's emptyDir on this node (the landing lies beneath it).
+    fn capture_root(&self, source: &CaptureSource) -> std::path::PathBuf {
+        empty_dir_path(&self.settings.kubelet_root, &source.uid, &source.volume)
+    }
+
+    /// Logs, counts and reports (a Warning Event on the pod, folded when repeated) a capture pod
+    /// that is never copied.
+    pub(crate) async fn refuse(&self, pod: &Pod, why: &str) {
+        self.metrics.capture_refused();
+        tracing::warn!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), %why, "not capturing");
+        self.host
+            .recorder
+            .warning(pod, "ModelCaptureRefused", "CaptureModel", Some(why))
+            .await;
+    }
+
+    /// Whether the pod the claim's election names (not `source`) is gone, read afresh.
+    async fn elected_gone(
+        &self,
+        claim: &PersistentVolumeClaim,
+        source: &CaptureSource,
+    ) -> Result<bool, Failure> {
+        let a = claim.annotations();
+        let (Some(uid), Some(name), Some(namespace)) = (
+            a.get(COPY_POD_ANNOTATION),
+            a.get(COPY_POD_NAME_ANNOTATION),
+            a.get(SOURCE_NAMESPACE_LABEL),
+        ) else {
+            return Ok(false);
+        };
+        if *uid == source.uid {
+            return Ok(false);
+        }
+        let pod = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error("get", "pods", name, e))?;
+        Ok(elected_pod_gone(uid, pod.as_ref()))
+    }
+
+    /// roxReadOnly election: measures the landing (reached without following a link) and
+    /// creates the primary claim sized from it; AlreadyExists: another agent won.
+    async fn create_capture_claim(
+        &self,
+        pod: &Pod,
+        b: &warmcache_api_modelcache::v2beta1::ModelCacheBinding,
+        source: &CaptureSource,
+        traceparent: Option<&String>,
+    ) -> Result<Action, Failure> {
+        let (root, path) = (self.capture_root(source), source.path.clone());
+        let shown = root.join(&path).display().to_string();
+        let measured = tokio::task::spawn_blocking(move || {
+            warmcache_nodefs::open_dir_beneath(&root, &path)
+                .and_then(|tree| warmcache_nodefs::measure_dir(&tree))
+        })
+        .await
+        .map_err(|_| Failure::Task("measure"))?;
+        let bytes = match measured {
+            Ok(bytes) => bytes,
+            Err(
+                e @ (warmcache_nodefs::Error::Refused { .. }
+                | warmcache_nodefs::Error::CrossesMount { .. }),
+            ) => {
+                // The pod's tree leads elsewhere (a link, another mount): never copied.
+                self.refuse(pod, &format!("its landing {shown} is refused: {e}"))
+                    .await;
+                return Ok(Action::requeue(REQUEUE_CAPTURE_RETRY));
+            }
+            Err(e) => {
+                return Err(Failure::Node {
+                    what: format!("measuring the capture landing {shown}"),
+                    source: e,
+                });
+            }
+        };
+        let mut claim = capture_primary_claim(
+            b,
+            source,
+            &self.settings.node,
+            bytes,
+            self.settings.min_bytes,
+        );
+        if let Some(tp) = traceparent {
+            claim
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(
+                    warmcache_telemetry::TRACE_PARENT_ANNOTATION.to_owned(),
+                    tp.clone(),
+                );
+        }
+        match self
+            .claims_api()
+            .create(&PostParams::default(), &claim)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(claim = %claim.name_any(), bytes, "created the primary claim sized from the captured bytes");
+                Ok(Action::requeue(REQUEUE_WAITING))
+            }
+            Err(e) if warmcache_kube::is_already_exists(&e) => Ok(Action::requeue(REQUEUE_WAITING)),
+            Err(e) => Err(api_error(
+                "create",
+                "persistentvolumeclaims",
+                &claim.name_any(),
+                e,
+            )),
+        }
+    }
+
+    /// Merges `annotations` (a null removes one) into the claim `name`, only if it is still at
+    /// `resource_version`. `false` on a conflict (someone else changed it: re-read).
+    async fn patch_claim(
+        &self,
+        name: &str,
+        resource_version: &str,
+        annotations: BTreeMap<String, Value>,
+    ) -> Result<bool, Failure> {
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": resource_version,
+                "annotations": annotations,
+            }
+        });
+        match self
+            .claims_api()
+            .patch(
+                name,
+                &PatchParams {
+                    field_manager: Some(FIELD_MANAGER.to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if warmcache_kube::is_conflict(&e) => {
+                tracing::debug!(claim = %name, "the claim changed meanwhile; reading it again");
+                Ok(false)
+            }
+            Err(e) => Err(api_error("patch", "persistentvolumeclaims", name, e)),
+        }
+    }
+
+    /// Deletes the binding's mount holder `name` wherever it runs (read afresh; only a mount
+    /// holder, with its UID as precondition).
+    async fn delete_binding_holder(&self, name: &str) -> Result<(), Failure> {
+        let holder = self
+            .pods_api()
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error("get", "pods", name, e))?;
+        if let Some(d) = holder
+            .filter(|h| h.labels().get(COMPONENT_LABEL).map(String::as_str) == Some(MOUNT_HOLDER))
+            .and_then(|h| {
+                Some(Doomed {
+                    name: h.metadata.name?,
+                    uid: h.metadata.uid?,
+                })
+            })
+        {
+            self.delete_pod(&d).await?;
+        }
+        Ok(())
+    }
+}
