@@ -161,10 +161,13 @@ pub(crate) enum DynHandler {
 /// time, so CPU-heavy work cannot stall the server; a handler still running at the
 /// [`handler_timeout`](crate::AdmissionServerConfig::handler_timeout) is abandoned (the review
 /// is answered, the handler runs to completion in the background). Use the `_async`
-/// constructors for I/O. On typed routes, decoding the objects and computing the patch of a
-/// changed object (work proportional to the object, which the request's sender controls) run
-/// on the blocking pool within a handler slot, also for async handlers: their future runs in a
-/// task between these two steps, without a slot; the whole is bounded by the same timeout.
+/// constructors for I/O. A synchronous or typed route runs the whole review as one step on the
+/// blocking pool within a handler slot (decoding the body and the objects, the handler,
+/// computing the patch of a changed object, encoding the answer: work proportional to the
+/// object, which the request's sender controls), so nothing decoded crosses threads. A typed
+/// async handler's future is polled once in that step; only when it does not finish there (it
+/// waits for I/O) does it go on in a task without a slot, and the patch is then computed in a
+/// second blocking step within a slot. The whole is bounded by the same timeout.
 pub struct Route {
     pub(crate) path: String,
     pub(crate) kind: RouteKind,

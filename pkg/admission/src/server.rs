@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -16,7 +17,7 @@ use http_body_util::BodyExt;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use prometheus::IntGauge;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -26,7 +27,7 @@ use crate::metrics::{AdmissionMetrics, Verdict};
 use crate::registration::{self, Registered, ServiceTarget, WebhookConfigurations};
 use crate::review::{DecodeRejection, decode_review_parts, into_v1_review, invalid_response};
 use crate::route::{
-    AfterHandler, AsyncFn, DynHandler, OnHandlerError, Review, Route, RouteKind, StagedFn, SyncFn,
+    AfterHandler, AsyncFn, DynHandler, OnHandlerError, Review, Route, RouteKind, StagedFuture,
 };
 use crate::tls::{ReloadingCertResolver, TlsFiles, spawn_reloader, tls_server_config};
 
@@ -77,9 +78,11 @@ pub struct AdmissionServerConfig {
     /// on the async workers, so a slow one cannot delay other reviews or the timeouts). A
     /// review that finds every slot busy waits for one until
     /// [`handler_timeout`](Self::handler_timeout). A handler still running at its timeout
-    /// keeps its slot until it returns. Async handlers are not counted, but the decoding and
-    /// patch steps of typed async routes are (they run on the blocking pool too). `0` counts
-    /// as 1.
+    /// keeps its slot until it returns. A review of a synchronous or typed route is decoded in
+    /// its slot (the whole review is one step on the blocking pool), so a review that finds
+    /// every slot busy is decoded only to answer with its uid. Async handlers are not counted,
+    /// but the step of a typed async route is (its future's first poll included; a future that
+    /// waits goes on without a slot, and its patch takes a slot again). `0` counts as 1.
     /// Default [`DEFAULT_MAX_CONCURRENT_HANDLERS`].
     pub max_concurrent_handlers: usize,
     /// Time a handler gets to answer, waiting for a handler slot included; after that the
@@ -446,8 +449,35 @@ enum BodyError {
     Read(axum::Error),
 }
 
+/// What the blocking step of a review records once the review is decoded, for answering it
+/// if the step panics or does not finish in time.
+struct Started {
+    /// The plain allowing response built from the request (its uid).
+    base: AdmissionResponse,
+    /// The review's span.
+    span: tracing::Span,
+}
+
+/// What the blocking step of a review ends with.
+enum OneThread {
+    /// The review is answered: its verdict and the encoded answer.
+    Answered(Verdict, Response),
+    /// A typed async handler's future did not finish on its first poll: it goes on in a task.
+    Pending {
+        future: StagedFuture,
+        started: Box<Started>,
+    },
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
 impl RouteState {
-    async fn answer(&self, request: Request) -> Response {
+    async fn answer(self: &Arc<Self>, request: Request) -> Response {
         let started = Instant::now();
         let (verdict, response) = self.review(request).await;
         if let Some(metrics) = &self.metrics {
@@ -461,7 +491,7 @@ impl RouteState {
         (Verdict::Invalid, text_response(status, message))
     }
 
-    async fn review(&self, request: Request) -> (Verdict, Response) {
+    async fn review(self: &Arc<Self>, request: Request) -> (Verdict, Response) {
         let (parts, body) = request.into_parts();
         if let Err(message) = check_content_type(&parts.headers) {
             return self.refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, message);
@@ -523,22 +553,32 @@ impl RouteState {
                 }
             };
 
-        let review = match decode_review_parts(&bytes, self.raw_objects) {
-            Ok(review) => review,
-            Err(DecodeRejection::NotAReview(message)) => {
-                return self.refuse(StatusCode::BAD_REQUEST, format!("{message}\n"));
-            }
+        if let DynHandler::Async(handler) = &self.handler {
+            return self.review_decoded(handler, &bytes).await;
+        }
+        self.review_on_one_thread(bytes).await
+    }
+
+    /// Decodes `bytes` as a review: the review, or the answer to a body that is none.
+    fn decode(&self, bytes: &[u8]) -> Result<Review, Box<(Verdict, Response)>> {
+        match decode_review_parts(bytes, self.raw_objects) {
+            Ok(review) => Ok(review),
+            Err(DecodeRejection::NotAReview(message)) => Err(Box::new(
+                self.refuse(StatusCode::BAD_REQUEST, format!("{message}\n")),
+            )),
             Err(DecodeRejection::Invalid { uid, reason }) => {
                 tracing::info!(route = %self.path, %uid, %reason, "invalid AdmissionReview refused");
-                return (
+                Err(Box::new((
                     Verdict::Invalid,
                     review_response(invalid_response(&uid, reason)),
-                );
+                )))
             }
-        };
+        }
+    }
 
-        let request = &review.request;
-        let span = tracing::info_span!(
+    /// The span of one review (its `verdict` is recorded by [`Self::concluded`]).
+    fn review_span(&self, request: &AdmissionRequest<DynamicObject>) -> tracing::Span {
+        tracing::info_span!(
             "admission_review",
             route = %self.path,
             uid = %request.uid,
@@ -548,8 +588,16 @@ impl RouteState {
             name = %request.name,
             dry_run = request.dry_run,
             verdict = tracing::field::Empty,
-        );
-        let (verdict, response) = self.run_handler(review).instrument(span.clone()).await;
+        )
+    }
+
+    /// Records the verdict in the review's span, logs the answer and encodes it.
+    fn concluded(
+        &self,
+        span: &tracing::Span,
+        verdict: Verdict,
+        response: AdmissionResponse,
+    ) -> (Verdict, Response) {
         span.record("verdict", verdict.as_str());
         match verdict {
             Verdict::Error => span.in_scope(|| {
@@ -567,14 +615,14 @@ impl RouteState {
         (verdict, review_response(response))
     }
 
-    async fn run_handler(&self, review: Review) -> (Verdict, AdmissionResponse) {
-        let base = AdmissionResponse::from(&review.request);
-        let uid = review.request.uid.clone();
-        let outcome = match &self.handler {
-            DynHandler::Async(handler) => self.run_async(handler, review).await,
-            DynHandler::Sync(handler) => self.run_blocking(handler, review).await,
-            DynHandler::Staged(handler) => self.run_staged(handler, review).await,
-        };
+    /// The answer to a review given the handler's `outcome`: `base` is the plain allowing
+    /// response built from the request, `uid` the request's.
+    fn settle(
+        &self,
+        base: AdmissionResponse,
+        uid: String,
+        outcome: Result<AdmissionResponse, String>,
+    ) -> (Verdict, AdmissionResponse) {
         match outcome {
             Ok(response) if self.kind == RouteKind::Validate && response.patch.is_some() => (
                 Verdict::Error,
@@ -590,6 +638,135 @@ impl RouteState {
                 (verdict, response)
             }
             Err(message) => (Verdict::Error, self.handler_error(base, &message)),
+        }
+    }
+
+    /// An async (dynamic) route: the review is decoded here and its handler runs in a task.
+    async fn review_decoded(&self, handler: &AsyncFn, bytes: &[u8]) -> (Verdict, Response) {
+        let review = match self.decode(bytes) {
+            Ok(review) => review,
+            Err(answer) => return *answer,
+        };
+        let span = self.review_span(&review.request);
+        let base = AdmissionResponse::from(&review.request);
+        let uid = review.request.uid.clone();
+        let outcome = self
+            .run_async(handler, review)
+            .instrument(span.clone())
+            .await;
+        let (verdict, response) = self.settle(base, uid, outcome);
+        self.concluded(&span, verdict, response)
+    }
+
+    /// A synchronous or typed async route: once a handler slot is free, the whole review runs
+    /// as one step on the blocking pool (decoding the body, the typed decode, the handler or the
+    /// first poll of its future, the patch, encoding the answer), so nothing decoded crosses
+    /// threads. Only a typed async handler whose future does not finish on its first poll
+    /// goes on in a task (without a slot), and its patch in a second blocking step.
+    ///
+    /// A review that finds no slot before the timeout is decoded here, only to answer with its
+    /// uid; its handler is not called.
+    async fn review_on_one_thread(self: &Arc<Self>, bytes: Vec<u8>) -> (Verdict, Response) {
+        let deadline = tokio::time::Instant::now() + self.handler_timeout;
+        let slot = match self.acquire_slot(deadline).await {
+            Ok(slot) => slot,
+            Err(message) => {
+                let review = match self.decode(&bytes) {
+                    Ok(review) => review,
+                    Err(answer) => return *answer,
+                };
+                let span = self.review_span(&review.request);
+                let base = AdmissionResponse::from(&review.request);
+                let uid = review.request.uid.clone();
+                let (verdict, response) = self.settle(base, uid, Err(message));
+                return self.concluded(&span, verdict, response);
+            }
+        };
+        let bytes = Arc::new(bytes);
+        let started: Arc<Mutex<Option<Started>>> = Arc::default();
+        let job = {
+            let state = Arc::clone(self);
+            let bytes = Arc::clone(&bytes);
+            let started = Arc::clone(&started);
+            move || Ok(state.one_thread(&bytes, &started))
+        };
+        match self.run_in_slot(slot, deadline, job).await {
+            Ok(OneThread::Answered(verdict, response)) => (verdict, response),
+            Ok(OneThread::Pending { future, started }) => {
+                let Started { base, span } = *started;
+                let uid = base.uid.clone();
+                let outcome = self
+                    .finish_staged(future, deadline)
+                    .instrument(span.clone())
+                    .await;
+                let (verdict, response) = self.settle(base, uid, outcome);
+                self.concluded(&span, verdict, response)
+            }
+            // The step panicked or did not finish in time: answered as the review recorded
+            // once decoded (decoded again here in the rare case it was not yet).
+            Err(message) => {
+                let recorded = lock(&started).take();
+                let Started { base, span } = match recorded {
+                    Some(started) => started,
+                    None => match self.decode(&bytes) {
+                        Ok(review) => Started {
+                            base: AdmissionResponse::from(&review.request),
+                            span: self.review_span(&review.request),
+                        },
+                        Err(answer) => return *answer,
+                    },
+                };
+                let uid = base.uid.clone();
+                let (verdict, response) = self.settle(base, uid, Err(message));
+                self.concluded(&span, verdict, response)
+            }
+        }
+    }
+
+    /// The blocking step of [`Self::review_on_one_thread`].
+    fn one_thread(&self, bytes: &[u8], started: &Mutex<Option<Started>>) -> OneThread {
+        let review = match self.decode(bytes) {
+            Ok(review) => review,
+            Err(answer) => {
+                let (verdict, response) = *answer;
+                return OneThread::Answered(verdict, response);
+            }
+        };
+        let span = self.review_span(&review.request);
+        let base = AdmissionResponse::from(&review.request);
+        let uid = review.request.uid.clone();
+        *lock(started) = Some(Started {
+            base: base.clone(),
+            span: span.clone(),
+        });
+        let outcome = span.in_scope(|| match &self.handler {
+            DynHandler::Sync(handler) => Ok(handler(review)),
+            DynHandler::Staged(handler) => match handler(review) {
+                Err(message) => Ok(Err(message)),
+                Ok(mut future) => {
+                    let mut context = Context::from_waker(Waker::noop());
+                    match future.as_mut().poll(&mut context) {
+                        Poll::Ready(Ok(AfterHandler::Done(response))) => Ok(Ok(*response)),
+                        Poll::Ready(Ok(AfterHandler::Blocking(step))) => Ok(step()),
+                        Poll::Ready(Err(message)) => Ok(Err(message)),
+                        Poll::Pending => Err(future),
+                    }
+                }
+            },
+            DynHandler::Async(_) => {
+                Ok(Err("an async handler was run as a blocking step".to_owned()))
+            }
+        });
+        match outcome {
+            Ok(outcome) => {
+                let (verdict, response) = self.settle(base, uid, outcome);
+                let (verdict, response) = self.concluded(&span, verdict, response);
+                OneThread::Answered(verdict, response)
+            }
+            Err(future) => OneThread::Pending {
+                future,
+                started: Box::new(Started { base, span }),
+            },
         }
     }
 
@@ -610,32 +787,15 @@ impl RouteState {
         }
     }
 
-    /// Runs a synchronous handler on the blocking pool (see [`Self::on_blocking_pool`]).
-    async fn run_blocking(
+    /// The rest of a typed async handler whose future did not finish on its first poll: the
+    /// future in its own task (a panic stays there; aborted at the deadline), and what it leaves
+    /// (the patch) on the blocking pool again, before the same deadline. The async workers
+    /// only poll the handler's future, so a large or hostile object cannot stall them.
+    async fn finish_staged(
         &self,
-        handler: &SyncFn,
-        review: Review,
+        future: StagedFuture,
+        deadline: tokio::time::Instant,
     ) -> Result<AdmissionResponse, String> {
-        let deadline = tokio::time::Instant::now() + self.handler_timeout;
-        let handler = Arc::clone(handler);
-        self.on_blocking_pool(deadline, move || handler(review))
-            .await
-    }
-
-    /// Runs a typed async handler: decoding and starting it on the blocking pool, its future in
-    /// its own task (a panic stays there; aborted at the deadline), and what it leaves (the
-    /// patch) on the blocking pool again, all before one deadline. The async workers only poll
-    /// the handler's future, so a large or hostile object cannot stall them.
-    async fn run_staged(
-        &self,
-        handler: &StagedFn,
-        review: Review,
-    ) -> Result<AdmissionResponse, String> {
-        let deadline = tokio::time::Instant::now() + self.handler_timeout;
-        let handler = Arc::clone(handler);
-        let future = self
-            .on_blocking_pool(deadline, move || handler(review))
-            .await?;
         let mut task = tokio::spawn(future.in_current_span());
         let after = match tokio::time::timeout_at(deadline, &mut task).await {
             Ok(Ok(outcome)) => outcome?,
@@ -659,16 +819,20 @@ impl RouteState {
         deadline: tokio::time::Instant,
         job: impl FnOnce() -> Result<T, String> + Send + 'static,
     ) -> Result<T, String> {
-        let slot = match tokio::time::timeout_at(
-            deadline,
-            Arc::clone(&self.handler_slots).acquire_owned(),
-        )
-        .await
+        let slot = self.acquire_slot(deadline).await?;
+        self.run_in_slot(slot, deadline, job).await
+    }
+
+    /// A handler slot, waited for until `deadline` (the timeout's message otherwise).
+    async fn acquire_slot(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<OwnedSemaphorePermit, String> {
+        match tokio::time::timeout_at(deadline, Arc::clone(&self.handler_slots).acquire_owned())
+            .await
         {
-            Ok(Ok(slot)) => slot,
-            Ok(Err(_closed)) => {
-                return Err("the admission handler could not be started".to_owned());
-            }
+            Ok(Ok(slot)) => Ok(slot),
+            Ok(Err(_closed)) => Err("the admission handler could not be started".to_owned()),
             Err(_elapsed) => {
                 if let Some(metrics) = &self.metrics {
                     metrics
@@ -680,13 +844,22 @@ impl RouteState {
                     max_concurrent_handlers = self.max_handlers,
                     "no admission handler slot became free before the timeout"
                 );
-                return Err(format!(
+                Err(format!(
                     "{} (all {} handler slots stayed busy)",
                     self.timeout_message(),
                     self.max_handlers
-                ));
+                ))
             }
-        };
+        }
+    }
+
+    /// Runs `job` on the blocking pool holding `slot`, answering by `deadline`.
+    async fn run_in_slot<T: Send + 'static>(
+        &self,
+        slot: OwnedSemaphorePermit,
+        deadline: tokio::time::Instant,
+        job: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
         let running = self.metrics.as_ref().map(RunningHandler::new);
         let span = tracing::Span::current();
         let task = tokio::task::spawn_blocking(move || {

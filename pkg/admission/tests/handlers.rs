@@ -413,3 +413,99 @@ async fn typed_async_routes_decode_and_patch_in_handler_slots() {
     released(&later_gate).await;
     running.stop().await;
 }
+
+/// A synchronous or typed route decodes the review in its handler slot (the whole review is one
+/// step on the blocking pool): with every slot busy, a body that is no review or an invalid one
+/// is answered as such once the wait for a slot ends, and a review waiting for a slot is
+/// answered with its uid, its handler not called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_and_typed_reviews_are_decoded_in_their_handler_slot() {
+    use k8s_openapi::api::core::v1::Pod;
+    use warmcache_admission::{Mutation, TypedRequest};
+
+    let (gate, mut started) = Gate::new();
+    let metrics = AdmissionMetrics::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    ca.leaf(1).write_to(dir.path());
+    let mut config = AdmissionServerConfig::new(files_in(dir.path()));
+    config.handler_timeout = Duration::from_secs(1);
+    config.max_concurrent_handlers = 1;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    let slow_gate = gate.clone();
+    let server = AdmissionServer::new(config)
+        .route(Route::validating("/slow", move |req| slow_gate.block(&req)))
+        .route(Route::validating("/fast", ok))
+        .route(Route::mutating_typed_async(
+            "/typed",
+            move |req: TypedRequest<Pod>| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let mut pod = req.object.unwrap_or_default();
+                    pod.metadata
+                        .labels
+                        .get_or_insert_default()
+                        .insert("seen".into(), "yes".into());
+                    Mutation::Mutated(pod)
+                }
+            },
+        ))
+        .with_metrics(metrics.clone());
+    let running = spawn_serve(server);
+    let (addr, ca) = (running.addr, Arc::new(ca));
+
+    let slow = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(
+            async move { post_json(addr, &ca, "/slow", &pod_review("uid-slow", "p")).await },
+        )
+    };
+    started.recv().await.unwrap();
+    // The only slot is taken. Not JSON: 400 with the reason, once the wait for a slot ended.
+    let waited = Instant::now();
+    let reply = post(
+        addr,
+        &ca,
+        b"http/1.1",
+        "/fast",
+        Some("application/json"),
+        b"{not json".to_vec(),
+    )
+    .await;
+    assert!(waited.elapsed() >= Duration::from_secs(1));
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert!(reply.text().contains("not JSON"), "{}", reply.text());
+    // An invalid review: the invalid answer, with its uid.
+    let mut invalid = pod_review("uid-invalid", "p");
+    invalid["apiVersion"] = serde_json::json!("admission.k8s.io/v1beta1");
+    let response = post_json(addr, &ca, "/typed", &invalid).await.response();
+    assert_eq!(response["uid"], "uid-invalid");
+    assert_eq!(response["status"]["reason"], "InvalidRequest", "{response}");
+    // A review: the timeout answer of a review that found no slot, with its uid; the typed
+    // handler was not called.
+    let response = post_json(addr, &ca, "/typed", &pod_review("uid-queued", "p"))
+        .await
+        .response();
+    assert_eq!(response["uid"], "uid-queued");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("handler slots"), "{message}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(slow.await.unwrap().response()["allowed"], false);
+    gate.release();
+    eventually(
+        Duration::from_secs(20),
+        "the blocked handler to return",
+        || metrics.handlers_running().get() == 0,
+    )
+    .await;
+
+    // With the slot free, the typed review is answered with its patch.
+    let response = post_json(addr, &ca, "/typed", &pod_review("uid-typed", "p"))
+        .await
+        .response();
+    assert_eq!(response["uid"], "uid-typed");
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    running.stop().await;
+}
