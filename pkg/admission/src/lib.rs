@@ -36,6 +36,7 @@ mod conn;
 pub mod error;
 pub mod metrics;
 pub mod patch;
+mod pod_patch;
 pub mod registration;
 pub mod review;
 pub mod route;

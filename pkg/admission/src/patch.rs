@@ -448,6 +448,29 @@ where
     Ok(patch)
 }
 
+/// [`raw_patch_decoded`], for a `Pod` first without JSON trees of the whole pod
+/// ([`crate::pod_patch`]: the same operations, found by comparing the typed pods member by
+/// member and diffing only the members that changed).
+pub(crate) fn raw_patch_typed<K>(
+    raw: &Value,
+    decoded: &K,
+    mutated: &K,
+) -> Result<Patch, RawPatchError>
+where
+    K: Serialize + DeserializeOwned + 'static,
+{
+    let pods = (
+        (decoded as &dyn std::any::Any).downcast_ref::<k8s_openapi::api::core::v1::Pod>(),
+        (mutated as &dyn std::any::Any).downcast_ref::<k8s_openapi::api::core::v1::Pod>(),
+    );
+    if let (Some(old), Some(new)) = pods
+        && let Some(patch) = crate::pod_patch::patch(raw, old, new)
+    {
+        return Ok(patch);
+    }
+    raw_patch_decoded(raw, decoded, mutated)
+}
+
 /// Whether `reread` (the patched raw object read as `K`) does not serialize as `new`, the
 /// handler's object `mutated` as a JSON value: the JSON pointer of the first difference.
 ///
@@ -479,7 +502,7 @@ fn reread_differs<K: Serialize>(
 
 /// Appends the operations turning `old` into `new` at `path`, shaped to apply to `raw` (the
 /// raw value `old` was read from, `None` when the raw object has nothing there).
-fn rebase(
+pub(crate) fn rebase(
     raw: Option<&Value>,
     old: &Value,
     new: &Value,
@@ -1149,7 +1172,7 @@ fn whole_text(value: &Value) -> Option<String> {
 /// object or element holding it (removed by the handler, or replaced by a value of another
 /// type). List elements are followed as [`pair_elements`] tells. `Err` names the first place
 /// where this does not hold.
-fn keeps_residue(
+pub(crate) fn keeps_residue(
     raw: Option<&Value>,
     old: &Value,
     patched: Option<&Value>,

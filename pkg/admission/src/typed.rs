@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::patch::{decode_at_path, raw_patch, raw_patch_decoded};
+use crate::patch::{decode_at_path, raw_patch, raw_patch_typed};
 use crate::registration::RuleScope;
 use crate::route::Review;
 
@@ -355,7 +355,7 @@ impl<K: TypedResource> Finish<K> {
                     ));
                 };
                 let patch = match &self.decoded {
-                    Some(decoded) => raw_patch_decoded(raw, decoded, &object),
+                    Some(decoded) => raw_patch_typed(raw, decoded, &object),
                     None => raw_patch(raw, &object),
                 }
                 .map_err(|err| err.to_string())?;
