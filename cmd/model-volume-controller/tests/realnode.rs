@@ -56,7 +56,7 @@ use warmcache_nodefs::{MountInfo, parse_mountinfo, top_mount};
 use warmcache_runtime::{LogFormat, Runtime, RuntimeArgs};
 use warmcache_testkit::{
     ComponentAccount, ControlPlane, PAUSE_IMAGE, RealNode, TOOLS_IMAGE, TestCsiDriver,
-    TestNamespace, eventually, termination_message, wait_pod_finished,
+    TestNamespace, eventually, termination_message, wait_pod_finished, wait_pod_running,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -291,28 +291,23 @@ enum Flow {
     RootOwnedRwx,
 }
 
-async fn setup_on(
-    flow: Flow,
-    download: &str,
-    stale_claim: bool,
-    shared: bool,
-    reader_mode: ReaderMode,
-) -> World {
-    let one = ONE_CLASS.lock().await;
+/// nvcf-sc on the test driver's profile of `flow`, and what an admission decides from.
+struct ModelCacheClass {
+    classes: Api<StorageClass>,
+    nvcf_sc: StorageClass,
+    csi_driver: CSIDriver,
+    catalog: CatalogSnapshot,
+    gates: Gates,
+}
+
+/// Creates nvcf-sc on the profile of `flow` (the caller holds [`ONE_CLASS`]) and a catalog
+/// qualifying it: provider nvmesh (roxReadOnly) for block storage, a ReadWriteMany provider
+/// without writer identity for the root-owned profile.
+async fn model_cache_class(client: &kube::Client, flow: Flow) -> ModelCacheClass {
     let driver = match flow {
         Flow::Block | Flow::EncryptedBlock => TestCsiDriver::NamespacedBlock,
         Flow::RootOwnedRwx => TestCsiDriver::RootOwnedFs,
     };
-    let node = RealNode::shared().await.unwrap();
-    let plane = ControlPlane::shared().await.unwrap();
-    let app = TestNamespace::new("mvc-node-app").await.unwrap();
-    let control = TestNamespace::new("mvc-node-ctl").await.unwrap();
-    let client = app.client.clone();
-    if shared {
-        label_domain(&client, &app.name, &app.name).await;
-    }
-
-    // nvcf-sc on the block profile, and a catalog qualifying it (provider nvmesh: roxReadOnly).
     let classes: Api<StorageClass> = Api::all(client.clone());
     let test_class = classes.get(driver.storage_class()).await.unwrap();
     let wanted_class: StorageClass = serde_json::from_value(json!({
@@ -355,6 +350,39 @@ async fn setup_on(
         helm_model_caching: true,
         model_cache_encryption: flow == Flow::EncryptedBlock,
     };
+    ModelCacheClass {
+        classes,
+        nvcf_sc,
+        csi_driver,
+        catalog,
+        gates,
+    }
+}
+
+async fn setup_on(
+    flow: Flow,
+    download: &str,
+    stale_claim: bool,
+    shared: bool,
+    reader_mode: ReaderMode,
+) -> World {
+    let one = ONE_CLASS.lock().await;
+    let node = RealNode::shared().await.unwrap();
+    let plane = ControlPlane::shared().await.unwrap();
+    let app = TestNamespace::new("mvc-node-app").await.unwrap();
+    let control = TestNamespace::new("mvc-node-ctl").await.unwrap();
+    let client = app.client.clone();
+    if shared {
+        label_domain(&client, &app.name, &app.name).await;
+    }
+
+    let ModelCacheClass {
+        classes,
+        nvcf_sc,
+        csi_driver,
+        catalog,
+        gates,
+    } = model_cache_class(&client, flow).await;
     let storage = StorageInputs {
         storage_class: Some(&nvcf_sc),
         csi_driver: Some(&csi_driver),
@@ -1630,4 +1658,383 @@ async fn a_non_root_writer_gets_its_fresh_root_opened_by_the_agent() {
         "the files belong to the writer's user: {report}"
     );
     w.finish().await;
+}
+
+/// What a capture source's engine downloads by itself into its emptyDir (in place of
+/// `ngc registry model download-version`): files, a nested directory and a relative link, then
+/// it reports Ready (its readiness probe) and serves. `$1` is a word written into the tree.
+const CAPTURE_ENGINE: &str = r#"set -eu
+d=/ngc-cache/ngc/models/llama_v1
+mkdir -p "$d/blobs"
+printf '%s\n' '{"model_type":"llama"}' > "$d/config.json"
+yes captured-shard | head -c 300000 > "$d/blobs/shard-1"
+ln -s blobs/shard-1 "$d/model.safetensors"
+echo "$1" > "$d/written-by"
+touch /tmp/ready
+exec sleep 3600
+"#;
+
+/// A capture source's engine that plants a link to the node's `/etc` as its landing.
+const ESCAPING_ENGINE: &str = r#"set -eu
+ln -s /etc /ngc-cache/ngc
+touch /tmp/ready
+exec sleep 3600
+"#;
+
+/// A pod as the webhook leaves a capture source: labelled, naming `binding` (its UID) and the
+/// capture `handle`, its landing `path` inside its emptyDir `ngc-cache`; the engine runs `script`
+/// and is Ready once its download is there.
+fn capture_pod(
+    name: &str,
+    binding: &ModelCacheBinding,
+    handle: &str,
+    path: &str,
+    script: &str,
+) -> Pod {
+    use warmcache_modelvolume::keys::{
+        BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION,
+        CAPTURE_VOLUME_ANNOTATION, HANDLE_ANNOTATION, MODEL_LABEL,
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {
+                CAPTURE_LABEL: "true",
+                MODEL_LABEL: warmcache_api_modelcache::identity_hash(&binding.spec.identity),
+            },
+            "annotations": {
+                BINDING_ANNOTATION: binding.name_any(),
+                BINDING_UID_ANNOTATION: binding.metadata.uid.clone().unwrap(),
+                HANDLE_ANNOTATION: handle,
+                CAPTURE_VOLUME_ANNOTATION: "ngc-cache",
+                CAPTURE_PATH_ANNOTATION: path,
+            },
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "engine",
+                "image": TOOLS_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script, "engine", name],
+                "readinessProbe": {
+                    "exec": { "command": ["cat", "/tmp/ready"] },
+                    "periodSeconds": 1,
+                },
+                "volumeMounts": [{ "name": "ngc-cache", "mountPath": "/ngc-cache" }],
+                "resources": small(),
+            }],
+            "volumes": [{ "name": "ngc-cache", "emptyDir": {} }],
+        },
+    }))
+    .unwrap()
+}
+
+/// Waits for an Event with `reason` about pod `name` in `events`' namespace.
+async fn event_about(
+    events: &Api<k8s_openapi::api::events::v1::Event>,
+    name: &str,
+    reason: &str,
+    log: impl Fn() -> String,
+) {
+    eventually(&format!("Event {reason} on {name}"), TIMEOUT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                })
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+}
+
+/// Capture after Ready on the real node (the test CSI driver's namespaced-block profile, the
+/// agent as a process of the node under its generated roles; the binding made as the webhook
+/// makes it for a capture source, without the binding controller): a capture source's landing
+/// in its emptyDir is copied, once the pod is Ready, into a primary claim the agent creates sized
+/// from its bytes, and recorded on it (bytes, manifest digest, the pod elected); the volume holds
+/// the tree, its manifest (checked with `sha256sum -c`) and the marker. Before it, a pod carrying
+/// the same records in a namespace outside the binding's sharing domain, and a pod of the domain
+/// whose landing is a link to the node's `/etc`, are refused: no claim is created for them and
+/// nothing of theirs reaches the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() {
+    use warmcache_api_modelcache::v2beta1::{BindingIdentity, Workflow};
+    use warmcache_api_modelcache::{
+        binding_name, init_lease_name, writer_job_name, writer_pvc_name,
+    };
+    use warmcache_modelvolume::agent::{COPY_POD_ANNOTATION, COPY_POD_NAME_ANNOTATION};
+    use warmcache_modelvolume::volume_keys::{
+        COPIED_BYTES_ANNOTATION, COPY_SOURCE_ANNOTATION, COPY_SOURCE_CAPTURE,
+        SOURCE_NAMESPACE_LABEL,
+    };
+
+    let one = ONE_CLASS.lock().await;
+    let node = RealNode::shared().await.unwrap();
+    let plane = ControlPlane::shared().await.unwrap();
+    let app = TestNamespace::new("mvc-capture-app").await.unwrap();
+    let outsider = TestNamespace::new("mvc-capture-out").await.unwrap();
+    let control = TestNamespace::new("mvc-capture-ctl").await.unwrap();
+    let client = app.client.clone();
+    // The app namespace's sharing domain is its own name; the outsider is in another one.
+    label_domain(&client, &app.name, &app.name).await;
+    label_domain(&client, &outsider.name, &outsider.name).await;
+    let ModelCacheClass {
+        classes,
+        nvcf_sc,
+        csi_driver,
+        catalog,
+        gates,
+    } = model_cache_class(&client, Flow::Block).await;
+
+    // The binding the webhook creates for a capture source of the app namespace: the storage
+    // decision an admission takes, the identity of a capture handle (helmModelCache, the app
+    // namespace's domain).
+    let source: Pod = serde_saphyr::from_str(VLLM_POD).unwrap();
+    let labels = Api::<Namespace>::all(client.clone())
+        .get(&app.name)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    let options = Options {
+        control_namespace: control.name.clone(),
+        ..Options::default()
+    };
+    let req = Request {
+        pod: &source,
+        namespace: &app.name,
+        namespace_labels: &labels,
+        leader_worker_set: None,
+        traceparent: None,
+        options: &options,
+    };
+    let storage = StorageInputs {
+        storage_class: Some(&nvcf_sc),
+        csi_driver: Some(&csi_driver),
+        catalog: CatalogInput::Loaded(&catalog),
+        gates,
+    };
+    let Verdict::Rewrite(first) = admit(&req, |_, _| None, &storage) else {
+        panic!("the pod was not rewritten");
+    };
+    assert_eq!(first.transition, Transition::RoxReadOnly);
+    let BindingAction::Create(mut wanted) = first.binding.clone() else {
+        panic!("no binding exists yet");
+    };
+    let handle = "ngc://nvidia/llama-3.1-8b-instruct@1.0?layout=ngc&fill=capture";
+    let identity = BindingIdentity::new(Workflow::HelmModelCache, &app.name, handle);
+    wanted.metadata.name = Some(binding_name(&identity));
+    wanted.spec.resources.persistent_volume_claim_names = vec![writer_pvc_name(&identity)];
+    wanted.spec.resources.job_names = vec![writer_job_name(&identity)];
+    wanted.spec.resources.lease_name = init_lease_name(&identity);
+    wanted.spec.identity = identity;
+    let bindings: Api<ModelCacheBinding> = control.api();
+    let stored = bindings
+        .create(&PostParams::default(), &wanted)
+        .await
+        .unwrap();
+    let claim_name = writer_pvc_name(&stored.spec.identity);
+
+    // The agent, as the chart's ServiceAccount with the generated roles.
+    let admin = plane.client().await.unwrap();
+    let account = ComponentAccount::create(
+        plane,
+        &admin,
+        "model-volume-controller",
+        &control.name,
+        &control.name,
+    )
+    .await
+    .unwrap();
+    let bind_root = format!("/var/lib/warmcache-test-binds/{}", app.name);
+    let agent = start_agent(node, account.kubeconfig_path(), &control.name, &bind_root);
+    let log = || {
+        std::fs::read_to_string(node.dir().join("model-volume-controller.log")).unwrap_or_default()
+    };
+
+    // Refused: the same records forged on a pod of another sharing domain, and a pod of the
+    // domain whose landing is a link to the node's /etc. Both run Ready; neither is copied.
+    let outsider_pods = outsider.api::<Pod>();
+    outsider_pods
+        .create(
+            &PostParams::default(),
+            &capture_pod("forged", &stored, handle, "ngc/models", CAPTURE_ENGINE),
+        )
+        .await
+        .unwrap();
+    let app_pods = app.api::<Pod>();
+    app_pods
+        .create(
+            &PostParams::default(),
+            &capture_pod("escaping", &stored, handle, "ngc", ESCAPING_ENGINE),
+        )
+        .await
+        .unwrap();
+    wait_pod_running(&outsider_pods, "forged", TIMEOUT)
+        .await
+        .unwrap();
+    wait_pod_running(&app_pods, "escaping", TIMEOUT)
+        .await
+        .unwrap();
+    event_about(&outsider.api(), "forged", "ModelCaptureRefused", &log).await;
+    event_about(&app.api(), "escaping", "ModelCaptureRefused", &log).await;
+    let claims: Api<PersistentVolumeClaim> = control.api();
+    assert!(
+        claims.get_opt(&claim_name).await.unwrap().is_none(),
+        "no claim for a refused pod\n{}",
+        log()
+    );
+    let l = log();
+    assert!(l.contains("not in binding"), "{l}");
+    assert!(l.contains("symbolic link"), "{l}");
+
+    // The capture source of the domain: copied once Ready.
+    app_pods
+        .create(
+            &PostParams::default(),
+            &capture_pod("nim-0", &stored, handle, "ngc/models", CAPTURE_ENGINE),
+        )
+        .await
+        .unwrap();
+    let ready = wait_pod_running(&app_pods, "nim-0", TIMEOUT).await.unwrap();
+    let claim = eventually("the capture recorded on the primary claim", TIMEOUT, || {
+        let (claims, name) = (claims.clone(), claim_name.clone());
+        async move {
+            let c = claims.get_opt(&name).await.ok()??;
+            c.annotations()
+                .contains_key(COPIED_BYTES_ANNOTATION)
+                .then_some(c)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    let a = claim.annotations();
+    let bytes: u64 = a[COPIED_BYTES_ANNOTATION].parse().unwrap();
+    assert!(bytes >= 300_000, "{a:?}");
+    assert_eq!(a[MANIFEST_DIGEST_ANNOTATION].len(), 64, "{a:?}");
+    assert_eq!(a.get(COPY_POD_ANNOTATION), ready.metadata.uid.as_ref());
+    assert_eq!(a[COPY_POD_NAME_ANNOTATION], "nim-0");
+    assert_eq!(a[SOURCE_NAMESPACE_LABEL], app.name);
+    assert_eq!(a[COPY_SOURCE_ANNOTATION], COPY_SOURCE_CAPTURE);
+    let spec = claim.spec.as_ref().unwrap();
+    assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
+    assert_eq!(
+        spec.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"],
+        warmcache_modelvolume::view::sized(bytes, 1 << 30),
+        "sized from the bytes (the 1 GiB floor)"
+    );
+    // The mount holder goes once the copy is recorded (the volume can detach).
+    let holders = control.api::<Pod>();
+    eventually("the mount holder deleted", TIMEOUT, || {
+        let holders = holders.clone();
+        async move {
+            let list = holders
+                .list(&ListParams::default().labels("app.kubernetes.io/component=mount-holder"))
+                .await
+                .ok()?;
+            list.items.is_empty().then_some(())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    event_about(&app.api(), "nim-0", "ModelCaptured", &log).await;
+
+    // What the volume holds: the landing's tree (the link copied as a link), the manifest an
+    // operator checks with sha256sum, the marker with the bytes; nothing of the refused pods.
+    let mut check = warmcache_testkit::tools_pod(
+        "check-primary",
+        r#"cd /primary
+{
+  echo "marker=$(cat .nvsnap-complete)"
+  sha256sum -c .nvsnap-manifest >/dev/null && echo "manifest=ok"
+  echo "shard=$(sha256sum llama_v1/model.safetensors | cut -d' ' -f1)"
+  echo "expected=$(yes captured-shard | head -c 300000 | sha256sum | cut -d' ' -f1)"
+  echo "link=$(readlink llama_v1/model.safetensors)"
+  echo "writer=$(cat llama_v1/written-by)"
+  echo "passwd=$(find . -name passwd | wc -l)"
+  echo "top=$(ls -A | tr '\n' ' ')"
+} > /dev/termination-log 2>&1
+"#,
+    );
+    let spec = check.spec.as_mut().unwrap();
+    spec.containers[0].volume_mounts = Some(vec![
+        serde_json::from_value(json!({
+            "name": "primary", "mountPath": "/primary", "readOnly": true,
+        }))
+        .unwrap(),
+    ]);
+    spec.containers[0].resources = Some(small());
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({
+            "name": "primary",
+            "persistentVolumeClaim": { "claimName": claim_name, "readOnly": true },
+        }))
+        .unwrap(),
+    ]);
+    holders
+        .create(&PostParams::default(), &check)
+        .await
+        .unwrap();
+    let checked = wait_pod_finished(&holders, "check-primary", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    let report = termination_message(&checked, "main").unwrap();
+    eprintln!("the primary holds:\n{report}");
+    let field = |k: &str| {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k} missing in {report}"))
+            .to_owned()
+    };
+    assert_eq!(field("marker"), bytes.to_string(), "{report}");
+    assert_eq!(field("manifest"), "ok", "{report}");
+    assert_eq!(field("shard"), field("expected"), "{report}");
+    assert_eq!(field("link"), "blobs/shard-1", "{report}");
+    assert_eq!(
+        field("writer"),
+        "nim-0",
+        "the domain's pod, not the forged one: {report}"
+    );
+    assert_eq!(field("passwd"), "0", "nothing of the node's /etc: {report}");
+    assert_eq!(
+        field("top").trim(),
+        ".nvsnap-complete .nvsnap-manifest llama_v1",
+        "{report}"
+    );
+    // One election: the domain's Ready pod's.
+    let l = log();
+    assert_eq!(
+        l.matches("created the primary claim sized from the captured bytes")
+            .count(),
+        1,
+        "{l}"
+    );
+
+    drop(agent);
+    drop(account);
+    bindings
+        .patch(
+            &stored.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    let _ = classes
+        .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
+        .await;
+    app.cleanup().await;
+    outsider.cleanup().await;
+    control.cleanup().await;
+    drop(one);
 }

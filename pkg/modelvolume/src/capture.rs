@@ -14,7 +14,7 @@
 //!   the pod records; the pod's handle must be a capture handle ([`is_capture_handle`]) whose
 //!   digest is the binding's `cacheHandleDigest`; and the pod's **namespace**, read from the API
 //!   (its labels are an administrator's), must be in the binding's sharing domain
-//!   ([`crate::scope::sharing_domain`]: the same workflow and the digest of the same domain).
+//!   ([`crate::sharing_domain`]: the same workflow and the digest of the same domain).
 //!   So only a namespace that could have filled the cache through a writer Job can fill it by
 //!   capture: the trust boundary is the Job path's.
 //! - **What is copied.** Only one of the pod's declared `emptyDir` volumes, at a clean relative
