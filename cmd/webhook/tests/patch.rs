@@ -160,6 +160,15 @@ fn check(
     let raw = serde_json::to_value(pod).unwrap();
     let mut cases = vec![("as sent", raw.clone())];
     cases.extend(with_unmodelled_fields(&raw));
+    // As sent, the rewrite's change is patched directly (not by the general path).
+    let decoded: Pod = serde_json::from_value(raw.clone()).unwrap();
+    match patch::pod_patch(&raw, &decoded, admitted) {
+        Some(direct) if Ok(patch::apply(&raw, &direct).unwrap()) == general(&raw, admitted) => {}
+        Some(_) => failures.push(format!(
+            "{name}: the direct patch differs from the general one"
+        )),
+        None => failures.push(format!("{name}: the change is not patched directly")),
+    }
     for (what, raw) in cases {
         *checked += 1;
         let route = through_route(runtime, &raw, admitted);

@@ -448,6 +448,18 @@ where
     Ok(patch)
 }
 
+/// The patch [`raw_patch`] makes from `old` (the pod `raw` was read as) to `new`, written
+/// directly for the changes a pod rewrite makes (labels, annotations, volumes, init
+/// containers, a container's env and mounts), without JSON trees of the whole pod; `None` for
+/// any other change, which [`raw_patch`] handles. Typed routes of `Pod` try it first.
+pub fn pod_patch(
+    raw: &Value,
+    old: &k8s_openapi::api::core::v1::Pod,
+    new: &k8s_openapi::api::core::v1::Pod,
+) -> Option<Patch> {
+    crate::pod_patch::patch(raw, old, new)
+}
+
 /// [`raw_patch_decoded`], for a `Pod` first without JSON trees of the whole pod
 /// ([`crate::pod_patch`]: the same operations, found by comparing the typed pods member by
 /// member and diffing only the members that changed).
@@ -1172,7 +1184,7 @@ fn whole_text(value: &Value) -> Option<String> {
 /// object or element holding it (removed by the handler, or replaced by a value of another
 /// type). List elements are followed as [`pair_elements`] tells. `Err` names the first place
 /// where this does not hold.
-pub(crate) fn keeps_residue(
+fn keeps_residue(
     raw: Option<&Value>,
     old: &Value,
     patched: Option<&Value>,

@@ -1,44 +1,51 @@
 //! The patch of a changed `Pod` without JSON trees of the whole pod.
 //!
 //! [`raw_patch`](crate::patch::raw_patch) builds `serde_json::Value` trees of the typed pod
-//! before and after the change, diffs them against the object as sent, applies the result to a
-//! copy of that object and reads it back. For a pod, a handler such as the model-cache rewrite
-//! changes a few members (labels, annotations, volumes, init containers, a container's env and
-//! mounts) of an object of many. Here the typed pods are compared member by member (no
-//! allocation), and the same algorithm, with the same checks, runs on each changed member
-//! alone:
+//! before and after the change, diffs them against the object as sent (`rebase`), applies the
+//! result to a copy of that object and reads it back. A handler such as the model-cache rewrite
+//! changes a few members of a pod (labels, annotations, volumes, init containers, a container's
+//! env and mounts). Here the typed pods are compared member by member (no allocation) and the
+//! operations `rebase` would produce for those members are written directly:
 //!
-//! - `metadata.labels`, `metadata.annotations`, `spec.volumes`, `spec.initContainers` and
-//!   `spec.containers` are patched where they changed; every other member of the pod must be
-//!   equal (compared typed, each field named, so a field added to the types is not missed),
-//!   else the general path runs;
-//! - a changed member is diffed by the same `rebase` as the whole pod would be, the operations
-//!   applied to a copy of the raw member, which must read back as the handler's member, and
-//!   keep the raw member's unmodelled fields (`keeps_residue`);
-//! - `spec.containers` (and `spec.initContainers`) whose elements keep their names, in order,
-//!   unique and carried by the raw elements, are a keyed list whose kept elements the general
-//!   path patches in place one by one; so here only the changed elements are diffed.
+//! - every member of the pod but `metadata.labels`, `metadata.annotations`, `spec.volumes`,
+//!   `spec.initContainers` and `spec.containers` must be equal (compared typed, each field
+//!   named, so a field added to the types fails to compile here rather than go unpatched);
+//! - labels and annotations (maps of strings, which hold nothing unmodelled): `replace` of a
+//!   changed key, `add` of a new one, then `remove` of a dropped one, as `rebase` does for an
+//!   object; a map the typed object lacked is added whole, one it drops removed;
+//! - volumes, init containers, containers, and a changed container's `env` and
+//!   `volumeMounts`: lists whose elements `rebase` identifies by a key (the first of its
+//!   identity keys that every element carries, unique in the list before and after, and that
+//!   the raw elements carry with the same values: `name`, and `mountPath` for mounts), changed
+//!   without moving a kept element and with at most 64 removals and insertions: `rebase`
+//!   removes the dropped elements (last first), adds the new ones at their final index, and
+//!   patches the kept ones in place; here the same, each new element added whole;
+//! - a kept element that changed is patched in place: a container whose fields but `env` and
+//!   `volumeMounts` are equal by recursing into those two lists; any other element only when
+//!   its raw value is exactly its typed value (nothing unmodelled, nothing defaulted), by
+//!   `rebase` of that element alone.
 //!
-//! The general path diffs object members independently and a keyed list whose identities did
-//! not change element by element, so the operations are those it would produce for these
-//! members. Anything else (`None` from [`patch`]) takes the general path.
+//! Anything else (`None` from [`patch`]) takes the general path, with its checks. That the two
+//! make the same object of every pod the rewrite admits, as sent and with unmodelled fields
+//! beside every member it changes, is tested on the fixtures of `pkg/modelvolume`
+//! (`cmd/webhook/tests/patch.rs`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::patch::{
-    Patch, PatchOperation, PointerBuf, add, decode_at_path, keeps_residue, rebase, remove,
-};
+use crate::patch::{Patch, PatchOperation, PointerBuf, add, rebase, remove, replace};
+
+/// Most removals and insertions one list change is made of here (`rebase` replaces a list
+/// needing more than its `MAX_LIST_OPS` whole).
+const MAX_LIST_OPS: usize = 64;
 
 /// The JSON patch from `old` (the pod `raw` was read as) to `new`, shaped to apply to `raw`,
-/// as [`raw_patch`](crate::patch::raw_patch) would make it; `None` when the change touches
-/// anything else than the members named in the module's documentation, or any check fails
-/// (the caller then takes the general path, which reports why).
+/// as [`raw_patch`](crate::patch::raw_patch) makes it; `None` when the change is not of the
+/// kind described in the module's documentation.
 pub(crate) fn patch(raw: &Value, old: &Pod, new: &Pod) -> Option<Patch> {
     let Pod {
         metadata: old_meta,
@@ -60,8 +67,9 @@ pub(crate) fn patch(raw: &Value, old: &Pod, new: &Pod) -> Option<Patch> {
             return None;
         }
         let raw_meta = raw.get("metadata")?.as_object()?;
-        let at = pointer(&["metadata"]);
-        member(
+        let mut at = PointerBuf::new();
+        at.push_back("metadata");
+        string_map(
             raw_meta,
             "labels",
             old_meta.labels.as_ref(),
@@ -69,7 +77,7 @@ pub(crate) fn patch(raw: &Value, old: &Pod, new: &Pod) -> Option<Patch> {
             &at,
             &mut ops,
         )?;
-        member(
+        string_map(
             raw_meta,
             "annotations",
             old_meta.annotations.as_ref(),
@@ -86,234 +94,330 @@ pub(crate) fn patch(raw: &Value, old: &Pod, new: &Pod) -> Option<Patch> {
             return None;
         }
         let raw_spec = raw.get("spec")?.as_object()?;
-        let at = pointer(&["spec"]);
-        member(
+        let mut at = PointerBuf::new();
+        at.push_back("spec");
+        let volumes = List::<Volume> {
+            keys: &[("name", |v| &v.name)],
+            in_place: element_in_place,
+        };
+        volumes.member(
             raw_spec,
             "volumes",
-            old_spec.volumes.as_ref(),
-            new_spec.volumes.as_ref(),
+            old_spec.volumes.as_deref(),
+            new_spec.volumes.as_deref(),
             &at,
             &mut ops,
         )?;
-        match (&old_spec.init_containers, &new_spec.init_containers) {
-            (Some(old_inits), Some(new_inits)) if old_inits != new_inits => {
-                containers(
-                    raw_spec,
-                    "initContainers",
-                    old_inits,
-                    new_inits,
-                    &at,
-                    &mut ops,
-                )?;
-            }
-            (old_inits, new_inits) => member(
-                raw_spec,
-                "initContainers",
-                old_inits.as_ref(),
-                new_inits.as_ref(),
-                &at,
-                &mut ops,
-            )?,
-        }
-        if old_spec.containers != new_spec.containers {
-            containers(
-                raw_spec,
-                "containers",
-                &old_spec.containers,
-                &new_spec.containers,
-                &at,
-                &mut ops,
-            )?;
-        }
+        let containers = List::<Container> {
+            keys: &[("name", |c| &c.name)],
+            in_place: container_in_place,
+        };
+        containers.member(
+            raw_spec,
+            "initContainers",
+            old_spec.init_containers.as_deref(),
+            new_spec.init_containers.as_deref(),
+            &at,
+            &mut ops,
+        )?;
+        containers.member(
+            raw_spec,
+            "containers",
+            Some(&old_spec.containers),
+            Some(&new_spec.containers),
+            &at,
+            &mut ops,
+        )?;
     }
     Some(Patch(ops))
 }
 
-fn pointer(tokens: &[&str]) -> PointerBuf {
-    let mut path = PointerBuf::new();
-    for token in tokens {
-        path.push_back(*token);
-    }
-    path
-}
-
-/// The operations for the member `key` of the raw object `raw` (at `at`), typed `old` before
-/// and `new` after (`None`: the type leaves it out), as the general path's object diff makes
-/// them: removed when the handler dropped it, added whole when the typed object had none,
-/// else diffed and checked as [`subtree`].
-fn member<T>(
+/// A map of strings at `key` of the raw object `raw` (at `at`), as `rebase` patches it.
+fn string_map(
     raw: &Map<String, Value>,
     key: &str,
-    old: Option<&T>,
-    new: Option<&T>,
+    old: Option<&BTreeMap<String, String>>,
+    new: Option<&BTreeMap<String, String>>,
     at: &PointerBuf,
     ops: &mut Vec<PatchOperation>,
-) -> Option<()>
-where
-    T: Serialize + DeserializeOwned + PartialEq,
-{
+) -> Option<()> {
     if old == new {
         return Some(());
     }
     let mut path = at.clone();
     path.push_back(key);
     match (old, new) {
-        (None, None) => Some(()),
+        (None, None) => {}
         (Some(_), None) => {
             if raw.contains_key(key) {
                 ops.push(remove(path));
             }
-            Some(())
         }
-        (old, Some(new)) => subtree(raw.get(key), old, new, path, ops),
-    }
-}
-
-/// The operations turning the raw value `raw` (typed `old`; `None` when the typed object had
-/// nothing there) into `new`, at `path`: the general path's diff of this value alone, applied
-/// to a copy of `raw`, which must read back as `new` and keep the fields `raw` holds that the
-/// type does not model. `None` when a check fails.
-fn subtree<T>(
-    raw: Option<&Value>,
-    old: Option<&T>,
-    new: &T,
-    path: PointerBuf,
-    ops: &mut Vec<PatchOperation>,
-) -> Option<()>
-where
-    T: Serialize + DeserializeOwned,
-{
-    let new_value = serde_json::to_value(new).ok()?;
-    let mut relative = Vec::new();
-    let old_value = match old {
-        Some(old) => {
-            let old_value = serde_json::to_value(old).ok()?;
-            rebase(
-                raw,
-                &old_value,
-                &new_value,
-                &mut PointerBuf::new(),
-                &mut relative,
-            )
-            .ok()?;
-            Some(old_value)
+        (None, Some(new)) => ops.push(add(path, serde_json::to_value(new).ok()?)),
+        (Some(old), Some(new)) => {
+            // The typed map was read from a raw object (a map of strings cannot hold `null`).
+            let raw_map = raw.get(key)?.as_object()?;
+            for (k, v) in new {
+                let mut at_key = path.clone();
+                at_key.push_back(k.as_str());
+                match old.get(k) {
+                    Some(before) if before == v => {}
+                    Some(_) => ops.push(replace(at_key, Value::String(v.clone()))),
+                    None => ops.push(add(at_key, Value::String(v.clone()))),
+                }
+            }
+            for k in old.keys().filter(|k| !new.contains_key(*k)) {
+                if raw_map.contains_key(k) {
+                    let mut at_key = path.clone();
+                    at_key.push_back(k.as_str());
+                    ops.push(remove(at_key));
+                }
+            }
         }
-        // Absent from the typed object: added whole (replacing a raw `null`).
-        None => {
-            relative.push(add(PointerBuf::new(), new_value.clone()));
-            None
-        }
-    };
-    if relative.is_empty() {
-        return Some(());
     }
-    let patch = Patch(relative);
-    let mut patched = raw.cloned().unwrap_or(Value::Null);
-    json_patch::patch(&mut patched, &patch).ok()?;
-    let reread: T = decode_at_path(&patched).ok()?;
-    if serde_json::to_vec(&reread).ok()? != serde_json::to_vec(new).ok()?
-        && serde_json::to_value(&reread).ok()? != new_value
-    {
-        return None;
-    }
-    match &old_value {
-        Some(old_value) => keeps_residue(
-            raw,
-            old_value,
-            Some(&patched),
-            &new_value,
-            &mut PointerBuf::new(),
-        )
-        .ok()?,
-        // Nothing typed there before: nothing unmodelled may be there now.
-        None => keeps_residue(
-            None,
-            &Value::Null,
-            Some(&patched),
-            &new_value,
-            &mut PointerBuf::new(),
-        )
-        .ok()?,
-    }
-    ops.extend(patch.0.into_iter().map(|op| prefixed(op, &path)));
     Some(())
 }
 
-/// A list of containers at `key` of the raw spec: element by element when the general path
-/// would patch it so (the same names in the same order, unique, and the raw elements carrying
-/// them: a keyed list without removals, moves or insertions), else as a whole [`member`].
-fn containers(
-    raw_spec: &Map<String, Value>,
-    key: &str,
-    old: &[Container],
-    new: &[Container],
-    at: &PointerBuf,
+/// An identity key of list elements: its name, and the typed element's value there.
+type IdentityKey<T> = (&'static str, fn(&T) -> &String);
+
+/// How to patch a list of `T` as `rebase` does: the identity keys it would try (in its order),
+/// each with the typed element's value there, and how a kept element that changed is patched.
+struct List<T: 'static> {
+    keys: &'static [IdentityKey<T>],
+    in_place: fn(&Value, &T, &T, &PointerBuf, &mut Vec<PatchOperation>) -> Option<()>,
+}
+
+impl<T: Serialize + PartialEq> List<T> {
+    /// The list at `key` of the raw object `raw` (at `at`); `None` for the typed object means
+    /// the type leaves it out.
+    fn member(
+        &self,
+        raw: &Map<String, Value>,
+        key: &str,
+        old: Option<&[T]>,
+        new: Option<&[T]>,
+        at: &PointerBuf,
+        ops: &mut Vec<PatchOperation>,
+    ) -> Option<()> {
+        if old == new {
+            return Some(());
+        }
+        let mut path = at.clone();
+        path.push_back(key);
+        match (old, new) {
+            (None, None) => {}
+            (Some(_), None) => {
+                if raw.contains_key(key) {
+                    ops.push(remove(path));
+                }
+            }
+            (None, Some(new)) => ops.push(add(path, serde_json::to_value(new).ok()?)),
+            (Some(old), Some(new)) => match raw.get(key) {
+                // A typed value the raw object lacks (a required list defaulted on decoding).
+                None | Some(Value::Null) => ops.push(add(path, serde_json::to_value(new).ok()?)),
+                Some(Value::Array(raw)) => self.keyed(raw, old, new, &path, ops)?,
+                Some(_) => return None,
+            },
+        }
+        Some(())
+    }
+
+    /// The identities of `list` by `id`, if unique.
+    fn identities(list: &[T], id: fn(&T) -> &String) -> Option<Vec<&str>> {
+        let mut seen = HashSet::with_capacity(list.len());
+        list.iter()
+            .map(|e| {
+                let key = id(e).as_str();
+                seen.insert(key).then_some(key)
+            })
+            .collect()
+    }
+
+    /// The old and new identities by the first key that identifies the elements of `old`
+    /// (carried by the raw elements with the same values) and of `new`, as `rebase` picks it.
+    fn key<'a>(
+        &self,
+        raw: &[Value],
+        old: &'a [T],
+        new: &'a [T],
+    ) -> Option<(Vec<&'a str>, Vec<&'a str>)> {
+        self.keys.iter().find_map(|(name, id)| {
+            let old_ids = Self::identities(old, *id)?;
+            let raw_carries = raw.len() == old_ids.len()
+                && raw
+                    .iter()
+                    .zip(&old_ids)
+                    .all(|(r, id)| r.get(*name).and_then(Value::as_str) == Some(*id));
+            raw_carries.then_some(())?;
+            Some((old_ids, Self::identities(new, *id)?))
+        })
+    }
+
+    /// A keyed list changed without moves: removals (last first), insertions at their final
+    /// index, then the kept elements that changed, patched in place.
+    fn keyed(
+        &self,
+        raw: &[Value],
+        old: &[T],
+        new: &[T],
+        path: &PointerBuf,
+        ops: &mut Vec<PatchOperation>,
+    ) -> Option<()> {
+        if raw.len() != old.len() {
+            return None;
+        }
+        let (old_ids, new_ids) = self.key(raw, old, new)?;
+        let index: HashMap<&str, usize> =
+            old_ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        let source: Vec<Option<usize>> = new_ids.iter().map(|id| index.get(id).copied()).collect();
+        let kept: Vec<usize> = source.iter().flatten().copied().collect();
+        if kept.windows(2).any(|w| w[0] > w[1]) {
+            return None;
+        }
+        let removed = old.len() - kept.len();
+        let added = new.len() - kept.len();
+        if removed + added > MAX_LIST_OPS {
+            return None;
+        }
+        let mut is_kept = vec![false; old.len()];
+        for &i in &kept {
+            is_kept[i] = true;
+        }
+        for i in (0..old.len()).rev().filter(|&i| !is_kept[i]) {
+            let mut at = path.clone();
+            at.push_back(i);
+            ops.push(remove(at));
+        }
+        for (j, _) in source.iter().enumerate().filter(|(_, s)| s.is_none()) {
+            let mut at = path.clone();
+            at.push_back(j);
+            ops.push(add(at, serde_json::to_value(&new[j]).ok()?));
+        }
+        for (j, i) in source
+            .iter()
+            .enumerate()
+            .filter_map(|(j, s)| Some((j, (*s)?)))
+        {
+            if old[i] != new[j] {
+                let mut at = path.clone();
+                at.push_back(j);
+                (self.in_place)(&raw[i], &old[i], &new[j], &at, ops)?;
+            }
+        }
+        Some(())
+    }
+}
+
+/// A kept element that changed, whose raw value is exactly its typed value: `rebase` of the
+/// element alone (so nothing unmodelled or defaulted needs keeping).
+fn element_in_place<T: Serialize>(
+    raw: &Value,
+    old: &T,
+    new: &T,
+    path: &PointerBuf,
     ops: &mut Vec<PatchOperation>,
 ) -> Option<()> {
-    let raw = raw_spec.get(key).and_then(Value::as_array);
-    let in_place = raw.filter(|raw| {
-        let mut names = HashSet::with_capacity(old.len());
-        raw.len() == old.len()
-            && old.len() == new.len()
-            && old.iter().zip(new).zip(raw.iter()).all(|((o, n), r)| {
-                o.name == n.name
-                    && r.get("name").and_then(Value::as_str) == Some(o.name.as_str())
-                    && names.insert(o.name.as_str())
-            })
-    });
-    let Some(raw) = in_place else {
-        return member(
-            raw_spec,
-            key,
-            Some(&old.to_vec()),
-            Some(&new.to_vec()),
-            at,
-            ops,
-        );
-    };
-    let mut path = at.clone();
-    path.push_back(key);
-    for (i, ((o, n), r)) in old.iter().zip(new).zip(raw).enumerate() {
-        if o != n {
-            let mut element = path.clone();
-            element.push_back(i);
-            subtree(Some(r), Some(o), n, element, ops)?;
-        }
+    let old_value = serde_json::to_value(old).ok()?;
+    if *raw != old_value {
+        return None;
     }
-    Some(())
+    let new_value = serde_json::to_value(new).ok()?;
+    rebase(Some(raw), &old_value, &new_value, &mut path.clone(), ops).ok()
 }
 
-/// `op` with `prefix` before its paths.
-fn prefixed(op: PatchOperation, prefix: &PointerBuf) -> PatchOperation {
-    let at = |path: &PointerBuf| prefix.concat(path);
-    match op {
-        PatchOperation::Add(mut o) => {
-            o.path = at(&o.path);
-            PatchOperation::Add(o)
-        }
-        PatchOperation::Remove(mut o) => {
-            o.path = at(&o.path);
-            PatchOperation::Remove(o)
-        }
-        PatchOperation::Replace(mut o) => {
-            o.path = at(&o.path);
-            PatchOperation::Replace(o)
-        }
-        PatchOperation::Move(mut o) => {
-            o.path = at(&o.path);
-            o.from = at(&o.from);
-            PatchOperation::Move(o)
-        }
-        PatchOperation::Copy(mut o) => {
-            o.path = at(&o.path);
-            o.from = at(&o.from);
-            PatchOperation::Copy(o)
-        }
-        PatchOperation::Test(mut o) => {
-            o.path = at(&o.path);
-            PatchOperation::Test(o)
-        }
+/// A kept container that changed: only its `env` and `volumeMounts`, by recursing into them;
+/// otherwise as [`element_in_place`].
+fn container_in_place(
+    raw: &Value,
+    old: &Container,
+    new: &Container,
+    path: &PointerBuf,
+    ops: &mut Vec<PatchOperation>,
+) -> Option<()> {
+    if !same_container_but_env_and_mounts(old, new) {
+        return element_in_place(raw, old, new, path, ops);
     }
+    let raw = raw.as_object()?;
+    let env = List::<EnvVar> {
+        keys: &[("name", |e| &e.name)],
+        in_place: element_in_place,
+    };
+    env.member(
+        raw,
+        "env",
+        old.env.as_deref(),
+        new.env.as_deref(),
+        path,
+        ops,
+    )?;
+    let mounts = List::<VolumeMount> {
+        keys: &[("name", |m| &m.name), ("mountPath", |m| &m.mount_path)],
+        in_place: element_in_place,
+    };
+    mounts.member(
+        raw,
+        "volumeMounts",
+        old.volume_mounts.as_deref(),
+        new.volume_mounts.as_deref(),
+        path,
+        ops,
+    )
+}
+
+/// Whether `a` and `b` are equal but for `env` and `volumeMounts`. Every field is named, so a
+/// field added to `Container` fails to compile here rather than go unpatched.
+fn same_container_but_env_and_mounts(a: &Container, b: &Container) -> bool {
+    let Container {
+        env: _,
+        volume_mounts: _,
+        args,
+        command,
+        env_from,
+        image,
+        image_pull_policy,
+        lifecycle,
+        liveness_probe,
+        name,
+        ports,
+        readiness_probe,
+        resize_policy,
+        resources,
+        restart_policy,
+        restart_policy_rules,
+        security_context,
+        startup_probe,
+        stdin,
+        stdin_once,
+        termination_message_path,
+        termination_message_policy,
+        tty,
+        volume_devices,
+        working_dir,
+    } = a;
+    *args == b.args
+        && *command == b.command
+        && *env_from == b.env_from
+        && *image == b.image
+        && *image_pull_policy == b.image_pull_policy
+        && *lifecycle == b.lifecycle
+        && *liveness_probe == b.liveness_probe
+        && *name == b.name
+        && *ports == b.ports
+        && *readiness_probe == b.readiness_probe
+        && *resize_policy == b.resize_policy
+        && *resources == b.resources
+        && *restart_policy == b.restart_policy
+        && *restart_policy_rules == b.restart_policy_rules
+        && *security_context == b.security_context
+        && *startup_probe == b.startup_probe
+        && *stdin == b.stdin
+        && *stdin_once == b.stdin_once
+        && *termination_message_path == b.termination_message_path
+        && *termination_message_policy == b.termination_message_policy
+        && *tty == b.tty
+        && *volume_devices == b.volume_devices
+        && *working_dir == b.working_dir
 }
 
 /// Whether `a` and `b` are equal but for labels and annotations. Every field is named, so a
