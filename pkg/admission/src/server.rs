@@ -25,7 +25,7 @@ use crate::conn::{self, ConnSettings};
 use crate::error::AdmissionError;
 use crate::metrics::{AdmissionMetrics, Verdict};
 use crate::registration::{self, Registered, ServiceTarget, WebhookConfigurations};
-use crate::review::{DecodeRejection, decode_review_parts, into_v1_review, invalid_response};
+use crate::review::{DecodeRejection, decode_review_parts, encode_review, invalid_response};
 use crate::route::{
     AfterHandler, AsyncFn, DynHandler, OnHandlerError, Review, Route, RouteKind, StagedFuture,
 };
@@ -1040,7 +1040,7 @@ fn text_response(status: StatusCode, message: String) -> Response {
 }
 
 fn review_response(response: AdmissionResponse) -> Response {
-    match serde_json::to_vec(&into_v1_review(response)) {
+    match encode_review(response) {
         Ok(body) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],

@@ -210,8 +210,8 @@ async fn mutation_patch_comes_back_and_applies() {
     assert_eq!(response["uid"], "uid-patch");
     assert_eq!(response["allowed"], true);
     assert_eq!(response["patchType"], "JSONPatch");
-    // kube encodes the patch bytes; decode them the way serde does.
-    let bytes: Vec<u8> = serde_json::from_value(response["patch"].clone()).unwrap();
+    // The patch bytes, as base64 text (Go's `[]byte` form, which the API server reads).
+    let bytes = patch_bytes(&response);
     let ops: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
         ops,

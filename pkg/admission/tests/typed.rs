@@ -87,7 +87,7 @@ fn hostile_pod() -> Value {
 
 fn patch_of(response: &Value) -> Patch {
     assert_eq!(response["patchType"], "JSONPatch", "{response}");
-    let bytes: Vec<u8> = serde_json::from_value(response["patch"].clone()).unwrap();
+    let bytes = patch_bytes(response);
     serde_json::from_slice(&bytes).unwrap()
 }
 
