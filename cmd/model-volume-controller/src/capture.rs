@@ -26,7 +26,7 @@ use warmcache_modelvolume::agent::{
 };
 use warmcache_modelvolume::capture::{
     CaptureObserved, CaptureSource, CaptureStep, ELECTION_KEYS, capture_election_annotations,
-    capture_primary_claim, capture_step, elected_pod_gone,
+    capture_primary_claim, capture_step, check_source, elected_pod_gone,
 };
 use warmcache_modelvolume::lifecycle::copied_bytes;
 use warmcache_modelvolume::volume_keys::{COPY_FAILED_ANNOTATION, SOURCE_NAMESPACE_LABEL};
@@ -86,8 +86,16 @@ impl Agent {
         let labels = namespace.map(|n| n.metadata.labels.unwrap_or_default());
         let claim = binding.as_deref().and_then(|b| self.claim(b));
         let holder = binding.as_deref().and_then(|b| self.holder(b));
+        // Another pod's election is looked at (a read of that pod) only for a pod the binding
+        // accepts: a refused one causes no further reads.
+        let accepted = match (binding.as_deref(), labels.as_ref()) {
+            (Some(b), Some(l)) => check_source(b, source, l).is_ok(),
+            _ => false,
+        };
         let claim_pod_gone = match claim.as_deref() {
-            Some(c) if copied_bytes(c).is_none() => self.elected_gone(c, source).await?,
+            Some(c) if accepted && copied_bytes(c).is_none() => {
+                self.elected_gone(c, source).await?
+            }
             _ => false,
         };
         let step = capture_step(&CaptureObserved {
