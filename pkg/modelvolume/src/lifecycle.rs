@@ -1597,7 +1597,7 @@ fn start_download(
             realized.population_state = Some(PopulationState::Pending);
         }
         let m = format!(
-            "{} capture source pod(s) download on their own ({}); the node agent of the first one Ready captures its download into the primary",
+            "{} capture source pod(s) download on their own ({}); the node agent of the first one Ready captures its download into the primary (the agent must run on their nodes: chart value modelVolumeController.enabled)",
             obs.capture_sources.len(),
             sample(&obs.capture_sources)
         );

@@ -420,6 +420,14 @@ pub fn primary_claim(binding: &ModelCacheBinding, size: Quantity) -> PersistentV
             name: Some(writer_pvc_name(&binding.spec.identity)),
             namespace: binding.metadata.namespace.clone(),
             labels: Some(labels(binding, crate::volume_keys::ROLE_PRIMARY)),
+            // Whose claim it is, so a node agent electing itself on it (a capture) can tell a
+            // claim of an earlier binding of the same name.
+            annotations: binding.metadata.uid.as_ref().map(|uid| {
+                BTreeMap::from([(
+                    crate::volume_keys::BINDING_UID_LABEL_ANNOTATION.to_owned(),
+                    uid.clone(),
+                )])
+            }),
             ..ObjectMeta::default()
         },
         spec: Some(PersistentVolumeClaimSpec {

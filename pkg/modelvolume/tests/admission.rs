@@ -1968,6 +1968,43 @@ fn an_engine_download_no_job_can_reproduce_is_captured_until_its_cache_is_comple
 }
 
 #[test]
+fn an_engine_script_that_downloads_only_what_is_missing_is_a_capture_source() {
+    // The shape engine start scripts have (and the e2e scenario's stand-in): the download goes
+    // through the model's own variable, and is skipped when the files are there.
+    let script = pod(r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: engine, labels: {app: llm}}
+spec:
+  securityContext: {runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, fsGroup: 65532}
+  containers:
+    - name: engine
+      image: hf:1
+      command:
+        - sh
+        - -c
+        - set -e; if [ -f "$NGC_MODEL_MOUNT/llm/SHA256SUMS" ]; then echo present; else hf download demo/llm --local-dir "$NGC_MODEL_MOUNT/llm"; fi; cd "$NGC_MODEL_MOUNT/llm" && exec serve
+      env:
+        - {name: HF_ENDPOINT, value: "http://10.0.0.1:8080"}
+        - {name: HOME, value: /tmp}
+        - {name: NGC_MODEL_NAME, value: "demo/llm:1"}
+        - {name: NGC_MODEL_MOUNT, value: /models/ngc}
+      resources:
+        limits: {nvidia.com/gpu: "1"}
+      volumeMounts:
+        - {name: models, mountPath: /models}
+  volumes:
+    - {name: models, emptyDir: {}}
+"#);
+    let r = Ctx::default().rewrite(&script, None);
+    assert_eq!(r.plan.uri(), "ngc://demo/llm:1");
+    let a = r.pod.metadata.annotations.as_ref().unwrap();
+    assert_eq!(a[CAPTURE_VOLUME_ANNOTATION], "models");
+    assert_eq!(a[CAPTURE_PATH_ANNOTATION], "ngc");
+    assert_eq!(r.pod.spec, script.spec);
+}
+
+#[test]
 fn a_capture_needs_an_empty_dir_a_clean_path_and_view_claims() {
     let ctx = Ctx::default();
     // The landing's volume is the customer's claim, not an emptyDir of the pod: left alone (the

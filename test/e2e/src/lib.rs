@@ -107,6 +107,9 @@ pub struct Install<'a> {
     pub extra_sets: &'a [&'a str],
     /// The storage `nvcf-sc` is on, and the catalog qualifies.
     pub storage: Storage,
+    /// Whether the chart's node agent DaemonSet runs on the node (it always does for
+    /// [`Storage::NamespacedBlock`]): captures after Ready need it on either storage.
+    pub node_agent: bool,
 }
 
 /// The storage [`install`] puts StorageClass `nvcf-sc` on, on the test node, and qualifies in
@@ -223,7 +226,8 @@ pub async fn install(
     // The node agent is privileged: with it, the release namespace allows Pod Security
     // "privileged" from its creation, as docs/install.md asks.
     let block = how.storage == Storage::NamespacedBlock;
-    let labels = if block {
+    let agent = block || how.node_agent;
+    let labels = if agent {
         json!({"pod-security.kubernetes.io/enforce": "privileged"})
     } else {
         json!({})
@@ -267,9 +271,10 @@ pub async fn install(
     // Block storage: the kubelet applies fsGroup to a ReadWriteOnce volume only with an fsType
     // (the kit's own class of the profile says xfs too), and the node agent on this node: its
     // kubelet root, and the holder image the node has (every pod here says Never).
-    let block_sets = if block {
+    let fs_type =
+        block.then(|| "storageClass.parameters.csi\\.storage\\.k8s\\.io/fstype=xfs".to_owned());
+    let agent_sets = if agent {
         vec![
-            "storageClass.parameters.csi\\.storage\\.k8s\\.io/fstype=xfs".to_owned(),
             "modelVolumeController.enabled=true".to_owned(),
             format!(
                 "modelVolumeController.kubeletRoot={}",
@@ -283,7 +288,8 @@ pub async fn install(
     };
     let sets: Vec<String> = sets
         .into_iter()
-        .chain(block_sets)
+        .chain(fs_type)
+        .chain(agent_sets)
         .chain(how.otel_endpoint.map(|e| format!("otel.endpoint={e}")))
         .chain(how.extra_sets.iter().map(|s| (*s).to_owned()))
         .collect();
@@ -308,7 +314,7 @@ pub async fn install(
     components_ready(&client, NAMESPACE)
         .await
         .map_err(|e| format!("{e}{}", net.report()))?;
-    if block {
+    if agent {
         agent_ready(&client, NAMESPACE)
             .await
             .map_err(|e| format!("{e}{}", net.report()))?;
@@ -578,6 +584,7 @@ pub struct Scenario {
     extra_sets: Vec<String>,
     image_tag: String,
     storage: Storage,
+    node_agent: bool,
     needs_simulated_hub: Option<String>,
     needs_test_node: Option<String>,
     needs_own_release: Option<String>,
@@ -595,6 +602,7 @@ impl Scenario {
             extra_sets: Vec::new(),
             image_tag: "e2e".to_owned(),
             storage: Storage::SharedFs,
+            node_agent: false,
             needs_simulated_hub: None,
             needs_test_node: None,
             needs_own_release: None,
@@ -666,6 +674,15 @@ impl Scenario {
     /// release already says whether the agent runs).
     pub fn block_storage(mut self) -> Self {
         self.storage = Storage::NamespacedBlock;
+        self
+    }
+
+    /// The chart's node agent DaemonSet on the node, whatever the storage (captures after Ready
+    /// need it on shared filesystems too). On a cluster the release must run it already (or
+    /// [`ENV_HELM_INSTALL`] installs it with [`ENV_HELM_SETS`] saying so): the scenario checks
+    /// at start that its DaemonSet is Ready and fails naming it otherwise.
+    pub fn node_agent(mut self) -> Self {
+        self.node_agent = true;
         self
     }
 
@@ -753,6 +770,7 @@ impl Scenario {
             otel_endpoint: otel_endpoint.as_deref(),
             extra_sets: &sets,
             storage: self.storage,
+            node_agent: self.node_agent,
         };
         install(plane, node, &net, &how)
             .await
@@ -874,6 +892,16 @@ impl Scenario {
                      {ENV_RELEASE_NAMESPACE}, or {ENV_HELM_INSTALL}=true to install it): {e}"
                 )
             })?;
+        if self.node_agent {
+            agent_ready(&client, &release_namespace)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "scenario {name} needs the node agent (DaemonSet {AGENT_DAEMON_SET}, \
+                     modelVolumeController.enabled=true) on the nodes its pods run on: {e}"
+                    )
+                })?;
+        }
         if self.gpus > 0 {
             let free = free_gpus(&client).await?;
             if free < u64::from(self.gpus) {

@@ -217,6 +217,7 @@ async fn demo(
             "kvcacheOperator.webhook.replicas=1",
         ],
         storage: Storage::SharedFs,
+        node_agent: false,
     };
     install(plane, node, &net, &how).await?;
     say(&format!("components Ready after {:.0?}", started.elapsed()));
