@@ -75,7 +75,7 @@ fn through_route(
             .unwrap_or_default()
             .to_owned());
     }
-    // kube writes the patch as base64 text or as a list of bytes, by version.
+    // The server writes the patch as base64 text (kube alone would write a list of bytes).
     let bytes = match &response["patch"] {
         Value::Null => return Ok(raw.clone()),
         Value::String(encoded) => base64_decode(encoded),
