@@ -893,6 +893,24 @@ impl Scenario {
                 )
             })?;
         if self.node_agent {
+            // A release without the agent has no DaemonSet to wait for: say so at once.
+            let agent = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(
+                client.clone(),
+                &release_namespace,
+            )
+            .get_opt(AGENT_DAEMON_SET)
+            .await
+            .map_err(|e| {
+                format!("reading DaemonSet {release_namespace}/{AGENT_DAEMON_SET}: {e}")
+            })?;
+            if agent.is_none() {
+                return Err(format!(
+                    "scenario {name} needs the node agent: release {RELEASE} in \
+                     {release_namespace} has no DaemonSet {AGENT_DAEMON_SET} (install it with \
+                     modelVolumeController.enabled=true, or {ENV_HELM_INSTALL}=true with \
+                     {ENV_HELM_SETS} saying so)"
+                ));
+            }
             agent_ready(&client, &release_namespace)
                 .await
                 .map_err(|e| {
