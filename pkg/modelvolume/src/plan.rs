@@ -673,6 +673,7 @@ fn inner_plan(
     endpoints: Vec<String>,
 ) -> Result<Plan, Skip> {
     let pod = req.pod;
+    let options = req.options;
     let uri = res.identity.uri();
     if res.identity.scheme() == Scheme::Path {
         return Err(Skip::new(
@@ -1050,186 +1051,46 @@ fn inner_plan(
             } else {
                 StepOrigin::Engine
             };
-            let step = match step::derived(pod, main_c, origin, &res.identity, layout) {
-                Ok(step) => step,
+            match step::derived(pod, main_c, origin, &res.identity, layout) {
+                Ok(step) => {
+                    let fallback = Fallback {
+                        argv: step
+                            .container
+                            .command
+                            .iter()
+                            .flatten()
+                            .chain(step.container.args.iter().flatten())
+                            .cloned()
+                            .collect(),
+                        env: step.container.env.clone().unwrap_or_default(),
+                        env_from: step.container.env_from.clone(),
+                        mounts: Vec::new(),
+                        dest: WAIT_MOUNT_PATH.to_owned(),
+                        working_dir: None,
+                    };
+                    (Some(step), Some(fallback), None)
+                }
                 // No Job can reproduce what the engine fetches: capture its own download once
                 // the pod is Ready, when it lands in an emptyDir of the pod itself.
                 Err(s) if s.reason == SkipReason::DownloadNotReproducible && lp.is_none() => {
-                    match capture_source(pod, main_c, &landing, landing_volume.as_deref(), relanded)
-                    {
-                        Ok(capture) => {
-                            return finish_plan(
-                                req,
-                                sharing,
-                                res,
-                                endpoints,
-                                layout,
-                                Placed {
-                                    landing,
-                                    targets,
-                                    env,
-                                    scratch,
-                                    offline: sets_hub_env,
-                                    relanded,
-                                    replace_init,
-                                },
-                                (None, None, Some(capture)),
-                            );
-                        }
-                        Err(why) => {
-                            return Err(Skip::new(
-                                s.reason,
-                                format!(
-                                    "{}; nor can its own download be captured: {why}",
-                                    s.message
-                                ),
-                            ));
-                        }
-                    }
+                    let capture =
+                        capture_source(pod, main_c, &landing, landing_volume.as_deref(), relanded)
+                            .map_err(|why| {
+                                Skip::new(
+                                    s.reason,
+                                    format!(
+                                        "{}; nor can its own download be captured: {why}",
+                                        s.message
+                                    ),
+                                )
+                            })?;
+                    (None, None, Some(capture))
                 }
                 Err(s) => return Err(s),
-            };
-            let fallback = Fallback {
-                argv: step
-                    .container
-                    .command
-                    .iter()
-                    .flatten()
-                    .chain(step.container.args.iter().flatten())
-                    .cloned()
-                    .collect(),
-                env: step.container.env.clone().unwrap_or_default(),
-                env_from: step.container.env_from.clone(),
-                mounts: Vec::new(),
-                dest: WAIT_MOUNT_PATH.to_owned(),
-                working_dir: None,
-            };
-            (Some(step), Some(fallback), None)
+            }
         }
     };
-    finish_plan(
-        req,
-        sharing,
-        res,
-        endpoints,
-        layout,
-        Placed {
-            landing,
-            targets,
-            env,
-            scratch,
-            offline: sets_hub_env,
-            relanded,
-            replace_init,
-        },
-        filled,
-    )
-}
-
-/// Where the copy is placed in the pod and what the engine needs to read it.
-struct Placed {
-    landing: String,
-    targets: Vec<Target>,
-    env: Vec<(String, String)>,
-    scratch: bool,
-    offline: bool,
-    relanded: bool,
-    replace_init: Option<usize>,
-}
-
-/// The capture source of an engine download no Job can reproduce: the landing must lie in an
-/// emptyDir of the pod that the main container mounts (read through the kubelet's directory of
-/// that volume, it outlives nothing the pod does not own), and must not have been moved.
-fn capture_source(
-    pod: &Pod,
-    main_c: &Container,
-    landing: &str,
-    volume: Option<&str>,
-    relanded: bool,
-) -> Result<Capture, String> {
-    if relanded {
-        return Err(
-            "the landing was moved, so the engine's download is not where the pod put it"
-                .to_owned(),
-        );
-    }
-    let Some(volume) = volume else {
-        return Err(format!(
-            "the landing {} is in the container's own filesystem, not in a pod volume the node agent can read",
-            shown(landing)
-        ));
-    };
-    let empty_dir = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|vs| vs.iter().any(|v| v.name == volume && v.empty_dir.is_some()));
-    if !empty_dir {
-        return Err(format!(
-            "the landing's volume {} is not an emptyDir of the pod",
-            shown(volume)
-        ));
-    }
-    let Some(inside) = in_volume(main_c, volume, landing) else {
-        return Err(format!(
-            "the main container does not mount volume {} above the landing {} (or only through subPathExpr)",
-            shown(volume),
-            shown(landing)
-        ));
-    };
-    let path = inside.trim_start_matches('/').to_owned();
-    if path
-        .split('/')
-        .any(|c| matches!(c, "." | "..") || (c.is_empty() && !path.is_empty()))
-    {
-        return Err(format!(
-            "the landing's path {} inside volume {} is not a plain relative path",
-            shown(&inside),
-            shown(volume)
-        ));
-    }
-    Ok(Capture {
-        volume: volume.to_owned(),
-        path,
-    })
-}
-
-/// The plan from the placement and what fills the copy: a download step (and the in-place
-/// fallback of hostPath readers), or a capture source.
-#[allow(clippy::too_many_arguments)]
-fn finish_plan(
-    req: &Request<'_>,
-    sharing: SharingDomain,
-    res: Resolution,
-    endpoints: Vec<String>,
-    layout: Layout,
-    placed: Placed,
-    filled: (Option<DownloadStep>, Option<Fallback>, Option<Capture>),
-) -> Result<Plan, Skip> {
-    let pod = req.pod;
-    let options = req.options;
-    let uri = res.identity.uri();
-    let main = res.main_index;
-    let Placed {
-        landing,
-        targets,
-        env,
-        scratch,
-        offline,
-        relanded,
-        replace_init,
-    } = placed;
     let (step, fallback, capture) = filled;
-    let spec = pod
-        .spec
-        .as_ref()
-        .ok_or_else(|| Skip::new(SkipReason::NoDownloader, "spec: the pod has no spec"))?;
-    let main_c = spec.containers.get(main).ok_or_else(|| {
-        Skip::new(
-            SkipReason::NoDownloader,
-            "spec.containers: no main container",
-        )
-    })?;
     let step_json = step.as_ref().map(DownloadStep::to_annotation).transpose()?;
     let wait_for: &Container = match replace_init {
         Some(i) => spec
@@ -1295,7 +1156,7 @@ fn finish_plan(
         main,
         landing,
         targets,
-        offline,
+        offline: sets_hub_env,
         env,
         scratch,
         relanded,
@@ -1325,6 +1186,63 @@ fn finish_plan(
                 .as_ref()
                 .is_some_and(|l| l.contains_key(warmcache_modelid::LWS_NAME_LABEL))
         }),
+    })
+}
+
+/// The capture source of an engine download no Job can reproduce: the landing must lie in an
+/// emptyDir of the pod that the main container mounts (read through the kubelet's directory of
+/// that volume, it outlives nothing the pod does not own), and must not have been moved.
+fn capture_source(
+    pod: &Pod,
+    main_c: &Container,
+    landing: &str,
+    volume: Option<&str>,
+    relanded: bool,
+) -> Result<Capture, String> {
+    if relanded {
+        return Err(
+            "the landing was moved, so the engine's download is not where the pod put it"
+                .to_owned(),
+        );
+    }
+    let Some(volume) = volume else {
+        return Err(format!(
+            "the landing {} is in the container's own filesystem, not in a pod volume the node agent can read",
+            shown(landing)
+        ));
+    };
+    let empty_dir = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vs| vs.iter().any(|v| v.name == volume && v.empty_dir.is_some()));
+    if !empty_dir {
+        return Err(format!(
+            "the landing's volume {} is not an emptyDir of the pod",
+            shown(volume)
+        ));
+    }
+    let Some(inside) = in_volume(main_c, volume, landing) else {
+        return Err(format!(
+            "the main container does not mount volume {} above the landing {} (or only through subPathExpr)",
+            shown(volume),
+            shown(landing)
+        ));
+    };
+    let path = inside.trim_start_matches('/').to_owned();
+    if path
+        .split('/')
+        .any(|c| matches!(c, "." | "..") || (c.is_empty() && !path.is_empty()))
+    {
+        return Err(format!(
+            "the landing's path {} inside volume {} is not a plain relative path",
+            shown(&inside),
+            shown(volume)
+        ));
+    }
+    Ok(Capture {
+        volume: volume.to_owned(),
+        path,
     })
 }
 
