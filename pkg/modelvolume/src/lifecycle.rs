@@ -992,52 +992,16 @@ fn rwx(
     if obs.job.is_none()
         && let Some(bytes) = copied_bytes(primary_claim)
     {
-        let source = primary_claim
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SOURCE_NAMESPACE_LABEL))
-            .map_or(writer_ns, String::as_str);
-        let (labels, mut annotations) = completion_marks(b, Some(bytes), source);
-        for key in [TRACE_PARENT_ANNOTATION, MANIFEST_DIGEST_ANNOTATION] {
-            if let Some(v) = primary_claim
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(key))
-            {
-                annotations.insert(key.to_owned(), v.clone());
-            }
-        }
-        out.actions.push(Action::MarkComplete {
-            pv: pv_name.clone(),
-            labels,
-            annotations,
-        });
-        realized.population_state = Some(PopulationState::Populating);
-        out.set(
-            READY,
-            false,
-            Reason::Completing,
-            format!(
-                "the node agent captured {bytes} bytes; labelling PersistentVolume {pv_name} complete and Retain"
-            ),
-        );
-        out.set(
-            PROGRESSING,
-            true,
-            Reason::Completing,
+        mark_copied(
+            obs,
+            primary_claim,
+            &pv_name,
+            bytes,
+            realized,
+            out,
             "persisting the completion of the captured copy",
+            "the write is retried",
         );
-        match &obs.completion_error {
-            Some(e) => out.set(
-                DEGRADED,
-                true,
-                Reason::CompletionNotStored,
-                format!("{e}; the write is retried"),
-            ),
-            None => out.set(DEGRADED, false, Reason::AsExpected, ""),
-        }
         return;
     }
     if obs.job.is_none() && capture_failed(obs, primary_claim, realized, failure, out) {
@@ -1374,50 +1338,16 @@ fn rox(
         && let Some(bytes) = copied_bytes(claim)
     {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
-        let source = claim
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SOURCE_NAMESPACE_LABEL))
-            .map_or(writer_ns, String::as_str);
-        let (labels, mut annotations) = completion_marks(b, Some(bytes), source);
-        for key in [TRACE_PARENT_ANNOTATION, MANIFEST_DIGEST_ANNOTATION] {
-            if let Some(v) = claim.metadata.annotations.as_ref().and_then(|a| a.get(key)) {
-                annotations.insert(key.to_owned(), v.clone());
-            }
-        }
-        out.actions.push(Action::MarkComplete {
-            pv: pv_name.clone(),
-            labels,
-            annotations,
-        });
-        realized.population_state = Some(PopulationState::Populating);
-        realized.bound_persistent_volume_name = Some(pv_name.clone());
-        out.set(
-            READY,
-            false,
-            Reason::Completing,
-            format!(
-                "the node agent copied {bytes} bytes; labelling PersistentVolume {pv_name} complete and Retain"
-            ),
-        );
-        out.set(
-            PROGRESSING,
-            true,
-            Reason::Completing,
+        mark_copied(
+            obs,
+            claim,
+            &pv_name,
+            bytes,
+            realized,
+            out,
             "persisting completion before the primary claim is released",
+            "the primary claim is kept until the completion labels and Retain are stored, and the write is retried",
         );
-        match &obs.completion_error {
-            Some(e) => out.set(
-                DEGRADED,
-                true,
-                Reason::CompletionNotStored,
-                format!(
-                    "{e}; the primary claim is kept until the completion labels and Retain are stored, and the write is retried"
-                ),
-            ),
-            None => out.set(DEGRADED, false, Reason::AsExpected, ""),
-        }
         out.actions.extend(record);
         return;
     }
@@ -1696,6 +1626,59 @@ fn start_download(
     out.set(READY, false, Reason::StartingDownload, m.clone());
     out.set(PROGRESSING, true, Reason::StartingDownload, m);
     out.set(DEGRADED, false, Reason::AsExpected, "");
+}
+
+/// The node agent recorded `bytes` copied into `claim` (bound to PersistentVolume `pv_name`):
+/// label the PV complete and Retain (with the claim's source namespace, trace and manifest
+/// digest), conditions `Completing`; `progress` and `retry` are the flow's words for what comes
+/// next and for a failed completion write.
+#[allow(clippy::too_many_arguments)]
+fn mark_copied(
+    obs: &Observed<'_>,
+    claim: &PersistentVolumeClaim,
+    pv_name: &str,
+    bytes: u64,
+    realized: &mut RealizedStorage,
+    out: &mut Builder,
+    progress: &str,
+    retry: &str,
+) {
+    let b = obs.binding;
+    let claim_annotations = claim.metadata.annotations.as_ref();
+    let source = claim_annotations
+        .and_then(|a| a.get(SOURCE_NAMESPACE_LABEL))
+        .map_or(obs.writer.namespace.as_str(), String::as_str);
+    let (labels, mut annotations) = completion_marks(b, Some(bytes), source);
+    for key in [TRACE_PARENT_ANNOTATION, MANIFEST_DIGEST_ANNOTATION] {
+        if let Some(v) = claim_annotations.and_then(|a| a.get(key)) {
+            annotations.insert(key.to_owned(), v.clone());
+        }
+    }
+    out.actions.push(Action::MarkComplete {
+        pv: pv_name.to_owned(),
+        labels,
+        annotations,
+    });
+    realized.population_state = Some(PopulationState::Populating);
+    realized.bound_persistent_volume_name = Some(pv_name.to_owned());
+    out.set(
+        READY,
+        false,
+        Reason::Completing,
+        format!(
+            "the node agent copied {bytes} bytes; labelling PersistentVolume {pv_name} complete and Retain"
+        ),
+    );
+    out.set(PROGRESSING, true, Reason::Completing, progress);
+    match &obs.completion_error {
+        Some(e) => out.set(
+            DEGRADED,
+            true,
+            Reason::CompletionNotStored,
+            format!("{e}; {retry}"),
+        ),
+        None => out.set(DEGRADED, false, Reason::AsExpected, ""),
+    }
 }
 
 /// While a failure record holds: readers still waiting are deleted (their controllers recreate
