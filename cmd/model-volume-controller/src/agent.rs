@@ -406,13 +406,27 @@ impl Agent {
                 what: format!("measuring {}", source.display()),
                 source: e,
             })?;
-        let mut claim = staged_primary_claim(
+        let claim = staged_primary_claim(
             b,
             staged,
             &self.settings.node,
             bytes,
             self.settings.min_bytes,
         );
+        self.create_elected_claim(claim, traceparent, bytes, "staged")
+            .await
+    }
+
+    /// Creates `claim`, the primary claim sized from `bytes` of a `what` (staged, captured)
+    /// tree, carrying `traceparent`: the atomic create is the election among agents
+    /// (AlreadyExists: another agent won; its claim is seen through the watch).
+    pub(crate) async fn create_elected_claim(
+        &self,
+        mut claim: PersistentVolumeClaim,
+        traceparent: Option<&String>,
+        bytes: u64,
+        what: &str,
+    ) -> Result<Action, Failure> {
         if let Some(tp) = traceparent {
             claim
                 .metadata
@@ -429,10 +443,9 @@ impl Agent {
             .await
         {
             Ok(_) => {
-                tracing::info!(claim = %claim.name_any(), bytes, "created the primary claim sized from the staged bytes");
+                tracing::info!(claim = %claim.name_any(), bytes, "created the primary claim sized from the {what} bytes");
                 Ok(Action::requeue(REQUEUE_WAITING))
             }
-            // Another agent won the election; its claim is seen through the watch.
             Err(e) if warmcache_kube::is_already_exists(&e) => Ok(Action::requeue(REQUEUE_WAITING)),
             Err(e) => Err(api_error(
                 "create",

@@ -331,40 +331,15 @@ impl Agent {
                 });
             }
         };
-        let mut claim = capture_primary_claim(
+        let claim = capture_primary_claim(
             b,
             source,
             &self.settings.node,
             bytes,
             self.settings.min_bytes,
         );
-        if let Some(tp) = traceparent {
-            claim
-                .metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .insert(
-                    warmcache_telemetry::TRACE_PARENT_ANNOTATION.to_owned(),
-                    tp.clone(),
-                );
-        }
-        match self
-            .claims_api()
-            .create(&PostParams::default(), &claim)
+        self.create_elected_claim(claim, traceparent, bytes, "captured")
             .await
-        {
-            Ok(_) => {
-                tracing::info!(claim = %claim.name_any(), bytes, "created the primary claim sized from the captured bytes");
-                Ok(Action::requeue(REQUEUE_WAITING))
-            }
-            Err(e) if warmcache_kube::is_already_exists(&e) => Ok(Action::requeue(REQUEUE_WAITING)),
-            Err(e) => Err(api_error(
-                "create",
-                "persistentvolumeclaims",
-                &claim.name_any(),
-                e,
-            )),
-        }
     }
 
     /// Merges `annotations` (a null removes one) into the claim `name`, only if it is still at

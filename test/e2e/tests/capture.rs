@@ -18,10 +18,10 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use warmcache_e2e::{
-    APP_SELECTOR, BINDING_ANNOTATION, READY_TIMEOUT, Scenario, bindings_api, is_ready, model,
+    BINDING_ANNOTATION, READY_TIMEOUT, Scenario, app_pods, bindings_api, is_ready, model,
     webhook_serving,
 };
 use warmcache_testkit::eventually;
@@ -105,13 +105,7 @@ async fn an_engine_that_downloads_by_itself_is_captured_after_ready_and_read_by_
     let pods = ns.api::<Pod>();
     let source = eventually("the capture source Ready", READY_TIMEOUT, || {
         let pods = pods.clone();
-        async move {
-            let list = pods
-                .list(&ListParams::default().labels(APP_SELECTOR))
-                .await
-                .ok()?;
-            list.items.into_iter().find(is_ready)
-        }
+        async move { app_pods(&pods).await?.into_iter().find(is_ready) }
     })
     .await;
     let Ok(source) = source else {
@@ -187,12 +181,8 @@ async fn an_engine_that_downloads_by_itself_is_captured_after_ready_and_read_by_
     let readers = eventually("two readers Ready", READY_TIMEOUT, || {
         let pods = pods.clone();
         async move {
-            let list = pods
-                .list(&ListParams::default().labels(APP_SELECTOR))
-                .await
-                .ok()?;
-            let readers: Vec<Pod> = list
-                .items
+            let readers: Vec<Pod> = app_pods(&pods)
+                .await?
                 .into_iter()
                 .filter(|p| p.labels().get(ROLE_LABEL).map(String::as_str) == Some("reader"))
                 .collect();
