@@ -1354,6 +1354,42 @@ async fn create_namespace(
     })
 }
 
+/// A bare pod `tamper` of `workload`'s template whose engine, once the model verifies, tries to
+/// create a file in the landing and to append to one of the model's files, and says which
+/// happened in its termination message (`read-only`, `writable` or `unverified`); it runs once.
+pub fn tamper_pod(workload: &Deployment) -> Result<k8s_openapi::api::core::v1::Pod, String> {
+    let mut spec = workload
+        .spec
+        .template
+        .spec
+        .clone()
+        .ok_or("the workload has no pod spec")?;
+    spec.restart_policy = Some("Never".to_owned());
+    let engine = spec
+        .containers
+        .iter_mut()
+        .find(|c| c.name == "engine")
+        .ok_or("the workload has no engine container")?;
+    engine.readiness_probe = None;
+    engine.command = Some(vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "cd /models/llm && sha256sum -c SHA256SUMS >/dev/null || { echo unverified > /dev/termination-log; exit 2; }; \
+         if touch /models/llm/tampered 2>/dev/null || echo x 2>/dev/null >> /models/llm/config.json; \
+         then echo writable > /dev/termination-log; exit 1; \
+         else echo read-only > /dev/termination-log; fi"
+            .to_owned(),
+    ]);
+    Ok(k8s_openapi::api::core::v1::Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("tamper".to_owned()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        ..Default::default()
+    })
+}
+
 /// The claim the example's engine reads the model from, checked to be read-only on both sides:
 /// the engine's mount at the landing (`/models/llm`) is read-only, and so is the pod's claim
 /// (the webhook's rewrite, as the API returns it).

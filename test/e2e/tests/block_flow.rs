@@ -49,7 +49,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use warmcache_e2e::{
     AGENT_DAEMON_SET, BINDING_ANNOTATION, CONTROL, READY_TIMEOUT, Scenario, app_pods, bindings_api,
-    kept_primary, model, read_only_landing, ready_pods, run_id, webhook_serving,
+    kept_primary, model, read_only_landing, ready_pods, run_id, tamper_pod, webhook_serving,
 };
 use warmcache_testkit::{TestCsiDriver, eventually};
 
@@ -718,31 +718,7 @@ async fn a_block_cache_is_staged_copied_released_and_read_only_after_the_detach(
 
     // A reader that tries to write (as in download_once): once the model verifies, it tries to
     // create a file in the landing and to append to one of the model's files.
-    let mut spec = workload.spec.template.spec.clone().unwrap();
-    spec.restart_policy = Some("Never".to_owned());
-    let engine = spec
-        .containers
-        .iter_mut()
-        .find(|c| c.name == "engine")
-        .unwrap();
-    engine.readiness_probe = None;
-    engine.command = Some(vec![
-        "sh".to_owned(),
-        "-c".to_owned(),
-        "cd /models/llm && sha256sum -c SHA256SUMS >/dev/null || { echo unverified > /dev/termination-log; exit 2; }; \
-         if touch /models/llm/tampered 2>/dev/null || echo x 2>/dev/null >> /models/llm/config.json; \
-         then echo writable > /dev/termination-log; exit 1; \
-         else echo read-only > /dev/termination-log; fi"
-            .to_owned(),
-    ]);
-    let tamper = Pod {
-        metadata: kube::api::ObjectMeta {
-            name: Some("tamper".to_owned()),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        ..Default::default()
-    };
+    let tamper = tamper_pod(&workload).unwrap();
     let admitted = b
         .api::<Pod>()
         .create(&PostParams::default(), &tamper)

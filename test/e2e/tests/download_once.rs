@@ -38,7 +38,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use warmcache_e2e::{
     APP_SELECTOR, BINDING_ANNOTATION, CONTROL, READY_TIMEOUT, Scenario, bindings_api, model,
-    read_only_landing, ready_pods, run_id, webhook_serving,
+    read_only_landing, ready_pods, run_id, tamper_pod, webhook_serving,
 };
 use warmcache_testkit::{OtlpReceiver, ReceivedSpan, eventually};
 
@@ -115,31 +115,7 @@ async fn each_sharing_domain_downloads_a_model_once_with_the_real_client() {
     // tries to create a file in the landing and to append to one of the model's files, and
     // says which happened. It joins the domain's cache (no download) and must find it
     // read-only.
-    let mut spec = workload.spec.template.spec.clone().unwrap();
-    spec.restart_policy = Some("Never".to_owned());
-    let engine = spec
-        .containers
-        .iter_mut()
-        .find(|c| c.name == "engine")
-        .unwrap();
-    engine.readiness_probe = None;
-    engine.command = Some(vec![
-        "sh".to_owned(),
-        "-c".to_owned(),
-        "cd /models/llm && sha256sum -c SHA256SUMS >/dev/null || { echo unverified > /dev/termination-log; exit 2; }; \
-         if touch /models/llm/tampered 2>/dev/null || echo x 2>/dev/null >> /models/llm/config.json; \
-         then echo writable > /dev/termination-log; exit 1; \
-         else echo read-only > /dev/termination-log; fi"
-            .to_owned(),
-    ]);
-    let tamper = Pod {
-        metadata: kube::api::ObjectMeta {
-            name: Some("tamper".to_owned()),
-            ..Default::default()
-        },
-        spec: Some(spec),
-        ..Default::default()
-    };
+    let tamper = tamper_pod(&workload).unwrap();
     let admitted = b
         .api::<Pod>()
         .create(&PostParams::default(), &tamper)
