@@ -78,7 +78,11 @@ fn through_route(
     // The server writes the patch as base64 text (kube alone would write a list of bytes).
     let bytes = match &response["patch"] {
         Value::Null => return Ok(raw.clone()),
-        Value::String(encoded) => base64_decode(encoded),
+        Value::String(_) => {
+            serde_json::from_value::<k8s_openapi::ByteString>(response["patch"].clone())
+                .unwrap()
+                .0
+        }
         bytes => serde_json::from_value::<Vec<u8>>(bytes.clone()).unwrap(),
     };
     let ops: Patch = serde_json::from_slice(&bytes).unwrap();
@@ -89,23 +93,6 @@ fn through_route(
 fn general(raw: &Value, admitted: &Pod) -> Result<Value, String> {
     let ops = patch::raw_patch(raw, admitted).map_err(|e| e.to_string())?;
     Ok(patch::apply(raw, &ops).unwrap())
-}
-
-fn base64_decode(text: &str) -> Vec<u8> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = Vec::new();
-    let (mut buffer, mut bits) = (0u32, 0u32);
-    for c in text.bytes().filter(|c| *c != b'=') {
-        let value = ALPHABET.iter().position(|a| *a == c).unwrap() as u32;
-        buffer = (buffer << 6) | value;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buffer >> bits) as u8);
-            buffer &= (1 << bits) - 1;
-        }
-    }
-    out
 }
 
 /// `raw` with fields no type models beside everything the rewrite touches.

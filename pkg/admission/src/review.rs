@@ -202,35 +202,14 @@ pub(crate) fn encode_review(response: AdmissionResponse) -> Result<Vec<u8>, serd
         }
         return serde_json::to_vec(&review);
     };
-    let mut out = Vec::with_capacity(body.len() + patch.len().div_ceil(3) * 4 + 12);
+    // k8s-openapi's `ByteString` is the JSON form of Go's `[]byte`: a base64 string.
+    let encoded = serde_json::to_vec(&k8s_openapi::ByteString(patch))?;
+    let mut out = Vec::with_capacity(body.len() + encoded.len() + 10);
     out.extend_from_slice(&body[..at]);
-    out.extend_from_slice(b",\"patch\":\"");
-    base64_into(&patch, &mut out);
-    out.push(b'"');
+    out.extend_from_slice(b",\"patch\":");
+    out.extend_from_slice(&encoded);
     out.extend_from_slice(&body[at..]);
     Ok(out)
-}
-
-/// Appends `bytes` in standard base64 (RFC 4648, with padding) to `out`.
-fn base64_into(bytes: &[u8], out: &mut Vec<u8>) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let symbol = |index: u32| ALPHABET[(index & 63) as usize];
-    let mut chunks = bytes.chunks_exact(3);
-    for chunk in &mut chunks {
-        let n = (u32::from(chunk[0]) << 16) | (u32::from(chunk[1]) << 8) | u32::from(chunk[2]);
-        out.extend_from_slice(&[symbol(n >> 18), symbol(n >> 12), symbol(n >> 6), symbol(n)]);
-    }
-    match *chunks.remainder() {
-        [a] => {
-            let n = u32::from(a) << 16;
-            out.extend_from_slice(&[symbol(n >> 18), symbol(n >> 12), b'=', b'=']);
-        }
-        [a, b] => {
-            let n = (u32::from(a) << 16) | (u32::from(b) << 8);
-            out.extend_from_slice(&[symbol(n >> 18), symbol(n >> 12), symbol(n >> 6), b'=']);
-        }
-        _ => {}
-    }
 }
 
 #[cfg(test)]
@@ -364,7 +343,12 @@ mod tests {
                 .remove("patch");
             assert_eq!(without, kube_without);
             let encoded = ours["response"]["patch"].as_str().unwrap();
-            assert_eq!(decode_base64(encoded), bytes);
+            assert_eq!(
+                serde_json::from_value::<k8s_openapi::ByteString>(json!(encoded))
+                    .unwrap()
+                    .0,
+                bytes
+            );
             let keys: Vec<&String> = ours["response"].as_object().unwrap().keys().collect();
             assert!(keys.contains(&&"patch".to_owned()), "{ours}");
         }
@@ -374,33 +358,6 @@ mod tests {
             encode_review(response.clone()).unwrap(),
             serde_json::to_vec(&into_v1_review(response)).unwrap()
         );
-        // Base64 of every remainder length.
-        let mut out = Vec::new();
-        base64_into(b"any carnal pleas", &mut out);
-        assert_eq!(out, b"YW55IGNhcm5hbCBwbGVhcw==");
-        out.clear();
-        base64_into(b"any carnal pleasu", &mut out);
-        assert_eq!(out, b"YW55IGNhcm5hbCBwbGVhc3U=");
-        out.clear();
-        base64_into(b"any carnal pleasur", &mut out);
-        assert_eq!(out, b"YW55IGNhcm5hbCBwbGVhc3Vy");
-    }
-
-    fn decode_base64(text: &str) -> Vec<u8> {
-        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = Vec::new();
-        let (mut buffer, mut bits) = (0u32, 0u32);
-        for c in text.bytes().filter(|c| *c != b'=') {
-            let value = ALPHABET.iter().position(|a| *a == c).unwrap() as u32;
-            buffer = (buffer << 6) | value;
-            bits += 6;
-            if bits >= 8 {
-                bits -= 8;
-                out.push((buffer >> bits) as u8);
-                buffer &= (1 << bits) - 1;
-            }
-        }
-        out
     }
 
     #[test]

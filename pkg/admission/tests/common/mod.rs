@@ -368,24 +368,11 @@ pub async fn eventually(within: Duration, what: &str, mut condition: impl FnMut(
 
 /// The bytes of `response.patch`: base64 text, as the server writes it (Go's `[]byte` form).
 pub fn patch_bytes(response: &Value) -> Vec<u8> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let text = response["patch"]
-        .as_str()
-        .unwrap_or_else(|| panic!("the patch is not base64 text: {response}"));
-    let mut out = Vec::new();
-    let (mut buffer, mut bits) = (0u32, 0u32);
-    for c in text.bytes().filter(|c| *c != b'=') {
-        let value = ALPHABET
-            .iter()
-            .position(|a| *a == c)
-            .unwrap_or_else(|| panic!("not base64: {text}")) as u32;
-        buffer = (buffer << 6) | value;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buffer >> bits) as u8);
-            buffer &= (1 << bits) - 1;
-        }
-    }
-    out
+    assert!(
+        response["patch"].is_string(),
+        "the patch is not base64 text: {response}"
+    );
+    serde_json::from_value::<k8s_openapi::ByteString>(response["patch"].clone())
+        .unwrap_or_else(|e| panic!("not base64: {e}: {response}"))
+        .0
 }
