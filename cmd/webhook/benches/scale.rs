@@ -504,6 +504,22 @@ async fn main() {
             .and_then(|f| serde_json::to_vec(f).ok())
             .map_or(0, |v| v.len())
     });
+    // The annotations the controller's pod cache keeps, each key and value (JSON).
+    let kept = warmcache_binding_controller::controller::POD_ANNOTATIONS_READ;
+    let kept_bytes: Vec<(&str, usize)> = kept
+        .iter()
+        .map(|key| {
+            (
+                *key,
+                mean(&|m| {
+                    m.annotations
+                        .as_ref()
+                        .and_then(|a| a.get(*key))
+                        .map_or(0, |v| key.len() + v.len() + 6)
+                }),
+            )
+        })
+        .collect();
     let step_bytes = mean(&|m| {
         m.annotations
             .as_ref()
@@ -573,6 +589,15 @@ async fn main() {
     );
     println!(
         "| rewritten pod metadata (JSON), mean: whole / managedFields / annotations / download step | {meta_bytes} / {managed_bytes} / {annotation_bytes} / {step_bytes} B | - | |"
+    );
+    println!(
+        "| annotations the controller's pod cache keeps (JSON key and value), mean | {} B: {} | - | |",
+        kept_bytes.iter().map(|(_, b)| b).sum::<usize>(),
+        kept_bytes
+            .iter()
+            .map(|(k, b)| format!("{k} {b}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
         "| bindings | {} (one per model) | - | |",
