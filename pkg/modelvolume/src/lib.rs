@@ -58,6 +58,7 @@ pub fn wait_script() -> String {
 }
 
 pub mod agent;
+pub mod cacheset;
 pub mod capture;
 pub mod drift;
 pub mod encryption;
