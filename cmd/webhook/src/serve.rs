@@ -45,7 +45,7 @@ use warmcache_modelid::{LWS_API_VERSION, LeaderWorkerSet, lws_from_object};
 use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OPT_OUT};
 use warmcache_modelvolume::{
     BindingAction, Options, OptionsError, Request, Skip, SkipReason, StorageInputs, Verdict,
-    decide, gpu_container, leader_worker_set_name, plan,
+    complete_cache_set, decide, gpu_container, leader_worker_set_name, plan,
 };
 use warmcache_runtime::{AdmissionArgs, Cache, Runtime, RuntimeArgs, RuntimeError};
 use warmcache_telemetry::TelemetryError;
@@ -786,11 +786,14 @@ impl Admitter {
                 let span = tracing::Span::current();
                 span.record("model.uri", plan.uri());
                 span.record("binding", plan.binding_name());
-                let binding = self
-                    .caches
-                    .bindings
-                    .store()
-                    .get(&ObjectRef::new(plan.binding_name()).within(plan.binding_namespace()));
+                let lookup = |name: &str| {
+                    self.caches
+                        .bindings
+                        .store()
+                        .get(&ObjectRef::new(name).within(plan.binding_namespace()))
+                };
+                let binding = lookup(plan.binding_name());
+                let set_binding = plan.cache_set().and_then(|s| lookup(s.binding_name()));
                 let class = self
                     .caches
                     .storage_classes
@@ -819,7 +822,15 @@ impl Admitter {
                     catalog,
                     gates: self.gates,
                 };
-                decide(&req, plan, binding.as_deref(), &storage, now)
+                match decide(&req, plan, binding.as_deref(), &storage, now) {
+                    Verdict::Rewrite(r) => Verdict::Rewrite(Box::new(r.with_cache_set(
+                        &req,
+                        set_binding.as_deref(),
+                        &storage,
+                        now,
+                    ))),
+                    other => other,
+                }
             }
         };
         let (ending, reply) = match verdict {
@@ -835,32 +846,51 @@ impl Admitter {
                     BindingAction::Join { .. } => None,
                     BindingAction::Create(wanted) => Some(wanted.as_ref().clone()),
                 };
-                match wanted {
-                    None => (
-                        Ending::new(rewritten),
-                        Reply::new(Mutation::Mutated(rewrite.pod)),
-                    ),
+                let set_action = rewrite.cache_set.clone();
+                let mut notes = Vec::new();
+                let admitted = match wanted {
+                    None => Ok(rewrite.pod),
                     Some(wanted) if request.dry_run => {
-                        let note = format!(
-                            "dry run: admission would create ModelCacheBinding {}/{}",
-                            wanted.metadata.namespace.as_deref().unwrap_or_default(),
-                            wanted.metadata.name.as_deref().unwrap_or_default()
-                        );
-                        (
-                            Ending::new(rewritten),
-                            Reply::new(Mutation::Mutated(rewrite.pod)).warning(note),
-                        )
+                        notes.push(would_create(&wanted));
+                        Ok(rewrite.pod)
                     }
                     Some(wanted) => match self.create_binding(&wanted, deadline).await {
-                        Err(why) => {
-                            let skip = rewrite.unavailable(why);
-                            self.skipped(pod, &namespace, &skip, false)
-                        }
-                        Ok(stored) => match rewrite.complete(&stored) {
-                            Ok(pod) => (Ending::new(rewritten), Reply::new(Mutation::Mutated(pod))),
-                            Err(skip) => self.skipped(pod, &namespace, &skip, false),
-                        },
+                        Err(why) => Err(rewrite.unavailable(why)),
+                        Ok(stored) => rewrite.complete(&stored),
                     },
+                };
+                match admitted {
+                    Err(skip) => self.skipped(pod, &namespace, &skip, false),
+                    Ok(admitted) => {
+                        // The compile-cache set's binding: a pod whose set binding could not be
+                        // created keeps its caches local; the model copy is unaffected.
+                        let admitted = match &set_action {
+                            Some(BindingAction::Create(wanted)) if request.dry_run => {
+                                notes.push(would_create(wanted));
+                                admitted
+                            }
+                            Some(BindingAction::Create(wanted)) => {
+                                let stored = match self.create_binding(wanted, deadline).await {
+                                    Ok(stored) => Some(stored),
+                                    Err(why) => {
+                                        tracing::warn!(
+                                            binding = wanted.metadata.name.as_deref().unwrap_or_default(),
+                                            %why,
+                                            "the compile-cache set's binding could not be created; the pod keeps its compile caches local"
+                                        );
+                                        None
+                                    }
+                                };
+                                complete_cache_set(set_action.as_ref(), admitted, stored.as_deref())
+                            }
+                            _ => admitted,
+                        };
+                        let mut reply = Reply::new(Mutation::Mutated(admitted));
+                        for note in notes {
+                            reply = reply.warning(note);
+                        }
+                        (Ending::new(rewritten), reply)
+                    }
                 }
             }
         };
@@ -1056,6 +1086,15 @@ async fn create_in_background(
     }
     lock(&creating).remove(&key);
     result
+}
+
+/// The warning of a dry run that would have created `wanted`.
+fn would_create(wanted: &ModelCacheBinding) -> String {
+    format!(
+        "dry run: admission would create ModelCacheBinding {}/{}",
+        wanted.metadata.namespace.as_deref().unwrap_or_default(),
+        wanted.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 #[cfg(test)]

@@ -23,12 +23,17 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
-use warmcache_api_modelcache::sha256_digest;
+use warmcache_api_modelcache::v2beta1::BindingIdentity;
+use warmcache_api_modelcache::{binding_name, identity_hash, sha256_digest};
 use warmcache_modelid::LWS_WORKER_INDEX_LABEL;
 
+use crate::binding::BindingTarget;
 use crate::handle::CacheHandle;
 use crate::keys::SCRATCH_PATH;
+use crate::plan::Plan;
+use crate::scope::SharingDomain;
 use crate::words::container_words;
 
 /// The compile-cache variables and where each points inside the scratch directory, as nvsnap's
@@ -110,7 +115,6 @@ pub fn rank(pod: &Pod) -> Option<u32> {
 /// What decides what an engine compiles, in a canonical form (ordered maps, no per-pod values).
 #[derive(Serialize)]
 struct Configuration<'a> {
-    model: String,
     image: &'a str,
     words: Vec<String>,
     env: BTreeMap<&'a str, String>,
@@ -169,9 +173,9 @@ fn env_entry(e: &EnvVar) -> String {
     }
 }
 
-/// The cache handle of the compile-cache set of `main` (the pod's main container) at `rank`,
-/// for a pod reading the model copy `model`: `cache://<sha256 hex>?rank=<rank>`.
-pub fn cache_set_handle(pod: &Pod, main: &Container, model: &CacheHandle, rank: u32) -> String {
+/// The digest (64 hex) of what decides what `main` (the pod's main container) compiles, apart
+/// from the model copy and the rank ([`cache_set_handle`] adds those).
+pub fn configuration_digest(pod: &Pod, main: &Container) -> String {
     let env = main
         .env
         .iter()
@@ -179,14 +183,12 @@ pub fn cache_set_handle(pod: &Pod, main: &Container, model: &CacheHandle, rank: 
         .filter(|e| !WIRING_ENV_PREFIXES.iter().any(|p| e.name.starts_with(p)))
         .map(|e| (e.name.as_str(), env_entry(e)))
         .collect();
-    let limit = |r: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
-        r.get("nvidia.com/gpu").map(|q| q.0.clone())
-    };
+    let gpu = |r: &BTreeMap<String, Quantity>| r.get("nvidia.com/gpu").map(|q| q.0.clone());
     let gpus = main.resources.as_ref().and_then(|r| {
         r.limits
             .as_ref()
-            .and_then(limit)
-            .or_else(|| r.requests.as_ref().and_then(limit))
+            .and_then(gpu)
+            .or_else(|| r.requests.as_ref().and_then(gpu))
     });
     let gpu_product = pod
         .spec
@@ -195,18 +197,117 @@ pub fn cache_set_handle(pod: &Pod, main: &Container, model: &CacheHandle, rank: 
         .and_then(|n| n.get("nvidia.com/gpu.product"))
         .map(String::as_str);
     let config = Configuration {
-        model: model.to_string(),
         image: main.image.as_deref().unwrap_or_default(),
         words: without_wiring(container_words(main)),
         env,
         gpus,
         gpu_product,
     };
-    // Serializing ordered maps and strings cannot fail; an empty text would still be one key.
+    // Ordered maps and strings always serialize; were it ever to fail, every pod would share
+    // the empty text's digest, which only costs a cache miss inside the engine.
     let text = serde_json::to_string(&config).unwrap_or_default();
-    let digest = sha256_digest(&text);
-    let hex = digest.strip_prefix("sha256:").unwrap_or(&digest);
-    format!("cache://{hex}?rank={rank}")
+    hex_of(&sha256_digest(&text)).to_owned()
+}
+
+fn hex_of(digest: &str) -> &str {
+    digest.strip_prefix("sha256:").unwrap_or(digest)
+}
+
+/// The cache handle of the compile-cache set of a configuration ([`configuration_digest`]) at
+/// `rank`, for pods reading the model copy `model`: `cache://<sha256 hex>?rank=<rank>`.
+pub fn cache_set_handle(configuration: &str, model: &CacheHandle, rank: u32) -> String {
+    let digest = sha256_digest(&format!("{configuration}\n{model}"));
+    format!("cache://{}?rank={rank}", hex_of(&digest))
+}
+
+/// A pod's compile-cache set: which set, its binding, and the variables that point the
+/// engine's caches into the scratch directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheSet {
+    pub(crate) configuration: String,
+    pub(crate) rank: u32,
+    pub(crate) handle: String,
+    pub(crate) identity: BindingIdentity,
+    pub(crate) binding_name: String,
+    pub(crate) hash: String,
+    pub(crate) env: Vec<(String, String)>,
+    /// Image of the seed container (the wait image, else the main container's).
+    pub(crate) image: String,
+    pub(crate) image_pull_policy: Option<String>,
+}
+
+impl CacheSet {
+    pub(crate) fn new(
+        configuration: String,
+        rank: u32,
+        model: &CacheHandle,
+        sharing: &SharingDomain,
+        env: Vec<(String, String)>,
+        image: (String, Option<String>),
+    ) -> CacheSet {
+        let handle = cache_set_handle(&configuration, model, rank);
+        let identity = BindingIdentity::new(sharing.workflow, &sharing.domain, &handle);
+        CacheSet {
+            binding_name: binding_name(&identity),
+            hash: identity_hash(&identity),
+            configuration,
+            rank,
+            handle,
+            identity,
+            env,
+            image: image.0,
+            image_pull_policy: image.1,
+        }
+    }
+
+    /// The same configuration for another copy of the model (a refresh window).
+    pub(crate) fn for_model(&self, model: &CacheHandle, sharing: &SharingDomain) -> CacheSet {
+        CacheSet::new(
+            self.configuration.clone(),
+            self.rank,
+            model,
+            sharing,
+            self.env.clone(),
+            (self.image.clone(), self.image_pull_policy.clone()),
+        )
+    }
+
+    /// The set's handle (`cache://<sha256>?rank=<n>`).
+    pub fn handle(&self) -> &str {
+        &self.handle
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The name of the set's binding (`model-cache-<hash>`).
+    pub fn binding_name(&self) -> &str {
+        &self.binding_name
+    }
+
+    /// The set binding's identity.
+    pub fn identity(&self) -> &BindingIdentity {
+        &self.identity
+    }
+
+    /// The variables set on the main container.
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    pub(crate) fn binding_target<'a>(&'a self, plan: &'a Plan) -> BindingTarget<'a> {
+        BindingTarget {
+            identity: &self.identity,
+            name: &self.binding_name,
+            control_namespace: plan.binding_namespace(),
+            namespace: &plan.namespace,
+            sharing: plan.sharing_domain(),
+            handle: self.handle.clone(),
+            traceparent: plan.traceparent.as_deref(),
+        }
+    }
 }
 
 /// Whether `handle` is the handle of a compile-cache set (`cache://<64 hex>?rank=<n>`).
@@ -302,7 +403,7 @@ spec:
 
     fn handle_of(p: &Pod) -> String {
         let main = &p.spec.as_ref().unwrap().containers[0];
-        cache_set_handle(p, main, &model(), rank(p).unwrap())
+        cache_set_handle(&configuration_digest(p, main), &model(), rank(p).unwrap())
     }
 
     #[test]
@@ -340,7 +441,10 @@ spec:
         // The salt (part of the model handle) changes it.
         let main = &base.spec.as_ref().unwrap().containers[0];
         let salted = model().with_salt(Some("wheel-2"));
-        assert_ne!(cache_set_handle(&base, main, &salted, 0), h);
+        assert_ne!(
+            cache_set_handle(&configuration_digest(&base, main), &salted, 0),
+            h
+        );
     }
 
     #[test]

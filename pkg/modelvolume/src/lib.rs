@@ -38,7 +38,7 @@ mod words;
 
 pub use admit::{
     BindingAction, POD_SECURITY_ENFORCE_LABEL, Rewrite, StorageInputs, Unchanged, Verdict, admit,
-    admit_at, decide,
+    admit_at, complete_cache_set, decide,
 };
 pub use binding::{accept_winner, check_joinable, desired_binding};
 pub use handle::{CacheHandle, Layout, is_capture_handle};
