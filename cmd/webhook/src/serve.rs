@@ -42,6 +42,7 @@ use warmcache_catalog::{CONFIG_MAP_NAME, CatalogInput, CatalogSnapshot, Gates};
 use warmcache_cli::text::{bounded, shown};
 use warmcache_kube::EventType;
 use warmcache_modelid::{LWS_API_VERSION, LeaderWorkerSet, lws_from_object};
+use warmcache_modelvolume::cacheset;
 use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OPT_OUT};
 use warmcache_modelvolume::{
     BindingAction, Options, OptionsError, Request, Skip, SkipReason, StorageInputs, Verdict,
@@ -390,7 +391,12 @@ struct PodMetrics {
     bindings: IntCounterVec,
     /// Events by result.
     events: IntCounterVec,
+    /// Rewritten pods with a compile-cache set, by role.
+    cache_sets: IntCounterVec,
 }
+
+/// Roles of a rewritten pod in its compile-cache set (metric label `role`).
+const SET_ROLES: [&str; 5] = ["capture", "seed", "local", "unjoinable", "unavailable"];
 
 /// Outcomes of an admission (metric label `outcome`).
 const OUTCOMES: [&str; 7] = [
@@ -442,7 +448,15 @@ impl PodMetrics {
             "Warning Events about pods left alone, by result: queued, dropped (queue full).",
             &["result"],
         )?;
+        let cache_sets = counter(
+            "compile_cache_set_admissions_total",
+            "Rewritten pods that have a compile-cache set, by role: capture (its compile caches may be collected once Ready), seed (it starts from the complete set), local (the set is complete but the namespace has no view yet), unjoinable (the set's binding may not be joined now: deleting, Retiring, failed, or read through hostPath), unavailable (the set's binding could not be created).",
+            &["role"],
+        )?;
         // Every series exported with 0 from the start.
+        for role in SET_ROLES {
+            cache_sets.with_label_values(&[role]);
+        }
         for reason in SkipReason::ALL {
             let outcome = if reason.in_scope() {
                 "skipped"
@@ -473,11 +487,13 @@ impl PodMetrics {
         metrics.register(duration.clone())?;
         metrics.register(bindings.clone())?;
         metrics.register(events.clone())?;
+        metrics.register(cache_sets.clone())?;
         Ok(Self {
             admissions,
             duration,
             bindings,
             events,
+            cache_sets,
         })
     }
 }
@@ -709,6 +725,7 @@ impl Admitter {
             dry_run = request.dry_run,
             model.uri = field::Empty,
             binding = field::Empty,
+            cache_set = field::Empty,
             decision = field::Empty,
             reason = field::Empty,
         );
@@ -793,6 +810,9 @@ impl Admitter {
                         .get(&ObjectRef::new(name).within(plan.binding_namespace()))
                 };
                 let binding = lookup(plan.binding_name());
+                if let Some(set) = plan.cache_set() {
+                    span.record("cache_set", set.binding_name());
+                }
                 let set_binding = plan.cache_set().and_then(|s| lookup(s.binding_name()));
                 let class = self
                     .caches
@@ -847,6 +867,7 @@ impl Admitter {
                     BindingAction::Create(wanted) => Some(wanted.as_ref().clone()),
                 };
                 let set_action = rewrite.cache_set.clone();
+                let has_set = rewrite.plan.cache_set().is_some();
                 let mut notes = Vec::new();
                 let admitted = match wanted {
                     None => Ok(rewrite.pod),
@@ -885,6 +906,13 @@ impl Admitter {
                             }
                             _ => admitted,
                         };
+                        if has_set {
+                            let role = cacheset::role_of(&admitted).unwrap_or(match set_action {
+                                Some(_) => "unavailable",
+                                None => "unjoinable",
+                            });
+                            self.metrics.cache_sets.with_label_values(&[role]).inc();
+                        }
                         let mut reply = Reply::new(Mutation::Mutated(admitted));
                         for note in notes {
                             reply = reply.warning(note);

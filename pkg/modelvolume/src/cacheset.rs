@@ -31,7 +31,7 @@ use warmcache_modelid::LWS_WORKER_INDEX_LABEL;
 
 use crate::binding::BindingTarget;
 use crate::handle::CacheHandle;
-use crate::keys::SCRATCH_PATH;
+use crate::keys::{CACHE_CAPTURE_LABEL, CACHE_KEY_LABEL, SCRATCH_PATH, SEED_CONTAINER};
 use crate::plan::Plan;
 use crate::scope::SharingDomain;
 use crate::words::container_words;
@@ -308,6 +308,23 @@ impl CacheSet {
             traceparent: plan.traceparent.as_deref(),
         }
     }
+}
+
+/// How an admitted pod takes part in its compile-cache set, for metrics and logs: `capture`
+/// (its caches may be collected once Ready), `seed` (it starts from the set), `local` (the set
+/// is complete but its namespace has no view yet); `None` when it has no set.
+pub fn role_of(pod: &Pod) -> Option<&'static str> {
+    let labels = pod.metadata.labels.as_ref()?;
+    labels.get(CACHE_KEY_LABEL)?;
+    if labels.get(CACHE_CAPTURE_LABEL).map(String::as_str) == Some("true") {
+        return Some("capture");
+    }
+    let seeded = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|ic| ic.iter().any(|c| c.name == SEED_CONTAINER));
+    Some(if seeded { "seed" } else { "local" })
 }
 
 /// Whether `handle` is the handle of a compile-cache set (`cache://<64 hex>?rank=<n>`).

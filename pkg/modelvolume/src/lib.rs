@@ -65,6 +65,7 @@ pub mod encryption;
 pub mod lease;
 pub mod lifecycle;
 pub mod open_root;
+pub mod reading;
 pub mod reaper;
 #[cfg(test)]
 mod testing;
