@@ -304,14 +304,16 @@ impl Agent {
                 Ok(action)
             }
             CaptureStep::Done { holder, why } => {
-                // The holder of this node's copy goes once it is recorded: said once, on the pod.
-                let recorded = claim.as_deref().and_then(copied_bytes).is_some();
+                // The holder of this node's copy goes once it is recorded: said once, on the
+                // pod the copy was taken from (whichever source of the binding found the holder
+                // first: another capture source of the binding on this node may).
+                let recorded = claim.as_deref().filter(|c| copied_bytes(c).is_some());
                 let had_holder = holder.is_some();
                 if let Some(d) = holder {
                     self.delete_pod(&d).await?;
                     tracing::info!(%why, "deleted the mount holder");
                 }
-                if recorded && had_holder {
+                if let Some(c) = recorded.filter(|_| had_holder) {
                     let later = match source.kind {
                         CaptureKind::Model => "later pods read the shared copy",
                         CaptureKind::CacheSet => {
@@ -320,8 +322,9 @@ impl Agent {
                     };
                     self.host
                         .recorder
-                        .normal(
-                            pod,
+                        .publish(
+                            &elected_pod_ref(c, pod),
+                            warmcache_kube::EventType::Normal,
                             captured_reason,
                             action,
                             Some(&format!("{why}; {later}")),
@@ -519,6 +522,30 @@ impl Agent {
     }
 }
 
+/// The pod a claim's election names (the copy's source), for an Event about its copy; `pod`
+/// when the claim does not name one.
+fn elected_pod_ref(
+    claim: &PersistentVolumeClaim,
+    pod: &Pod,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    let a = claim.annotations();
+    match (
+        a.get(COPY_POD_ANNOTATION),
+        a.get(COPY_POD_NAME_ANNOTATION),
+        a.get(SOURCE_NAMESPACE_LABEL),
+    ) {
+        (Some(uid), Some(name), Some(namespace)) => k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            name: Some(name.clone()),
+            namespace: Some(namespace.clone()),
+            uid: Some(uid.clone()),
+            ..Default::default()
+        },
+        _ => kube::Resource::object_ref(pod, &()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -545,6 +572,41 @@ mod tests {
             one,
             "two unknown delays: the shortest known"
         );
+    }
+
+    #[test]
+    fn the_copy_is_reported_on_the_elected_pod() {
+        let pod = |ns: &str, name: &str, uid: &str| Pod {
+            metadata: kube::api::ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let other = pod("team-a", "escaping", "u2");
+        let mut claim = PersistentVolumeClaim::default();
+        assert_eq!(
+            elected_pod_ref(&claim, &other).name.as_deref(),
+            Some("escaping")
+        );
+        claim.metadata.annotations = Some(BTreeMap::from([
+            (COPY_POD_ANNOTATION.to_owned(), "u1".to_owned()),
+            (COPY_POD_NAME_ANNOTATION.to_owned(), "nim-0".to_owned()),
+            (SOURCE_NAMESPACE_LABEL.to_owned(), "team-a".to_owned()),
+        ]));
+        let r = elected_pod_ref(&claim, &other);
+        assert_eq!(
+            (
+                r.kind.as_deref(),
+                r.namespace.as_deref(),
+                r.name.as_deref(),
+                r.uid.as_deref()
+            ),
+            (Some("Pod"), Some("team-a"), Some("nim-0"), Some("u1"))
+        );
+        assert_eq!(r.api_version.as_deref(), Some("v1"));
     }
 
     #[test]
