@@ -143,7 +143,7 @@ impl Plan {
     /// identity's handle gets the window `w<unix seconds / max age>`, so every admission in one
     /// window reads one copy and the first admission of the next downloads a new one (the old
     /// binding idles out by the reaper's rules). Unchanged without a maximum age, for a commit,
-    /// or without a clock ([`Timestamp::MIN`], as `admit` passes).
+    /// or without a clock ([`k8s_openapi::jiff::Timestamp::MIN`], as `admit` passes).
     pub fn at(mut self, now: k8s_openapi::jiff::Timestamp) -> Plan {
         let Some(max_age) = self.max_age_seconds.filter(|s| *s > 0) else {
             return self;

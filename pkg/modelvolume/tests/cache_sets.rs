@@ -146,10 +146,8 @@ fn stored_set(first: &Rewrite, complete: bool, view_ns: Option<&str>) -> ModelCa
     let wanted = created(first.cache_set.as_ref());
     let mut b = common::stored(wanted, Some(BindingPhase::Active), view_ns);
     b.metadata.uid = Some("7a3e0c1d-2222-4b5c-9d6e-000000000002".into());
-    if !complete {
-        if let Some(r) = b.status.as_mut().and_then(|s| s.realized.as_mut()) {
-            r.population_state = Some(PopulationState::Pending);
-        }
+    if !complete && let Some(r) = b.status.as_mut().and_then(|s| s.realized.as_mut()) {
+        r.population_state = Some(PopulationState::Pending);
     }
     b
 }
