@@ -15,8 +15,9 @@
 //! |---|---|---|---|
 //! | `modelcachebindings` | list, watch | control namespace | the bindings |
 //! | `modelcachebindings/status` | update | control namespace | status, references, views |
-//! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces, the download step |
-//! | `pods` | get | writer namespace | literal secrets a derived step copies from its pod |
+//! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces (the cache keeps the annotations of `POD_ANNOTATIONS_READ`, not the download step) |
+//! | `pods` | get (metadata) | reader namespaces | whether a reading pod records a download step, for the writer election (each pod read at most once, only for a binding with a writer Lease while its holder's Job is missing) |
+//! | `pods` | get | writer namespace | the download step the writer Job runs, and the literal secrets a derived step copies from its pod (only when the Job is to be created) |
 //! | `pods` | list | writer namespace, label `batch.kubernetes.io/job-name` | the writer's last words and bytes |
 //! | `pods` | list | control namespace | roxReadOnly: the pods that keep a released primary claim (`kubernetes.io/pvc-protection`), named in `ReleasingPrimary` and `PrimaryClaimHeld` |
 //! | `pods` | list, delete | reader namespaces, label `nvsnap.io/model=<hash>` | after a failed download, while the failure record holds: readers still waiting, not Ready and controlled by a ReplicaSet, StatefulSet, DaemonSet or LeaderWorkerSet are deleted (UID and resourceVersion preconditions) |
@@ -440,11 +441,9 @@ impl Bindings {
             _ => (binding.spec.resources.writer_namespace.clone(), false),
         };
         let holder_job = self.writer_job_uid(binding, &holder, confirm).await?;
-        let step_namespaces: BTreeSet<String> = pods
-            .iter()
-            .filter(|p| p.annotations().contains_key(DOWNLOAD_STEP_ANNOTATION))
-            .filter_map(|p| p.namespace())
-            .collect();
+        let step_namespaces = self
+            .step_namespaces(binding, &view, holder_job.is_some(), pods)
+            .await?;
         Ok(lease::elect(&lease::ElectionInput {
             binding,
             lease: &view,
@@ -540,54 +539,170 @@ impl Bindings {
         }
     }
 
+    /// Whether `pod` (a reading pod of the binding named `binding`) records a download step:
+    /// remembered from an earlier read ([`PodIndex::step_known`]), else read from the API server
+    /// (metadata only) and remembered. A pod deleted or replaced since the cache saw it has none
+    /// (only NotFound or another UID means gone; any other error fails the reconcile).
+    async fn pod_has_step(
+        &self,
+        binding: &str,
+        pod: &PartialObjectMeta<Pod>,
+    ) -> Result<bool, Failure> {
+        let (Some(ns), Some(uid)) = (pod.namespace(), pod.uid()) else {
+            return Ok(false);
+        };
+        let name = pod.name_any();
+        if let Some(known) = self.pod_index.step_known(binding, &ns, &name, &uid) {
+            return Ok(known);
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let fresh = api
+            .get_metadata_opt(&name)
+            .await
+            .map_err(|e| api_error("get", "pods", &format!("{ns}/{name}"), e))?
+            .filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
+        let has_step = fresh
+            .as_ref()
+            .is_some_and(|p| p.annotations().contains_key(DOWNLOAD_STEP_ANNOTATION));
+        self.metrics.step_read(
+            "election",
+            match (&fresh, has_step) {
+                (None, _) => "gone",
+                (Some(_), true) => "step",
+                (Some(_), false) => "no_step",
+            },
+        );
+        self.pod_index
+            .record_step(binding, &ns, &name, &uid, has_step);
+        Ok(has_step)
+    }
+
+    /// Whether a reading pod of `namespace` among `pods` records a download step (pods read in
+    /// name order until one does).
+    async fn namespace_has_step(
+        &self,
+        binding: &str,
+        namespace: &str,
+        pods: &[Arc<PartialObjectMeta<Pod>>],
+    ) -> Result<bool, Failure> {
+        for pod in pods
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(namespace))
+        {
+            if self.pod_has_step(binding, pod).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The namespaces of `pods` with a reading pod that records a download step, as far as
+    /// [`lease::elect`] reads them: none when it reads none, the one it reads first alone when
+    /// that one has a step ([`election_reads_first`]), else all of them. Steps are not in the
+    /// pod cache; each pod read for one is remembered, so a binding's pods are read once.
+    async fn step_namespaces(
+        &self,
+        binding: &ModelCacheBinding,
+        view: &LeaseView,
+        holder_job: bool,
+        pods: &[Arc<PartialObjectMeta<Pod>>],
+    ) -> Result<BTreeSet<String>, Failure> {
+        let Some(first) = election_reads_first(binding, view, holder_job) else {
+            return Ok(BTreeSet::new());
+        };
+        let name = binding.name_any();
+        if self.namespace_has_step(&name, &first, pods).await? {
+            return Ok(BTreeSet::from([first]));
+        }
+        let others: BTreeSet<String> = pods
+            .iter()
+            .filter_map(|p| p.namespace())
+            .filter(|ns| *ns != first)
+            .collect();
+        let mut out = BTreeSet::new();
+        for ns in others {
+            if self.namespace_has_step(&name, &ns, pods).await? {
+                out.insert(ns);
+            }
+        }
+        Ok(out)
+    }
+
     /// The download step of the first pod in the writer namespace that records one, with the
-    /// literal secrets it copies from that pod.
+    /// literal secrets it copies from that pod and that pod's admission trace context. Read
+    /// from the API server (the pod cache does not keep steps), only when the lifecycle would
+    /// start a writer Job with it ([`wants_download_step`]): a pod deleted or replaced since the
+    /// cache saw it, or one whose step does not decode, is passed over for the next; with none
+    /// left the binding waits for a step as before (a pod's deletion requeues it anyway).
     async fn step_source(
         &self,
+        binding: &str,
         writer_ns: &str,
         pods: &[Arc<PartialObjectMeta<Pod>>],
-    ) -> Result<Option<StepSource>, Failure> {
+    ) -> Result<Option<(StepSource, Option<String>)>, Failure> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), writer_ns);
         for pod in pods
             .iter()
             .filter(|p| p.namespace().as_deref() == Some(writer_ns))
         {
-            let Some(text) = pod.annotations().get(DOWNLOAD_STEP_ANNOTATION) else {
+            let name = pod.name_any();
+            let uid = pod.uid().unwrap_or_default();
+            if self.pod_index.step_known(binding, writer_ns, &name, &uid) == Some(false) {
+                continue;
+            }
+            let Some(full) = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| api_error("get", "pods", &format!("{writer_ns}/{name}"), e))?
+                .filter(|p| {
+                    p.metadata.uid.as_deref() == Some(uid.as_str())
+                        && p.metadata.deletion_timestamp.is_none()
+                        && p.annotations().get(BINDING_ANNOTATION).map(String::as_str)
+                            == Some(binding)
+                })
+            else {
+                self.metrics.step_read("job", "gone");
+                tracing::info!(pod = %name, namespace = writer_ns, "the pod whose download step the writer would run is gone; trying the next pod");
+                continue;
+            };
+            let text = full.annotations().get(DOWNLOAD_STEP_ANNOTATION);
+            self.metrics
+                .step_read("job", if text.is_some() { "step" } else { "no_step" });
+            self.pod_index
+                .record_step(binding, writer_ns, &name, &uid, text.is_some());
+            let Some(text) = text else {
                 continue;
             };
             let Ok(step) = DownloadStep::from_annotation(text) else {
-                tracing::warn!(pod = %pod.name_any(), "the download step annotation does not decode; trying the next pod");
+                tracing::warn!(pod = %name, "the download step annotation does not decode; trying the next pod");
                 continue;
             };
-            let mut pod_env = Vec::new();
-            if !step.env_from_pod.is_empty() {
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), writer_ns);
-                let name = pod.name_any();
-                let Some(full) = api
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| api_error("get", "pods", &name, e))?
-                else {
-                    continue;
-                };
-                let containers = full.spec.iter().flat_map(|s| {
+            let containers: Vec<_> = full
+                .spec
+                .iter()
+                .flat_map(|s| {
                     s.containers
                         .iter()
                         .chain(s.init_containers.iter().flatten())
-                });
-                let containers: Vec<_> = containers.collect();
-                for r in &step.env_from_pod {
-                    if let Some(e) = containers
-                        .iter()
-                        .filter(|c| c.name == r.container)
-                        .flat_map(|c| c.env.iter().flatten())
-                        .rev()
-                        .find(|e| e.name == r.name)
-                    {
-                        pod_env.push(e.clone());
-                    }
+                })
+                .collect();
+            let mut pod_env = Vec::new();
+            for r in &step.env_from_pod {
+                if let Some(e) = containers
+                    .iter()
+                    .filter(|c| c.name == r.container)
+                    .flat_map(|c| c.env.iter().flatten())
+                    .rev()
+                    .find(|e| e.name == r.name)
+                {
+                    pod_env.push(e.clone());
                 }
             }
-            return Ok(Some(StepSource { step, pod_env }));
+            let traceparent = full
+                .annotations()
+                .get(warmcache_telemetry::TRACE_PARENT_ANNOTATION)
+                .cloned();
+            return Ok(Some((StepSource { step, pod_env }, traceparent)));
         }
         Ok(None)
     }
@@ -1430,7 +1545,6 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let (seen, stale) = self.references(b, &pods).await?;
             let reader_namespaces: BTreeSet<String> =
                 pods.iter().filter_map(|p| p.namespace()).collect();
-            let traceparents = traceparents(&pods);
             // How each pod reads this binding: the model copy, or (its compile-cache set) a
             // copy only ever filled by capture.
             let name = b.name_any();
@@ -1458,7 +1572,16 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 .collect();
             let writer = self.election(b, &model_readers).await?;
             let writer_ns = writer.namespace.clone();
-            let step = self.step_source(&writer_ns, &model_readers).await?;
+            // After the election: it may have read which pods record a step.
+            let traceparents = traceparents(&pods, |p| {
+                let (ns, uid) = (
+                    p.namespace().unwrap_or_default(),
+                    p.uid().unwrap_or_default(),
+                );
+                self.pod_index
+                    .step_known(&b.name_any(), &ns, &p.name_any(), &uid)
+                    == Some(true)
+            });
             let previous_writer_claim = writer
                 .previous
                 .as_ref()
@@ -1596,7 +1719,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 writer,
                 previous_writer_claim,
                 stale_writer_claims,
-                step,
+                model_readers,
                 primary_claim,
                 primary_pv,
                 writer_view_pv,
@@ -1623,7 +1746,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             writer,
             previous_writer_claim,
             stale_writer_claims,
-            step_source,
+            model_readers,
             primary_claim,
             primary_pv,
             writer_view_pv,
@@ -1638,46 +1761,64 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             (key_secret, encrypted_class, base_class),
         ) = observed;
 
-        // Decide (pure).
-        let step = {
-            let _span = tracing::info_span!("decide").entered();
-            lifecycle::step(&Observed {
-                binding: b,
-                now: now(),
-                seen_references: seen,
-                stale_references: stale,
-                reader_namespaces,
-                traceparents,
-                model_uri,
-                writer,
-                step: step_source,
-                capture_sources,
-                primary_claim: primary_claim.as_deref(),
-                primary_pv: primary_pv.as_ref(),
-                writer_view_pv: writer_view_pv.as_deref(),
-                writer_view_claim: writer_view_claim.as_deref(),
-                previous_writer_claim: previous_writer_claim.as_deref(),
-                stale_writer_claims: stale_writer_claims.iter().map(AsRef::as_ref).collect(),
-                job: job.as_deref(),
-                job_pods: job_pods.iter().collect(),
-                existing_views,
-                foreign,
-                completion_error: self
-                    .completion_errors
-                    .lock()
-                    .ok()
-                    .and_then(|e| e.get(&b.uid().unwrap_or_default()).cloned()),
-                retained: retained.iter().map(AsRef::as_ref).collect(),
-                attachments,
-                primary_claim_holders,
-                encryption: lifecycle::EncryptionObserved {
-                    secret: key_secret.as_ref(),
-                    class: encrypted_class.as_ref(),
-                    base_class: base_class.as_ref(),
-                },
-                config: &self.settings.lifecycle,
-            })
+        // Decide (pure), first without a download step: the pod cache keeps none, and the
+        // lifecycle reads one only where it would start the writer Job.
+        let mut observed = Observed {
+            binding: b,
+            now: now(),
+            seen_references: seen,
+            stale_references: stale,
+            reader_namespaces,
+            traceparents,
+            model_uri,
+            writer,
+            step: None,
+            capture_sources,
+            primary_claim: primary_claim.as_deref(),
+            primary_pv: primary_pv.as_ref(),
+            writer_view_pv: writer_view_pv.as_deref(),
+            writer_view_claim: writer_view_claim.as_deref(),
+            previous_writer_claim: previous_writer_claim.as_deref(),
+            stale_writer_claims: stale_writer_claims.iter().map(AsRef::as_ref).collect(),
+            job: job.as_deref(),
+            job_pods: job_pods.iter().collect(),
+            existing_views,
+            foreign,
+            completion_error: self
+                .completion_errors
+                .lock()
+                .ok()
+                .and_then(|e| e.get(&b.uid().unwrap_or_default()).cloned()),
+            retained: retained.iter().map(AsRef::as_ref).collect(),
+            attachments,
+            primary_claim_holders,
+            encryption: lifecycle::EncryptionObserved {
+                secret: key_secret.as_ref(),
+                class: encrypted_class.as_ref(),
+                base_class: base_class.as_ref(),
+            },
+            config: &self.settings.lifecycle,
         };
+        let decide = |observed: &Observed<'_>| {
+            let _span = tracing::info_span!("decide").entered();
+            lifecycle::step(observed)
+        };
+        let mut step = decide(&observed);
+        if wants_download_step(&step) {
+            // Read from the API server (rare: until the writer Job exists), then decided again.
+            let writer_ns = observed.writer.namespace.clone();
+            let source = self
+                .step_source(&b.name_any(), &writer_ns, &model_readers)
+                .instrument(tracing::info_span!("download_step", namespace = %writer_ns))
+                .await?;
+            if let Some((source, traceparent)) = source {
+                if let Some(tp) = traceparent {
+                    observed.traceparents.insert(writer_ns, tp);
+                }
+                observed.step = Some(source);
+                step = decide(&observed);
+            }
+        }
         let failed_now = step.conditions.iter().any(|c| {
             c.type_ == lifecycle::DEGRADED
                 && c.status
@@ -1701,7 +1842,6 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             .flat_map(|s| s.conditions.iter())
             .any(|c| c.type_ == lifecycle::DEGRADED && c.status == "True" && c.reason == held);
 
-        let mut step = step;
         if let Some(drift) = &self.drift {
             step.conditions.push(drift.condition(b));
         }
@@ -1805,9 +1945,13 @@ fn degraded_message(step: &lifecycle::Step) -> Option<String> {
         .map(|c| c.message.clone())
 }
 
-/// The admission trace context of a reading pod per namespace (pods in name order; one whose
-/// download step the writer may run is preferred).
-fn traceparents(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<String, String> {
+/// The admission trace context of a reading pod per namespace (pods in name order; one known to
+/// record a download step, `has_step`, is preferred; the writer Job continues the trace of the
+/// pod whose step it runs, see [`Bindings::step_source`]).
+fn traceparents(
+    pods: &[Arc<PartialObjectMeta<Pod>>],
+    has_step: impl Fn(&PartialObjectMeta<Pod>) -> bool,
+) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, (bool, String)> = BTreeMap::new();
     for pod in pods {
         let a = pod.annotations();
@@ -1817,7 +1961,7 @@ fn traceparents(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<String, String
         ) else {
             continue;
         };
-        let has_step = a.contains_key(DOWNLOAD_STEP_ANNOTATION);
+        let has_step = has_step(pod);
         match out.get(&ns) {
             Some((true, _)) => {}
             Some((false, _)) if !has_step => {}
@@ -1829,14 +1973,76 @@ fn traceparents(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<String, String
     out.into_iter().map(|(ns, (_, tp))| (ns, tp)).collect()
 }
 
+/// Whether `step`, decided without a download step ([`Observed::step`] `None`), stopped for want
+/// of one. The lifecycle reads the step only where it would start the writer Job, and without
+/// one it reports there, on Ready, that it waits for a step, for a takeover or for a capture;
+/// decided again with the step, it starts the Job (or, a capture source aside, reports the same).
+fn wants_download_step(step: &lifecycle::Step) -> bool {
+    step.conditions.iter().any(|c| {
+        c.type_ == lifecycle::READY
+            && matches!(
+                c.reason,
+                lifecycle::Reason::WaitingForDownloadStep
+                    | lifecycle::Reason::WaitingForTakeover
+                    | lifecycle::Reason::WaitingForCapture
+            )
+    })
+}
+
+/// The namespace whose download step [`lease::elect`] reads first, or `None` when it reads no
+/// step at all; when that namespace has a step, `elect` reads no other, so it decides the same
+/// from that namespace alone (tested against `elect` below). No step is read for a binding
+/// without a Lease or with a foreign one (the writer is fixed), nor while the holder's Job
+/// exists with the Lease absent or recording this binding's writer; first read is the recorded
+/// holder's namespace, or, without a usable record, `writerNamespace` (the preferred first
+/// writer).
+fn election_reads_first(
+    binding: &ModelCacheBinding,
+    view: &LeaseView,
+    holder_job: bool,
+) -> Option<String> {
+    let record = match view {
+        LeaseView::NotUsed | LeaseView::Foreign(_) => return None,
+        LeaseView::Absent => None,
+        LeaseView::Ours(r) => Some(r),
+    };
+    let usable = record.filter(|r| {
+        !r.namespace.is_empty()
+            && r.binding_uid
+                .as_ref()
+                .is_none_or(|u| binding.metadata.uid.as_ref() == Some(u))
+    });
+    match usable {
+        Some(r) => (!holder_job).then(|| r.namespace.clone()),
+        None if record.is_none() && holder_job => None,
+        None => Some(binding.spec.resources.writer_namespace.clone()),
+    }
+}
+
 /// The pods of each binding (by the name their [`BINDING_ANNOTATION`] carries), kept from the pod
 /// watch's changes, so a reconcile reads its binding's pods instead of filtering every pod of
 /// the cluster. Kept as a superset: a pod is added on every change in which the cache holds it
 /// and removed when it is gone from the cache; readers check each entry against the cache and
 /// drop those that no longer match (a relabelled pod, a deletion missed while the watch lagged).
+///
+/// Each entry also remembers, once a read of the pod from the API server has told, whether that
+/// pod (by UID) records a download step: the pod cache does not keep the step (0.7 kB a pod), and
+/// admission writes it once, so a pod is read for it at most once while it lives.
 #[derive(Debug, Default)]
 pub struct PodIndex {
-    by_binding: std::sync::Mutex<BTreeMap<String, BTreeSet<(String, String)>>>,
+    by_binding: std::sync::Mutex<BTreeMap<String, Members>>,
+}
+
+/// The pods of one binding by `(namespace, name)`, with what is known of their download step.
+type Members = BTreeMap<(String, String), Option<StepSeen>>;
+
+/// What a read of a pod from the API server told of its download step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StepSeen {
+    /// The UID of the pod read (a pod recreated under the same name is another pod).
+    uid: String,
+    /// Whether it records a download step.
+    has_step: bool,
 }
 
 impl PodIndex {
@@ -1853,7 +2059,8 @@ impl PodIndex {
                 index
                     .entry(binding.to_owned())
                     .or_default()
-                    .insert((ns.clone(), name.clone()));
+                    .entry((ns.clone(), name.clone()))
+                    .or_insert(None);
             } else if let Some(set) = index.get_mut(binding) {
                 set.remove(&(ns.clone(), name.clone()));
                 if set.is_empty() {
@@ -1868,7 +2075,7 @@ impl PodIndex {
         self.by_binding
             .lock()
             .ok()
-            .and_then(|index| index.get(binding).map(|s| s.iter().cloned().collect()))
+            .and_then(|index| index.get(binding).map(|s| s.keys().cloned().collect()))
             .unwrap_or_default()
     }
 
@@ -1881,6 +2088,45 @@ impl PodIndex {
             if set.is_empty() {
                 index.remove(binding);
             }
+        }
+    }
+
+    /// Whether the pod `namespace/name` of `binding` with UID `uid` records a download step, if
+    /// a read of that pod told.
+    pub fn step_known(
+        &self,
+        binding: &str,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Option<bool> {
+        let index = self.by_binding.lock().ok()?;
+        let seen = index
+            .get(binding)?
+            .get(&(namespace.to_owned(), name.to_owned()))?
+            .as_ref()?;
+        (seen.uid == uid).then_some(seen.has_step)
+    }
+
+    /// Remembers what a read of the pod `namespace/name` (UID `uid`) of `binding` told of its
+    /// download step; nothing when the index no longer holds the pod.
+    pub fn record_step(
+        &self,
+        binding: &str,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        has_step: bool,
+    ) {
+        if let Ok(mut index) = self.by_binding.lock()
+            && let Some(entry) = index
+                .get_mut(binding)
+                .and_then(|set| set.get_mut(&(namespace.to_owned(), name.to_owned())))
+        {
+            *entry = Some(StepSeen {
+                uid: uid.to_owned(),
+                has_step,
+            });
         }
     }
 }
@@ -1944,16 +2190,17 @@ fn binding_of_attachment(
         .collect()
 }
 
-/// The annotations of a reading pod the controller reads; its pod cache keeps only these (the
-/// rewrite records more, and at 100,000 pods every byte a pod holds is 100 kB of cache). Pods
-/// are only ever written from fresh reads, never from this cache.
+/// The annotations of a reading pod the controller reads from its pod cache; the cache keeps only
+/// these (the rewrite records more, and at 100,000 pods every byte a pod holds is 100 kB of
+/// cache). Not the download step (0.7 kB a pod): it is read from the API server where needed
+/// ([`Bindings::step_source`], [`Bindings::step_namespaces`]). Pods are only ever written from
+/// fresh reads, never from this cache.
 pub const POD_ANNOTATIONS_READ: &[&str] = &[
     BINDING_ANNOTATION,
     BINDING_UID_ANNOTATION,
     CACHE_BINDING_ANNOTATION,
     CACHE_BINDING_UID_ANNOTATION,
     CACHE_HANDLE_ANNOTATION,
-    DOWNLOAD_STEP_ANNOTATION,
     HANDLE_ANNOTATION,
     URI_ANNOTATION,
     warmcache_telemetry::TRACE_PARENT_ANNOTATION,
@@ -2192,6 +2439,170 @@ mod tests {
         ]));
         assert!(complete_of_cache(&pv, hash));
         assert!(!complete_of_cache(&pv, "other"));
+    }
+
+    /// [`election_reads_first`] against [`lease::elect`]: when it names no namespace, `elect`
+    /// decides the same from no step at all; when it names one that has a step, the same from
+    /// that namespace alone. Every Lease view, record, holder Job and set of step namespaces.
+    #[test]
+    fn the_election_decides_the_same_from_the_step_namespaces_it_reads() {
+        use lease::{ElectionInput, WriterRecord};
+        use warmcache_api_modelcache::v2beta1::WriterState;
+        let identity = warmcache_api_modelcache::v2beta1::BindingIdentity::new(
+            Workflow::HelmModelCache,
+            "domain",
+            "hf://m@v1",
+        );
+        let spec = warmcache_api_modelcache::v2beta1::ModelCacheBindingSpec {
+            identity,
+            decision: warmcache_api_modelcache::v2beta1::BindingDecision {
+                provider: "nfs".into(),
+                provisioner: "nfs.example".into(),
+                transition: warmcache_api_modelcache::v2beta1::Transition::RwxReadOnly,
+                required_access_modes: Vec::new(),
+                required_mount_options: Vec::new(),
+                catalog_digest: String::new(),
+                encryption_required: false,
+                writer_identity: None,
+            },
+            storage_class: warmcache_api_modelcache::v2beta1::BindingStorageClass {
+                name: "nvcf-sc".into(),
+                uid: String::new(),
+                reclaim_policy: warmcache_api_modelcache::v2beta1::ReclaimPolicy::Retain,
+                configuration_digest: String::new(),
+            },
+            resources: warmcache_api_modelcache::v2beta1::BindingResources {
+                writer_namespace: "b".into(),
+                lease_name: "init-lease-x".into(),
+                ..Default::default()
+            },
+        };
+        let mut binding = ModelCacheBinding::new("model-cache-x", spec);
+        binding.metadata.uid = Some("binding-uid".into());
+        let now = Timestamp::now();
+        let long_ago = now
+            .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+            .unwrap();
+        let mut views = vec![
+            LeaseView::NotUsed,
+            LeaseView::Absent,
+            LeaseView::Foreign("Lease x/init-lease-x".into()),
+        ];
+        for namespace in ["", "a", "b", "c"] {
+            for binding_uid in [None, Some("binding-uid"), Some("earlier-uid")] {
+                for state in [
+                    WriterState::Starting,
+                    WriterState::Running,
+                    WriterState::Gone,
+                ] {
+                    for renewed in [now, long_ago] {
+                        views.push(LeaseView::Ours(WriterRecord {
+                            namespace: namespace.into(),
+                            job_name: "writer".into(),
+                            job_uid: Some("job-uid".into()),
+                            state,
+                            binding_uid: binding_uid.map(str::to_owned),
+                            acquired: Some(long_ago),
+                            renewed: Some(renewed),
+                            transitions: 0,
+                            resource_version: Some("1".into()),
+                            uid: Some("lease-uid".into()),
+                        }));
+                    }
+                }
+            }
+        }
+        let sets: Vec<BTreeSet<String>> = (0..16_u8)
+            .map(|bits| {
+                ["a", "b", "c", "d"]
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| bits & (1 << i) != 0)
+                    .map(|(_, ns)| (*ns).to_owned())
+                    .collect()
+            })
+            .collect();
+        let elect = |view: &LeaseView, job: Option<&str>, steps: &BTreeSet<String>| {
+            lease::elect(&ElectionInput {
+                binding: &binding,
+                lease: view,
+                holder_job: job,
+                step_namespaces: steps,
+                now,
+                grace_seconds: 120,
+            })
+        };
+        let mut narrowed = 0;
+        for view in &views {
+            for job in [None, Some("job-uid"), Some("other-job")] {
+                let first = election_reads_first(&binding, view, job.is_some());
+                for steps in &sets {
+                    let full = elect(view, job, steps);
+                    match &first {
+                        None => assert_eq!(
+                            full,
+                            elect(view, job, &BTreeSet::new()),
+                            "{view:?} {job:?} {steps:?}"
+                        ),
+                        Some(ns) if steps.contains(ns) => {
+                            narrowed += 1;
+                            assert_eq!(
+                                full,
+                                elect(view, job, &BTreeSet::from([ns.clone()])),
+                                "{view:?} {job:?} {steps:?}"
+                            );
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        assert!(narrowed > 0);
+    }
+
+    #[test]
+    fn the_pod_index_remembers_steps_by_uid() {
+        let index = PodIndex::default();
+        index.observe(&pod("a", "p1", Some("mcb-1")), true);
+        assert_eq!(index.step_known("mcb-1", "a", "p1", "u1"), None);
+        index.record_step("mcb-1", "a", "p1", "u1", true);
+        assert_eq!(index.step_known("mcb-1", "a", "p1", "u1"), Some(true));
+        // A pod recreated under the same name is another pod.
+        assert_eq!(index.step_known("mcb-1", "a", "p1", "u2"), None);
+        // A later change of the same pod keeps what was learned.
+        index.observe(&pod("a", "p1", Some("mcb-1")), true);
+        assert_eq!(index.step_known("mcb-1", "a", "p1", "u1"), Some(true));
+        // Nothing is remembered of a pod the index does not hold.
+        index.record_step("mcb-1", "a", "p9", "u9", true);
+        assert_eq!(index.step_known("mcb-1", "a", "p9", "u9"), None);
+        index.observe(&pod("a", "p1", Some("mcb-1")), false);
+        assert_eq!(index.step_known("mcb-1", "a", "p1", "u1"), None);
+        assert!(index.by_binding.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn traceparents_prefer_a_pod_known_to_record_a_step() {
+        let with_tp = |ns: &str, name: &str, tp: &str| {
+            let mut p = pod(ns, name, Some("mcb-1"));
+            p.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(
+                    warmcache_telemetry::TRACE_PARENT_ANNOTATION.to_owned(),
+                    tp.to_owned(),
+                );
+            Arc::new(p)
+        };
+        let pods = [
+            with_tp("a", "p1", "tp-1"),
+            with_tp("a", "p2", "tp-2"),
+            with_tp("b", "p3", "tp-3"),
+        ];
+        let none = traceparents(&pods, |_| false);
+        assert_eq!(none.get("a").map(String::as_str), Some("tp-1"));
+        assert_eq!(none.get("b").map(String::as_str), Some("tp-3"));
+        let p2 = traceparents(&pods, |p| p.name_any() == "p2");
+        assert_eq!(p2.get("a").map(String::as_str), Some("tp-2"));
     }
 
     #[test]

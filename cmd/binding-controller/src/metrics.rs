@@ -18,6 +18,7 @@
 //! | `waiting_readers_deleted_total` | | reading pods still waiting for a failed download, deleted so their controllers recreate them |
 //! | `primary_claims_held_total` | | roxReadOnly: bindings whose released primary claim was still kept (a pod mounting it) past the grace period (`Degraded` / `PrimaryClaimHeld`) |
 //! | `writer_lease_writes_total` | `result` (`created`, `updated`, `taken_over`, `lost`) | writes of the writer Lease: the first writer recorded, bookkeeping (Job UID, gone), a takeover by another namespace, a write another controller won |
+//! | `pod_step_reads_total` | `purpose` (`election`, `job`), `result` (`step`, `no_step`, `gone`) | reads of a reading pod from the API server for its download step (the pod cache does not keep it): whether a namespace has a step for the writer election (each pod read once, then remembered), and the step of the writer Job about to be created; `gone` when the pod was deleted or replaced since the cache saw it |
 //!
 //! Every label value is a fixed word; no binding, namespace or model is a label.
 
@@ -54,6 +55,12 @@ pub const PHASES: [&str; 3] = ["Unknown", "Active", "Retiring"];
 /// Label values of `writer_lease_writes_total`.
 pub const LEASE_WRITES: [&str; 4] = ["created", "updated", "taken_over", "lost"];
 
+/// Label values of `pod_step_reads_total`: `purpose`.
+pub const STEP_READ_PURPOSES: [&str; 2] = ["election", "job"];
+
+/// Label values of `pod_step_reads_total`: `result`.
+pub const STEP_READ_RESULTS: [&str; 3] = ["step", "no_step", "gone"];
+
 /// A metric that could not be created or registered.
 pub use warmcache_telemetry::MetricError as MetricsError;
 
@@ -73,6 +80,7 @@ pub struct Metrics {
     lease_writes: IntCounterVec,
     waiting_readers_deleted: IntCounter,
     primary_claims_held: IntCounter,
+    step_reads: IntCounterVec,
 }
 
 impl Metrics {
@@ -185,6 +193,22 @@ impl Metrics {
                 "Released primary claims still kept by a pod past the grace period.",
             ),
         )?;
+        let step_reads = register_metric(
+            registry,
+            "pod_step_reads_total",
+            IntCounterVec::new(
+                Opts::new(
+                    "pod_step_reads_total",
+                    "Reading pods read from the API server for their download step, by purpose and result.",
+                ),
+                &["purpose", "result"],
+            ),
+        )?;
+        for p in STEP_READ_PURPOSES {
+            for r in STEP_READ_RESULTS {
+                step_reads.with_label_values(&[p, r]);
+            }
+        }
         for r in LEASE_WRITES {
             lease_writes.with_label_values(&[r]);
         }
@@ -211,6 +235,7 @@ impl Metrics {
             lease_writes,
             waiting_readers_deleted,
             primary_claims_held,
+            step_reads,
         })
     }
 
@@ -256,6 +281,12 @@ impl Metrics {
     /// A binding started reporting its released primary claim held (`PrimaryClaimHeld`).
     pub fn primary_claim_held(&self) {
         self.primary_claims_held.inc();
+    }
+
+    /// A reading pod was read for its download step: `purpose` one of [`STEP_READ_PURPOSES`],
+    /// `result` one of [`STEP_READ_RESULTS`].
+    pub fn step_read(&self, purpose: &'static str, result: &'static str) {
+        self.step_reads.with_label_values(&[purpose, result]).inc();
     }
 
     /// The lifecycle asked for `action`.

@@ -59,7 +59,7 @@ const OWN: &[Permission] = &[
         verbs: &["get", "list", "watch"],
         scope: Scope::Cluster,
         names: &[],
-        why: "reading pods of a binding (metadata watch), the pod a derived download step copies literal secrets from, the writer's last words",
+        why: "reading pods of a binding (metadata watch), the download step of a reading pod (not kept in the watch cache: read for the writer election and when the writer Job is created, with the literal secrets a derived step copies from its pod), the writer's last words",
     },
     Permission {
         group: "",

@@ -38,6 +38,12 @@
 //! `SCALE_CONTROLLER_QPS` sets the controller's `--kube-api-qps` (its burst twice that; `0`
 //! turns the client-side limit off); unset, the component's default applies, as in the chart.
 //!
+//! `SCALE_BASELINE=0` leaves the baseline out (at 100,000 pods it is another 100,000 pods on the
+//! same API server and several minutes); its columns then print `-`.
+//!
+//! The controller's reads of pods for their download step (`pod_step_reads_total`, the pod
+//! cache does not keep steps) are printed after the table.
+//!
 //! Nothing is asserted about time (the numbers go to docs/benchmarks.md); the run fails when the
 //! product does the wrong thing: a pod not rewritten, a binding missing, a reference never
 //! recorded.
@@ -410,17 +416,24 @@ async fn main() {
     let controller = Controller::start(plane, &client, &served.control, qps).await;
 
     // Baseline: the same pods where the webhook is not called (warmcache disabled for them).
+    let with_baseline = env_usize("SCALE_BASELINE", 1) != 0;
     let mut plain = Vec::new();
-    for _ in 0..namespace_count {
-        plain.push(namespace(&client, "sc-base", &[]).await);
-    }
     let started = Instant::now();
-    let baseline = create_all(&client, plan(models, per_model, &plain), concurrency).await;
+    let baseline = if with_baseline {
+        for _ in 0..namespace_count {
+            plain.push(namespace(&client, "sc-base", &[]).await);
+        }
+        let baseline = create_all(&client, plan(models, per_model, &plain), concurrency).await;
+        println!(
+            "baseline: {total} pods created and marked Running in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        baseline
+    } else {
+        println!("baseline: not run (SCALE_BASELINE=0)");
+        Vec::new()
+    };
     let baseline_took = started.elapsed();
-    println!(
-        "baseline: {total} pods created and marked Running in {:.1} s",
-        baseline_took.as_secs_f64()
-    );
 
     // With warmcache: one sharing domain over every namespace.
     let domain = unique("scale");
@@ -491,6 +504,22 @@ async fn main() {
             .and_then(|f| serde_json::to_vec(f).ok())
             .map_or(0, |v| v.len())
     });
+    // The annotations the controller's pod cache keeps, each key and value (JSON).
+    let kept = warmcache_binding_controller::controller::POD_ANNOTATIONS_READ;
+    let kept_bytes: Vec<(&str, usize)> = kept
+        .iter()
+        .map(|key| {
+            (
+                *key,
+                mean(&|m| {
+                    m.annotations
+                        .as_ref()
+                        .and_then(|a| a.get(*key))
+                        .map_or(0, |v| key.len() + v.len() + 6)
+                }),
+            )
+        })
+        .collect();
     let step_bytes = mean(&|m| {
         m.annotations
             .as_ref()
@@ -512,21 +541,33 @@ async fn main() {
     println!();
     println!("| | with warmcache | without | ratio |");
     println!("|---|---|---|---|");
-    println!(
-        "| pod create p50 / p99 | {} / {} ms | {} / {} ms | {:.2}x / {:.2}x |",
-        ms(percentile(&with, 0.5)),
-        ms(percentile(&with, 0.99)),
-        ms(percentile(&base, 0.5)),
-        ms(percentile(&base, 0.99)),
-        percentile(&with, 0.5).as_secs_f64() / percentile(&base, 0.5).as_secs_f64(),
-        percentile(&with, 0.99).as_secs_f64() / percentile(&base, 0.99).as_secs_f64(),
-    );
-    println!(
-        "| {total} pods created and Running | {:.1} s | {:.1} s | {:.2}x |",
-        with_took.as_secs_f64(),
-        baseline_took.as_secs_f64(),
-        with_took.as_secs_f64() / baseline_took.as_secs_f64()
-    );
+    if base.is_empty() {
+        println!(
+            "| pod create p50 / p99 | {} / {} ms | - | - |",
+            ms(percentile(&with, 0.5)),
+            ms(percentile(&with, 0.99)),
+        );
+        println!(
+            "| {total} pods created and Running | {:.1} s | - | - |",
+            with_took.as_secs_f64(),
+        );
+    } else {
+        println!(
+            "| pod create p50 / p99 | {} / {} ms | {} / {} ms | {:.2}x / {:.2}x |",
+            ms(percentile(&with, 0.5)),
+            ms(percentile(&with, 0.99)),
+            ms(percentile(&base, 0.5)),
+            ms(percentile(&base, 0.99)),
+            percentile(&with, 0.5).as_secs_f64() / percentile(&base, 0.5).as_secs_f64(),
+            percentile(&with, 0.99).as_secs_f64() / percentile(&base, 0.99).as_secs_f64(),
+        );
+        println!(
+            "| {total} pods created and Running | {:.1} s | {:.1} s | {:.2}x |",
+            with_took.as_secs_f64(),
+            baseline_took.as_secs_f64(),
+            with_took.as_secs_f64() / baseline_took.as_secs_f64()
+        );
+    }
     for p in [&cold, &warm] {
         println!(
             "| {}: {} pods, steady (every reference recorded) after | {:.1} s | - | |",
@@ -550,6 +591,15 @@ async fn main() {
         "| rewritten pod metadata (JSON), mean: whole / managedFields / annotations / download step | {meta_bytes} / {managed_bytes} / {annotation_bytes} / {step_bytes} B | - | |"
     );
     println!(
+        "| annotations the controller's pod cache keeps (JSON key and value), mean | {} B: {} | - | |",
+        kept_bytes.iter().map(|(_, b)| b).sum::<usize>(),
+        kept_bytes
+            .iter()
+            .map(|(k, b)| format!("{k} {b}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
         "| bindings | {} (one per model) | - | |",
         bindings.items.len()
     );
@@ -558,6 +608,12 @@ async fn main() {
         webhook_requests / total as f64,
         controller_requests / total as f64
     );
+    for line in controller_metrics
+        .lines()
+        .filter(|l| l.starts_with("warmcache_binding_controller_pod_step_reads_total{"))
+    {
+        println!("{line}");
+    }
 
     served.stop(&client).await;
     drop(controller);
