@@ -345,15 +345,15 @@ pub fn is_cache_set_handle(handle: &str) -> bool {
         && (rank == "0" || !rank.starts_with('0'))
 }
 
-/// The compile-cache variables to set on `main`: each one the container neither sets nor
-/// refers to itself, pointing into the scratch directory. A variable the chart sets stays as
-/// it is (and its cache is not part of the set).
+/// The compile-cache variables to set on `main`: each one the container does not set itself
+/// (in its env or its script), pointing into the scratch directory. A variable the chart sets
+/// stays as it is (and its cache is not part of the set). A script that only reads one (`mkdir
+/// -p "$TRITON_CACHE_DIR"`) reads the scratch path, where the engine puts that cache.
 pub fn compile_cache_env(main: &Container) -> Vec<(String, String)> {
     COMPILE_CACHE_VARIABLES
         .iter()
         .filter(|(name, _)| {
             !main.env.iter().flatten().any(|e| e.name == *name)
-                && !crate::words::references(main, name)
                 && crate::words::script_assignments(main, &[name]).is_empty()
         })
         .map(|(name, sub)| ((*name).to_owned(), format!("{SCRATCH_PATH}/{sub}")))
@@ -539,9 +539,11 @@ spec:
             names,
             [
                 "TORCHINDUCTOR_CACHE_DIR",
+                "CUDA_CACHE_PATH",
                 "FLASHINFER_WORKSPACE_BASE",
                 "DG_JIT_CACHE_DIR"
-            ]
+            ],
+            "what the script sets and the env sets are kept; what it only reads is pointed"
         );
         assert_eq!(env[0].1, "/opt/nvsnap/cache/torchinductor");
     }
