@@ -15,7 +15,7 @@
 //! |---|---|---|---|
 //! | `modelcachebindings` | list, watch | control namespace | the bindings |
 //! | `modelcachebindings/status` | update | control namespace | status, references, views |
-//! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces (the cache keeps five annotations, not the download step) |
+//! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces (the cache keeps the annotations of `POD_ANNOTATIONS_READ`, not the download step) |
 //! | `pods` | get (metadata) | reader namespaces | whether a reading pod records a download step, for the writer election (each pod read at most once, only for a binding with a writer Lease while its holder's Job is missing) |
 //! | `pods` | get | writer namespace | the download step the writer Job runs, and the literal secrets a derived step copies from its pod (only when the Job is to be created) |
 //! | `pods` | list | writer namespace, label `batch.kubernetes.io/job-name` | the writer's last words and bytes |
@@ -70,11 +70,13 @@ use warmcache_kube::{
 use warmcache_modelvolume::DownloadStep;
 use warmcache_modelvolume::encryption::{self, EncryptionNames};
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CAPTURE_LABEL, DOWNLOAD_STEP_ANNOTATION,
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CACHE_BINDING_ANNOTATION,
+    CACHE_BINDING_UID_ANNOTATION, CACHE_HANDLE_ANNOTATION, DOWNLOAD_STEP_ANNOTATION,
     HANDLE_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, URI_ANNOTATION,
 };
 use warmcache_modelvolume::lease::{self, LeaseView, LeaseWrite};
 use warmcache_modelvolume::lifecycle::{self, Action, LifecycleConfig, Observed, StepSource};
+use warmcache_modelvolume::reading::{self, Reads};
 use warmcache_modelvolume::view;
 use warmcache_modelvolume::volume_keys::{BINDING_LABEL, ROLE_WRITER, VOLUME_ROLE_LABEL};
 use warmcache_runtime::{Cache, ObjectRef, ReconcileError, Reconciler, WatcherConfig};
@@ -315,17 +317,14 @@ impl Bindings {
             .filter_map(|(ns, pod)| {
                 let found = store
                     .get(&ObjectRef::new(&pod).within(&ns))
-                    .filter(|p| p.annotations().get(BINDING_ANNOTATION) == Some(&name));
+                    .filter(|p| reading::bindings_named(p.annotations()).contains(&name.as_str()));
                 if found.is_none() {
                     self.pod_index.forget(&name, &ns, &pod);
                 }
                 found
             })
             .filter(|p| {
-                let a = p.annotations();
-                a.get(BINDING_ANNOTATION) == Some(&name)
-                    && a.get(BINDING_UID_ANNOTATION)
-                        .is_none_or(|u| Some(u) == uid.as_ref())
+                reading::reads(p.annotations(), &name, uid.as_deref()).is_some()
                     && p.metadata.deletion_timestamp.is_none()
                     && p.labels().get(MANAGED_BY_LABEL).map(String::as_str)
                         != Some(MANAGED_BY_VALUE)
@@ -1546,26 +1545,32 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let (seen, stale) = self.references(b, &pods).await?;
             let reader_namespaces: BTreeSet<String> =
                 pods.iter().filter_map(|p| p.namespace()).collect();
-            // Capture sources keep their own download until the node agent captures one.
+            // How each pod reads this binding: the model copy, or (its compile-cache set) a
+            // copy only ever filled by capture.
+            let name = b.name_any();
+            let uid = b.uid();
+            let how = |p: &PartialObjectMeta<Pod>| {
+                reading::reads(p.annotations(), &name, uid.as_deref()).unwrap_or(Reads::Model)
+            };
+            // Capture sources keep their own download (or compile caches) until the node agent
+            // captures one.
+            let digest = &identity.cache_handle_digest;
             let mut capture_sources: Vec<String> = pods
                 .iter()
-                .filter(|p| {
-                    p.labels().get(CAPTURE_LABEL).map(String::as_str) == Some("true")
-                        && p.annotations()
-                            .get(HANDLE_ANNOTATION)
-                            .is_some_and(|h| sha256_digest(h) == identity.cache_handle_digest)
-                })
+                .filter(|p| reading::is_capture_source(how(p), p.labels(), p.annotations(), digest))
                 .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
                 .collect();
             capture_sources.sort();
-            let model_uri = pods.iter().find_map(|p| {
-                let a = p.annotations();
-                let handle = a.get(HANDLE_ANNOTATION)?;
-                (sha256_digest(handle) == identity.cache_handle_digest)
-                    .then(|| a.get(URI_ANNOTATION).cloned())
-                    .flatten()
-            });
-            let writer = self.election(b, &pods).await?;
+            let model_uri = pods
+                .iter()
+                .find_map(|p| reading::shown_uri(how(p), p.annotations(), digest));
+            // Only readers of the model copy carry a download step a writer Job may run.
+            let model_readers: Vec<_> = pods
+                .iter()
+                .filter(|p| how(p) == Reads::Model)
+                .cloned()
+                .collect();
+            let writer = self.election(b, &model_readers).await?;
             let writer_ns = writer.namespace.clone();
             // After the election: it may have read which pods record a step.
             let traceparents = traceparents(&pods, |p| {
@@ -1714,7 +1719,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 writer,
                 previous_writer_claim,
                 stale_writer_claims,
-                pods,
+                model_readers,
                 primary_claim,
                 primary_pv,
                 writer_view_pv,
@@ -1741,7 +1746,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             writer,
             previous_writer_claim,
             stale_writer_claims,
-            pods,
+            model_readers,
             primary_claim,
             primary_pv,
             writer_view_pv,
@@ -1803,7 +1808,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             // Read from the API server (rare: until the writer Job exists), then decided again.
             let writer_ns = observed.writer.namespace.clone();
             let source = self
-                .step_source(&b.name_any(), &writer_ns, &pods)
+                .step_source(&b.name_any(), &writer_ns, &model_readers)
                 .instrument(tracing::info_span!("download_step", namespace = %writer_ns))
                 .await?;
             if let Some((source, traceparent)) = source {
@@ -2049,23 +2054,19 @@ impl PodIndex {
         let Ok(mut index) = self.by_binding.lock() else {
             return;
         };
-        match pod.annotations().get(BINDING_ANNOTATION) {
-            Some(binding) if present => {
+        for binding in reading::bindings_named(pod.annotations()) {
+            if present {
                 index
-                    .entry(binding.clone())
+                    .entry(binding.to_owned())
                     .or_default()
-                    .entry((ns, name))
+                    .entry((ns.clone(), name.clone()))
                     .or_insert(None);
-            }
-            Some(binding) => {
-                if let Some(set) = index.get_mut(binding) {
-                    set.remove(&(ns, name));
-                    if set.is_empty() {
-                        index.remove(binding);
-                    }
+            } else if let Some(set) = index.get_mut(binding) {
+                set.remove(&(ns.clone(), name.clone()));
+                if set.is_empty() {
+                    index.remove(binding);
                 }
             }
-            None => {}
         }
     }
 
@@ -2130,15 +2131,15 @@ impl PodIndex {
     }
 }
 
-/// The binding a pod reads (its [`BINDING_ANNOTATION`]), in the control namespace.
+/// The bindings a pod reads (its model copy's and its compile-cache set's), in the control
+/// namespace.
 fn binding_of_pod(
     control: &str,
     pod: &PartialObjectMeta<Pod>,
 ) -> Vec<ObjectRef<ModelCacheBinding>> {
-    pod.annotations()
-        .get(BINDING_ANNOTATION)
-        .map(|name| ObjectRef::new(name).within(control))
+    reading::bindings_named(pod.annotations())
         .into_iter()
+        .map(|name| ObjectRef::new(name).within(control))
         .collect()
 }
 
@@ -2197,6 +2198,9 @@ fn binding_of_attachment(
 pub const POD_ANNOTATIONS_READ: &[&str] = &[
     BINDING_ANNOTATION,
     BINDING_UID_ANNOTATION,
+    CACHE_BINDING_ANNOTATION,
+    CACHE_BINDING_UID_ANNOTATION,
+    CACHE_HANDLE_ANNOTATION,
     HANDLE_ANNOTATION,
     URI_ANNOTATION,
     warmcache_telemetry::TRACE_PARENT_ANNOTATION,

@@ -37,10 +37,9 @@ use warmcache_modelvolume::agent::{
     Doomed, HolderImage, HostReaderState, MOUNT_HOLDER, Staged, StagingState, copy_attempts,
     holder_name, host_reader, is_view_holder, staged_primary_claim, staging_state, staging_step,
 };
-use warmcache_modelvolume::capture::{CaptureState, capture_source};
+use warmcache_modelvolume::capture::{CaptureKind, capture_sources, is_capture_source_of};
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, CAPTURE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_LABEL,
-    ROLE_READER,
+    BINDING_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_LABEL, ROLE_READER,
 };
 use warmcache_modelvolume::lifecycle::copied_bytes;
 use warmcache_modelvolume::volume_keys::{
@@ -483,7 +482,10 @@ impl Agent {
         holder_uid: &str,
         pv: &str,
     ) -> Result<Action, Failure> {
-        let captured = matches!(source, CopySource::Captured { .. });
+        let captured = match &source {
+            CopySource::Captured { kind, .. } => Some(*kind),
+            CopySource::Staged(_) => None,
+        };
         let shown = source.shown();
         let dest = csi_mount_path(&self.settings.kubelet_root, holder_uid, pv);
         // Only into the volume: the kubelet's directory is on the node's disk until mounted.
@@ -544,18 +546,30 @@ impl Agent {
             CopySource::Staged(s) => {
                 warmcache_nodefs::copy_tree_into_mount(&s, &d, &attempt, &checked)
             }
-            CopySource::Captured { root, path } => warmcache_nodefs::open_dir_beneath(&root, &path)
-                .and_then(|tree| {
-                    warmcache_nodefs::copy_dir_into_mount(&tree, &d, &attempt, &checked)
-                }),
+            CopySource::Captured { root, path, kind } => {
+                warmcache_nodefs::open_dir_beneath(&root, &path).and_then(|tree| {
+                    if kind.filtered() {
+                        // A compile-cache set: only what travels (never a credential).
+                        warmcache_nodefs::copy_dir_into_mount_selected(
+                            &tree,
+                            &d,
+                            &attempt,
+                            &checked,
+                            &warmcache_modelvolume::cacheset::travels,
+                        )
+                    } else {
+                        warmcache_nodefs::copy_dir_into_mount(&tree, &d, &attempt, &checked)
+                    }
+                })
+            }
         })
         .await
         .map_err(|_| Failure::Task("copy"))?;
         match result {
             Ok(report) => {
                 let seconds = started.elapsed().as_secs_f64();
-                if captured {
-                    self.metrics.captured(report.bytes, seconds);
+                if let Some(kind) = captured {
+                    self.metrics.captured(kind, report.bytes, seconds);
                 } else {
                     self.metrics.copied(report.bytes, seconds);
                 }
@@ -579,8 +593,8 @@ impl Agent {
                 Ok(Action::requeue(Duration::from_secs(1)))
             }
             Err(e) => {
-                if captured {
-                    self.metrics.capture_failed();
+                if let Some(kind) = captured {
+                    self.metrics.capture_failed(kind);
                 } else {
                     self.metrics.copy_failed();
                 }
@@ -605,12 +619,16 @@ pub(crate) enum CopySource {
     /// A staging pod's emptyDir (the root's last component is never followed).
     Staged(PathBuf),
     /// A capture source's landing: `path` beneath its emptyDir `root`, reached without following
-    /// any link ([`warmcache_nodefs::open_dir_beneath`]).
+    /// any link ([`warmcache_nodefs::open_dir_beneath`]); a compile-cache set
+    /// ([`CaptureKind::filtered`]) copied through the selection
+    /// [`warmcache_modelvolume::cacheset::travels`].
     Captured {
         /// The pod's emptyDir on the node.
         root: PathBuf,
         /// The landing inside it (clean, relative).
         path: String,
+        /// What the capture fills.
+        kind: CaptureKind,
     },
 }
 
@@ -618,7 +636,7 @@ impl CopySource {
     fn shown(&self) -> String {
         match self {
             Self::Staged(p) => p.display().to_string(),
-            Self::Captured { root, path } => root.join(path).display().to_string(),
+            Self::Captured { root, path, .. } => root.join(path).display().to_string(),
         }
     }
 }
@@ -647,18 +665,11 @@ impl Reconciler<Pod> for Agent {
         if let Some(done) = self.open_root(&pod).await {
             return done;
         }
-        // A capture source: its landing copied into the binding's primary once it is Ready.
-        match capture_source(&pod) {
-            CaptureState::Source(source) => return self.capture(&pod, source).await,
-            CaptureState::Refused(why) => {
-                if pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
-                    == Some(self.settings.node.as_str())
-                {
-                    self.refuse(&pod, &why).await;
-                }
-                return Ok(Action::await_change());
-            }
-            CaptureState::NotCapture => {}
+        // A capture source (of its model, of its compile-cache set, or both): each landing
+        // copied into its binding's primary once the pod is Ready.
+        let captures = capture_sources(&pod);
+        if !captures.is_empty() {
+            return self.captures(&pod, captures).await;
         }
         let staged = match staging_state(&pod) {
             StagingState::Staged(s) => s,
@@ -801,16 +812,17 @@ impl Reconciler<Pod> for Agent {
     }
 }
 
-/// The staging pods and capture sources of a binding this node's cache holds (for changes of
-/// its claim, holder or binding).
+/// The staging pods and capture sources (of a model or a compile-cache set) of a binding this
+/// node's cache holds (for changes of its claim, holder or binding).
 fn staging_pods_of(pods: &Cache<Pod>, binding: &str) -> Vec<ObjectRef<Pod>> {
     pods.store()
         .state()
         .iter()
         .filter(|p| {
-            p.labels().contains_key(STAGING_LABEL) || p.labels().contains_key(CAPTURE_LABEL)
+            (p.labels().contains_key(STAGING_LABEL)
+                && p.annotations().get(BINDING_ANNOTATION).map(String::as_str) == Some(binding))
+                || is_capture_source_of(p, binding)
         })
-        .filter(|p| p.annotations().get(BINDING_ANNOTATION).map(String::as_str) == Some(binding))
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }

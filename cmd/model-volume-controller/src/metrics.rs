@@ -7,8 +7,8 @@
 //! | `copies_total` | `outcome` (`succeeded`, `failed`, `gave_up`) | copies of staged downloads into primaries |
 //! | `copied_bytes_total` | | bytes copied and verified (staged downloads and captures) |
 //! | `copy_seconds` | | duration of a successful copy (with its manifest verification; staged downloads and captures) |
-//! | `capture_steps_total` | `step` ([`CAPTURE_STEPS`]) | decisions taken for capture sources |
-//! | `captures_total` | `outcome` ([`CAPTURE_OUTCOMES`]) | captures of a Ready pod's download into primaries |
+//! | `capture_steps_total` | `kind` ([`CAPTURE_KINDS`]), `step` ([`CAPTURE_STEPS`]) | decisions taken for capture sources |
+//! | `captures_total` | `kind` ([`CAPTURE_KINDS`]), `outcome` ([`CAPTURE_OUTCOMES`]) | captures of a Ready pod's download (`model`) or compile caches (`cache_set`) into primaries |
 //! | `host_steps_total` | `step` (the fixed [`HostBindStep`] kinds) | decisions taken for hostPath readers' binds |
 //! | `binds_total` | `outcome` ([`BIND_OUTCOMES`]) | what a bind or unbind found and did, as the mount table shows it |
 //! | `unpends_total` | | hostPath readers un-pended after their bind was verified |
@@ -17,7 +17,7 @@
 //! Every label value is a fixed word; no pod, binding or model is a label.
 
 use warmcache_modelvolume::agent::{AgentStep, HostBindStep};
-use warmcache_modelvolume::capture::CaptureStep;
+use warmcache_modelvolume::capture::{CaptureKind, CaptureStep};
 use warmcache_telemetry::prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
 };
@@ -78,7 +78,11 @@ pub const fn host_step_label(step: &HostBindStep) -> &'static str {
 /// call failed (`failed`).
 pub const OPEN_OUTCOMES: [&str; 5] = ["opened", "already_open", "not_mounted", "refused", "failed"];
 
-/// Label values of `capture_steps_total`.
+/// Label values of `kind` on `capture_steps_total` and `captures_total`: a model's capture, a
+/// compile-cache set's ([`CaptureKind::label`]).
+pub const CAPTURE_KINDS: [&str; 2] = [CaptureKind::Model.label(), CaptureKind::CacheSet.label()];
+
+/// Label values of `step` on `capture_steps_total`.
 pub const CAPTURE_STEPS: [&str; 11] = [
     "skip",
     "wait",
@@ -246,9 +250,9 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "capture_steps_total",
-                    "Decisions taken for capture sources.",
+                    "Decisions taken for capture sources, by kind (model, cache_set).",
                 ),
-                &["step"],
+                &["kind", "step"],
             ),
         )?;
         let captures = register_metric(
@@ -257,16 +261,18 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "captures_total",
-                    "Captures of a Ready pod's own download into primaries, by outcome.",
+                    "Captures of a Ready pod's own download (model) or compile caches (cache_set) into primaries, by outcome.",
                 ),
-                &["outcome"],
+                &["kind", "outcome"],
             ),
         )?;
-        for s in CAPTURE_STEPS {
-            capture_steps.with_label_values(&[s]);
-        }
-        for o in CAPTURE_OUTCOMES {
-            captures.with_label_values(&[o]);
+        for k in CAPTURE_KINDS {
+            for s in CAPTURE_STEPS {
+                capture_steps.with_label_values(&[k, s]);
+            }
+            for o in CAPTURE_OUTCOMES {
+                captures.with_label_values(&[k, o]);
+            }
         }
         for o in OPEN_OUTCOMES {
             roots.with_label_values(&[o]);
@@ -335,33 +341,41 @@ impl Metrics {
         self.seconds.observe(seconds);
     }
 
-    /// A decision for a capture source.
-    pub fn capture_step(&self, step: &CaptureStep) {
+    /// A decision for a capture source of `kind`.
+    pub fn capture_step(&self, kind: CaptureKind, step: &CaptureStep) {
         self.capture_steps
-            .with_label_values(&[capture_step_label(step)])
+            .with_label_values(&[kind.label(), capture_step_label(step)])
             .inc();
     }
 
-    /// A capture of `bytes` copied and verified in `seconds`.
-    pub fn captured(&self, bytes: u64, seconds: f64) {
-        self.captures.with_label_values(&["copied"]).inc();
+    /// A capture of `kind`, `bytes` copied and verified in `seconds`.
+    pub fn captured(&self, kind: CaptureKind, bytes: u64, seconds: f64) {
+        self.captures
+            .with_label_values(&[kind.label(), "copied"])
+            .inc();
         self.bytes.inc_by(bytes);
         self.seconds.observe(seconds);
     }
 
     /// A capture's copy failed.
-    pub fn capture_failed(&self) {
-        self.captures.with_label_values(&["failed"]).inc();
+    pub fn capture_failed(&self, kind: CaptureKind) {
+        self.captures
+            .with_label_values(&[kind.label(), "failed"])
+            .inc();
     }
 
     /// A capture given up after three failed copies.
-    pub fn capture_gave_up(&self) {
-        self.captures.with_label_values(&["gave_up"]).inc();
+    pub fn capture_gave_up(&self, kind: CaptureKind) {
+        self.captures
+            .with_label_values(&[kind.label(), "gave_up"])
+            .inc();
     }
 
     /// A capture pod refused.
-    pub fn capture_refused(&self) {
-        self.captures.with_label_values(&["refused"]).inc();
+    pub fn capture_refused(&self, kind: CaptureKind) {
+        self.captures
+            .with_label_values(&[kind.label(), "refused"])
+            .inc();
     }
 
     /// A failed copy.
@@ -428,17 +442,21 @@ mod tests {
                 "{text}"
             );
         }
-        for s in CAPTURE_STEPS {
-            assert!(
-                text.contains(&format!("capture_steps_total{{step=\"{s}\"}} 0")),
-                "{text}"
-            );
-        }
-        for o in CAPTURE_OUTCOMES {
-            assert!(
-                text.contains(&format!("captures_total{{outcome=\"{o}\"}} 0")),
-                "{text}"
-            );
+        for k in CAPTURE_KINDS {
+            for s in CAPTURE_STEPS {
+                assert!(
+                    text.contains(&format!(
+                        "capture_steps_total{{kind=\"{k}\",step=\"{s}\"}} 0"
+                    )),
+                    "{text}"
+                );
+            }
+            for o in CAPTURE_OUTCOMES {
+                assert!(
+                    text.contains(&format!("captures_total{{kind=\"{k}\",outcome=\"{o}\"}} 0")),
+                    "{text}"
+                );
+            }
         }
         assert!(text.contains("copied_bytes_total 1048576"), "{text}");
         assert!(text.contains("copy_seconds_count 1"), "{text}");
@@ -448,30 +466,36 @@ mod tests {
         }
     }
 
-    /// A capture shares the copy's bytes and duration, counted by its own outcome, not as a
-    /// staged copy.
+    /// A capture shares the copy's bytes and duration, counted by its own kind and outcome, not
+    /// as a staged copy.
     #[test]
     fn a_capture_counts_its_outcome_and_the_shared_bytes() {
         let registry = Registry::new();
         let m = Metrics::register(&registry).unwrap();
-        m.captured(4096, 1.5);
-        m.capture_failed();
-        m.capture_refused();
-        m.capture_step(&CaptureStep::CreateClaim);
+        m.captured(CaptureKind::Model, 4096, 1.5);
+        m.capture_failed(CaptureKind::Model);
+        m.capture_refused(CaptureKind::Model);
+        m.capture_step(CaptureKind::Model, &CaptureStep::CreateClaim);
+        m.captured(CaptureKind::CacheSet, 100, 0.5);
+        m.capture_gave_up(CaptureKind::CacheSet);
         let mut text = Vec::new();
         TextEncoder::new()
             .encode(&registry.gather(), &mut text)
             .unwrap();
         let text = String::from_utf8(text).unwrap();
         for line in [
-            "captures_total{outcome=\"copied\"} 1",
-            "captures_total{outcome=\"failed\"} 1",
-            "captures_total{outcome=\"refused\"} 1",
-            "captures_total{outcome=\"gave_up\"} 0",
-            "capture_steps_total{step=\"create_claim\"} 1",
+            "captures_total{kind=\"model\",outcome=\"copied\"} 1",
+            "captures_total{kind=\"model\",outcome=\"failed\"} 1",
+            "captures_total{kind=\"model\",outcome=\"refused\"} 1",
+            "captures_total{kind=\"model\",outcome=\"gave_up\"} 0",
+            "captures_total{kind=\"cache_set\",outcome=\"copied\"} 1",
+            "captures_total{kind=\"cache_set\",outcome=\"gave_up\"} 1",
+            "captures_total{kind=\"cache_set\",outcome=\"refused\"} 0",
+            "capture_steps_total{kind=\"model\",step=\"create_claim\"} 1",
+            "capture_steps_total{kind=\"cache_set\",step=\"create_claim\"} 0",
             "copies_total{outcome=\"succeeded\"} 0",
-            "copied_bytes_total 4096",
-            "copy_seconds_count 1",
+            "copied_bytes_total 4196",
+            "copy_seconds_count 2",
         ] {
             assert!(text.contains(line), "{line}\n{text}");
         }

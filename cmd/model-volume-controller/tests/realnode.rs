@@ -1371,6 +1371,41 @@ async fn check_bind(w: &World, holder_name: &str, pv: &str, target: &str, why: &
     );
 }
 
+/// `pod` made also a cache capture source of the compile-cache set `set` (handle `handle`), as
+/// the webhook leaves a pod whose set was not complete at admission: the labels, the set's
+/// records, the scratch emptyDir mounted where the compile-cache variables point.
+fn with_cache_capture(mut pod: Pod, set: &ModelCacheBinding, handle: &str) -> Pod {
+    use warmcache_modelvolume::keys::{
+        CACHE_BINDING_ANNOTATION, CACHE_BINDING_UID_ANNOTATION, CACHE_CAPTURE_LABEL,
+        CACHE_HANDLE_ANNOTATION, CACHE_KEY_LABEL, SCRATCH_PATH, SCRATCH_VOLUME,
+    };
+    let labels = pod.metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(CACHE_CAPTURE_LABEL.into(), "true".into());
+    labels.insert(
+        CACHE_KEY_LABEL.into(),
+        warmcache_api_modelcache::identity_hash(&set.spec.identity),
+    );
+    let a = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    a.insert(CACHE_BINDING_ANNOTATION.into(), set.name_any());
+    a.insert(
+        CACHE_BINDING_UID_ANNOTATION.into(),
+        set.metadata.uid.clone().unwrap(),
+    );
+    a.insert(CACHE_HANDLE_ANNOTATION.into(), handle.into());
+    let spec = pod.spec.as_mut().unwrap();
+    spec.volumes
+        .get_or_insert_with(Vec::new)
+        .push(serde_json::from_value(json!({ "name": SCRATCH_VOLUME, "emptyDir": {} })).unwrap());
+    spec.containers[0]
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(
+            serde_json::from_value(json!({ "name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH }))
+                .unwrap(),
+        );
+    pod
+}
+
 /// Waits for an Event with `reason` about pod `name` of the app namespace.
 async fn event_on(w: &World, name: &str, reason: &str) {
     let events = w.app.api::<k8s_openapi::api::events::v1::Event>();
@@ -1670,6 +1705,18 @@ printf '%s\n' '{"model_type":"llama"}' > "$d/config.json"
 yes captured-shard | head -c 300000 > "$d/blobs/shard-1"
 ln -s blobs/shard-1 "$d/model.safetensors"
 echo "$1" > "$d/written-by"
+c=/opt/nvsnap/cache
+if [ -d "$c" ]; then
+  # What an engine compiles at start (torch.compile, Triton), and what must never travel: the
+  # NGC CLI's config, a Hugging Face token, a key in a cache directory, a link out of the tree.
+  mkdir -p "$c/torchinductor/fxgraph/ab" "$c/.triton/cache/k1" "$c/.ngc" "$c/.cache/huggingface"
+  echo "graph-$1" > "$c/torchinductor/fxgraph/ab/entry"
+  yes kernel | head -c 20000 > "$c/.triton/cache/k1/kernel.cubin"
+  echo "apikey = nvapi-secret" > "$c/.ngc/config"
+  echo "hf_secret" > "$c/.cache/huggingface/token"
+  echo "-----BEGIN PRIVATE KEY-----" > "$c/torchinductor/x.pem"
+  ln -s /etc/passwd "$c/torchinductor/out"
+fi
 touch /tmp/ready
 exec sleep 3600
 "#;
@@ -1763,7 +1810,10 @@ async fn event_about(
 /// the tree, its manifest (checked with `sha256sum -c`) and the marker. Before it, a pod carrying
 /// the same records in a namespace outside the binding's sharing domain, and a pod of the domain
 /// whose landing is a link to the node's `/etc`, are refused: no claim is created for them and
-/// nothing of theirs reaches the volume.
+/// nothing of theirs reaches the volume. The capture source is also the cache capture source of
+/// its compile-cache set (a second binding): once Ready, its scratch emptyDir's compile caches,
+/// and only them (no NGC config, token, key or link out of the tree), are copied into the set
+/// binding's own claim, sized from what travels and recorded alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() {
     use warmcache_api_modelcache::v2beta1::{BindingIdentity, Workflow};
@@ -1837,12 +1887,23 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
     wanted.spec.resources.job_names = vec![writer_job_name(&identity)];
     wanted.spec.resources.lease_name = init_lease_name(&identity);
     wanted.spec.identity = identity;
+    // The binding of the pod's compile-cache set: the same decision, a cache-set handle.
+    let cache_handle = format!("cache://{}?rank=0", "5e".repeat(32));
+    let set_identity = BindingIdentity::new(Workflow::HelmModelCache, &app.name, &cache_handle);
+    let mut set = wanted.clone();
+    set.metadata.name = Some(binding_name(&set_identity));
+    set.spec.resources.persistent_volume_claim_names = vec![writer_pvc_name(&set_identity)];
+    set.spec.resources.job_names = vec![writer_job_name(&set_identity)];
+    set.spec.resources.lease_name = init_lease_name(&set_identity);
+    set.spec.identity = set_identity;
     let bindings: Api<ModelCacheBinding> = control.api();
     let stored = bindings
         .create(&PostParams::default(), &wanted)
         .await
         .unwrap();
+    let set = bindings.create(&PostParams::default(), &set).await.unwrap();
     let claim_name = writer_pvc_name(&stored.spec.identity);
+    let set_claim_name = writer_pvc_name(&set.spec.identity);
 
     // The agent, as the chart's ServiceAccount with the generated roles.
     let admin = plane.client().await.unwrap();
@@ -1897,11 +1958,16 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
     assert!(l.contains("not in binding"), "{l}");
     assert!(l.contains("symbolic link"), "{l}");
 
-    // The capture source of the domain: copied once Ready.
+    // The capture source of the domain, also the cache capture source of its compile-cache
+    // set: both copied once Ready, each into its own binding's primary.
     app_pods
         .create(
             &PostParams::default(),
-            &capture_pod("nim-0", &stored, handle, "ngc/models", CAPTURE_ENGINE),
+            &with_cache_capture(
+                capture_pod("nim-0", &stored, handle, "ngc/models", CAPTURE_ENGINE),
+                &set,
+                &cache_handle,
+            ),
         )
         .await
         .unwrap();
@@ -1932,7 +1998,37 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
         warmcache_modelvolume::view::sized(bytes, 1 << 30),
         "sized from the bytes (the 1 GiB floor)"
     );
-    // The mount holder goes once the copy is recorded (the volume can detach).
+    // The compile-cache set: its own claim, recorded alike, sized from what travels.
+    let set_claim = eventually("the set recorded on its primary claim", TIMEOUT, || {
+        let (claims, name) = (claims.clone(), set_claim_name.clone());
+        async move {
+            let c = claims.get_opt(&name).await.ok()??;
+            c.annotations()
+                .contains_key(COPIED_BYTES_ANNOTATION)
+                .then_some(c)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    let a = set_claim.annotations();
+    let set_bytes: u64 = a[COPIED_BYTES_ANNOTATION].parse().unwrap();
+    assert!((20_000..300_000).contains(&set_bytes), "{a:?}");
+    assert_eq!(a.get(COPY_POD_ANNOTATION), ready.metadata.uid.as_ref());
+    assert_eq!(a[COPY_SOURCE_ANNOTATION], COPY_SOURCE_CAPTURE);
+    assert_eq!(
+        set_claim
+            .spec
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()["storage"],
+        warmcache_modelvolume::view::sized(set_bytes, 1 << 30),
+    );
+    // The mount holders go once the copies are recorded (the volumes can detach).
     let holders = control.api::<Pod>();
     eventually("the mount holder deleted", TIMEOUT, || {
         let holders = holders.clone();
@@ -1947,6 +2043,7 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
     .await
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
     event_about(&app.api(), "nim-0", "ModelCaptured", &log).await;
+    event_about(&app.api(), "nim-0", "CacheSetCaptured", &log).await;
 
     // What the volume holds: the landing's tree (the link copied as a link), the manifest an
     // operator checks with sha256sum, the marker with the bytes; nothing of the refused pods.
@@ -2011,25 +2108,86 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
         ".nvsnap-complete .nvsnap-manifest llama_v1",
         "{report}"
     );
-    // One election: the domain's Ready pod's.
+
+    // What the set's volume holds: the compile caches and nothing else (no credential, no
+    // link), verified as any copy.
+    let mut check = warmcache_testkit::tools_pod(
+        "check-set",
+        r#"cd /set
+{
+  echo "marker=$(cat .nvsnap-complete)"
+  sha256sum -c .nvsnap-manifest >/dev/null && echo "manifest=ok"
+  echo "entry=$(cat torchinductor/fxgraph/ab/entry)"
+  echo "kernel=$(wc -c < .triton/cache/k1/kernel.cubin | tr -d ' ')"
+  echo "all=$(find . -mindepth 1 | LC_ALL=C sort | tr '\n' ' ')"
+} > /dev/termination-log 2>&1
+"#,
+    );
+    let spec = check.spec.as_mut().unwrap();
+    spec.containers[0].volume_mounts = Some(vec![
+        serde_json::from_value(json!({
+            "name": "set", "mountPath": "/set", "readOnly": true,
+        }))
+        .unwrap(),
+    ]);
+    spec.containers[0].resources = Some(small());
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({
+            "name": "set",
+            "persistentVolumeClaim": { "claimName": set_claim_name, "readOnly": true },
+        }))
+        .unwrap(),
+    ]);
+    holders
+        .create(&PostParams::default(), &check)
+        .await
+        .unwrap();
+    let checked = wait_pod_finished(&holders, "check-set", TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    let report = termination_message(&checked, "main").unwrap();
+    eprintln!("the set holds:\n{report}");
+    let field = |k: &str| {
+        report
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k} missing in {report}"))
+            .to_owned()
+    };
+    assert_eq!(field("marker"), set_bytes.to_string(), "{report}");
+    assert_eq!(field("manifest"), "ok", "{report}");
+    assert_eq!(field("entry"), "graph-nim-0", "{report}");
+    assert_eq!(field("kernel"), "20000", "{report}");
+    assert_eq!(
+        field("all").trim(),
+        "./.cache ./.nvsnap-complete ./.nvsnap-manifest ./.triton ./.triton/cache \
+         ./.triton/cache/k1 ./.triton/cache/k1/kernel.cubin ./torchinductor \
+         ./torchinductor/fxgraph ./torchinductor/fxgraph/ab ./torchinductor/fxgraph/ab/entry",
+        "only the compile caches (.cache, on the way to vLLM's, left empty): no .ngc, no \
+         token, no key, no link: {report}"
+    );
+
+    // One election per binding: the domain's Ready pod's, for its model and for its set.
     let l = log();
     assert_eq!(
         l.matches("created the primary claim sized from the captured bytes")
             .count(),
-        1,
+        2,
         "{l}"
     );
 
     drop(agent);
     drop(account);
-    bindings
-        .patch(
-            &stored.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
-        )
-        .await
-        .unwrap();
+    for b in [&stored, &set] {
+        bindings
+            .patch(
+                &b.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+            )
+            .await
+            .unwrap();
+    }
     let _ = classes
         .delete(MODEL_CACHE_STORAGE_CLASS, &DeleteParams::default())
         .await;

@@ -56,7 +56,9 @@ use warmcache_api_modelcache::FINALIZER;
 use warmcache_api_modelcache::v2beta1::{BindingPhase, ModelCacheBinding};
 use warmcache_kube::{EventRecorder, Leadership};
 use warmcache_modelvolume::encryption::{ROLE_ENCRYPTION, class_name};
-use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
+use warmcache_modelvolume::keys::{
+    CACHE_KEY_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER,
+};
 use warmcache_modelvolume::reaper::{
     self, BindingVerdict, ClaimVerdict, Cleanup, Config, EncryptionObject, EncryptionUses,
     EncryptionVerdict, Keep, Kind, NamespaceState, PvClass, PvFacts, PvVerdict, Rule, Seen, Target,
@@ -353,18 +355,25 @@ impl Sweeper {
         }
     }
 
+    /// Live pods reading `b` (at most one is counted): by the model label, then, for a
+    /// compile-cache set's binding, by the set label.
     async fn live_readers(&self, b: &ModelCacheBinding) -> Result<usize, SweepError> {
         let hash = warmcache_api_modelcache::identity_hash(&b.spec.identity);
         let pods: Api<Pod> = Api::all(self.client.clone());
-        let params = ListParams::default()
-            .labels(&format!("{MODEL_LABEL}={hash}"))
-            .fields(LIVE_PODS)
-            .limit(1);
-        let page = pods
-            .list_metadata(&params)
-            .await
-            .map_err(failed("list", format!("pods reading {}", b.name_any())))?;
-        Ok(page.items.len())
+        for key in [MODEL_LABEL, CACHE_KEY_LABEL] {
+            let params = ListParams::default()
+                .labels(&format!("{key}={hash}"))
+                .fields(LIVE_PODS)
+                .limit(1);
+            let page = pods
+                .list_metadata(&params)
+                .await
+                .map_err(failed("list", format!("pods reading {}", b.name_any())))?;
+            if !page.items.is_empty() {
+                return Ok(page.items.len());
+            }
+        }
+        Ok(0)
     }
 
     /// The model hashes live pods read (`nvsnap.io/model` of every pod not Succeeded or Failed):
@@ -382,9 +391,12 @@ impl Sweeper {
                 .list_metadata(&params)
                 .await
                 .map_err(failed("list", "pods reading a model"))?;
-            for p in &page.items {
-                if let Some(hash) = p.metadata.labels.as_ref().and_then(|l| l.get(MODEL_LABEL)) {
-                    out.insert(hash.clone());
+            // A pod with a compile-cache set carries the model label too: one list finds both.
+            for labels in page.items.iter().filter_map(|p| p.metadata.labels.as_ref()) {
+                for key in [MODEL_LABEL, CACHE_KEY_LABEL] {
+                    if let Some(hash) = labels.get(key) {
+                        out.insert(hash.clone());
+                    }
                 }
             }
             match page.metadata.continue_.filter(|c| !c.is_empty()) {

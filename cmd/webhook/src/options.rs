@@ -61,6 +61,11 @@ pub struct RewriteArgs {
         default_value_t = 0
     )]
     pub floating_revision_max_age: u64,
+    /// Compile-cache sets: point the engine's compile caches into a scratch directory, have the
+    /// node agent collect them from the first Ready pod of each configuration and rank, and
+    /// seed later pods from them. Needs the node agent (the chart passes it only with the agent).
+    #[arg(long = "compile-cache-sets")]
+    pub compile_cache_sets: bool,
 }
 
 impl RewriteArgs {
@@ -83,6 +88,7 @@ impl RewriteArgs {
             poll_seconds: DEFAULT_POLL_SECONDS.min(self.wait_deadline.max(1)),
             floating_revision_max_age_seconds: (self.floating_revision_max_age > 0)
                 .then_some(self.floating_revision_max_age),
+            compile_cache_sets: self.compile_cache_sets,
             ..Options::default()
         };
         options.validate()?;

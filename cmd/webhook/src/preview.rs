@@ -271,13 +271,16 @@ fn preview_one(
         Ok(plan) => {
             let plan = plan.at(k8s_openapi::jiff::Timestamp::now());
             let found = lookup(plan.binding_namespace(), plan.binding_name());
-            warmcache_modelvolume::decide(
-                &req,
-                plan,
-                found,
-                &storage,
-                k8s_openapi::jiff::Timestamp::MIN,
-            )
+            let set = plan
+                .cache_set()
+                .and_then(|s| lookup(plan.binding_namespace(), s.binding_name()));
+            let now = k8s_openapi::jiff::Timestamp::MIN;
+            match warmcache_modelvolume::decide(&req, plan, found, &storage, now) {
+                Verdict::Rewrite(r) => {
+                    Verdict::Rewrite(Box::new(r.with_cache_set(&req, set, &storage, now)))
+                }
+                other => other,
+            }
         }
     };
     Ok(match verdict {
@@ -294,6 +297,27 @@ fn preview_one(
                 )?,
                 BindingAction::Join { name, .. } => {
                     writeln!(err, "note: the pod joins ModelCacheBinding {name}")?;
+                }
+            }
+            if let Some(set) = r.plan.cache_set() {
+                match &r.cache_set {
+                    Some(BindingAction::Create(b)) => writeln!(
+                        err,
+                        "note: admission would create ModelCacheBinding {}/{} for the compile-cache set {} and record its UID on the pod",
+                        b.metadata.namespace.as_deref().unwrap_or_default(),
+                        b.metadata.name.as_deref().unwrap_or_default(),
+                        set.handle()
+                    )?,
+                    Some(BindingAction::Join { name, .. }) => writeln!(
+                        err,
+                        "note: the pod joins ModelCacheBinding {name}, the compile-cache set {}",
+                        set.handle()
+                    )?,
+                    None => writeln!(
+                        err,
+                        "note: the pod keeps its compile caches local: its set's binding ({}) cannot be joined or created now",
+                        set.binding_name()
+                    )?,
                 }
             }
             Answer::Pod(Box::new(r.pod))

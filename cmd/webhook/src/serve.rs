@@ -42,10 +42,11 @@ use warmcache_catalog::{CONFIG_MAP_NAME, CatalogInput, CatalogSnapshot, Gates};
 use warmcache_cli::text::{bounded, shown};
 use warmcache_kube::EventType;
 use warmcache_modelid::{LWS_API_VERSION, LeaderWorkerSet, lws_from_object};
+use warmcache_modelvolume::cacheset;
 use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OPT_OUT};
 use warmcache_modelvolume::{
     BindingAction, Options, OptionsError, Request, Skip, SkipReason, StorageInputs, Verdict,
-    decide, gpu_container, leader_worker_set_name, plan,
+    complete_cache_set, decide, gpu_container, leader_worker_set_name, plan,
 };
 use warmcache_runtime::{AdmissionArgs, Cache, Runtime, RuntimeArgs, RuntimeError};
 use warmcache_telemetry::TelemetryError;
@@ -390,7 +391,12 @@ struct PodMetrics {
     bindings: IntCounterVec,
     /// Events by result.
     events: IntCounterVec,
+    /// Rewritten pods with a compile-cache set, by role.
+    cache_sets: IntCounterVec,
 }
+
+/// Roles of a rewritten pod in its compile-cache set (metric label `role`).
+const SET_ROLES: [&str; 5] = ["capture", "seed", "local", "unjoinable", "unavailable"];
 
 /// Outcomes of an admission (metric label `outcome`).
 const OUTCOMES: [&str; 7] = [
@@ -442,7 +448,15 @@ impl PodMetrics {
             "Warning Events about pods left alone, by result: queued, dropped (queue full).",
             &["result"],
         )?;
+        let cache_sets = counter(
+            "compile_cache_set_admissions_total",
+            "Rewritten pods that have a compile-cache set, by role: capture (its compile caches may be collected once Ready), seed (it starts from the complete set), local (the set is complete but the namespace has no view yet), unjoinable (the set's binding may not be joined now: deleting, Retiring, failed, or read through hostPath), unavailable (the set's binding could not be created).",
+            &["role"],
+        )?;
         // Every series exported with 0 from the start.
+        for role in SET_ROLES {
+            cache_sets.with_label_values(&[role]);
+        }
         for reason in SkipReason::ALL {
             let outcome = if reason.in_scope() {
                 "skipped"
@@ -473,11 +487,13 @@ impl PodMetrics {
         metrics.register(duration.clone())?;
         metrics.register(bindings.clone())?;
         metrics.register(events.clone())?;
+        metrics.register(cache_sets.clone())?;
         Ok(Self {
             admissions,
             duration,
             bindings,
             events,
+            cache_sets,
         })
     }
 }
@@ -709,6 +725,7 @@ impl Admitter {
             dry_run = request.dry_run,
             model.uri = field::Empty,
             binding = field::Empty,
+            cache_set = field::Empty,
             decision = field::Empty,
             reason = field::Empty,
         );
@@ -786,11 +803,17 @@ impl Admitter {
                 let span = tracing::Span::current();
                 span.record("model.uri", plan.uri());
                 span.record("binding", plan.binding_name());
-                let binding = self
-                    .caches
-                    .bindings
-                    .store()
-                    .get(&ObjectRef::new(plan.binding_name()).within(plan.binding_namespace()));
+                let lookup = |name: &str| {
+                    self.caches
+                        .bindings
+                        .store()
+                        .get(&ObjectRef::new(name).within(plan.binding_namespace()))
+                };
+                let binding = lookup(plan.binding_name());
+                if let Some(set) = plan.cache_set() {
+                    span.record("cache_set", set.binding_name());
+                }
+                let set_binding = plan.cache_set().and_then(|s| lookup(s.binding_name()));
                 let class = self
                     .caches
                     .storage_classes
@@ -819,7 +842,15 @@ impl Admitter {
                     catalog,
                     gates: self.gates,
                 };
-                decide(&req, plan, binding.as_deref(), &storage, now)
+                match decide(&req, plan, binding.as_deref(), &storage, now) {
+                    Verdict::Rewrite(r) => Verdict::Rewrite(Box::new(r.with_cache_set(
+                        &req,
+                        set_binding.as_deref(),
+                        &storage,
+                        now,
+                    ))),
+                    other => other,
+                }
             }
         };
         let (ending, reply) = match verdict {
@@ -835,32 +866,59 @@ impl Admitter {
                     BindingAction::Join { .. } => None,
                     BindingAction::Create(wanted) => Some(wanted.as_ref().clone()),
                 };
-                match wanted {
-                    None => (
-                        Ending::new(rewritten),
-                        Reply::new(Mutation::Mutated(rewrite.pod)),
-                    ),
+                let set_action = rewrite.cache_set.clone();
+                let has_set = rewrite.plan.cache_set().is_some();
+                let mut notes = Vec::new();
+                let admitted = match wanted {
+                    None => Ok(rewrite.pod),
                     Some(wanted) if request.dry_run => {
-                        let note = format!(
-                            "dry run: admission would create ModelCacheBinding {}/{}",
-                            wanted.metadata.namespace.as_deref().unwrap_or_default(),
-                            wanted.metadata.name.as_deref().unwrap_or_default()
-                        );
-                        (
-                            Ending::new(rewritten),
-                            Reply::new(Mutation::Mutated(rewrite.pod)).warning(note),
-                        )
+                        notes.push(would_create(&wanted));
+                        Ok(rewrite.pod)
                     }
                     Some(wanted) => match self.create_binding(&wanted, deadline).await {
-                        Err(why) => {
-                            let skip = rewrite.unavailable(why);
-                            self.skipped(pod, &namespace, &skip, false)
-                        }
-                        Ok(stored) => match rewrite.complete(&stored) {
-                            Ok(pod) => (Ending::new(rewritten), Reply::new(Mutation::Mutated(pod))),
-                            Err(skip) => self.skipped(pod, &namespace, &skip, false),
-                        },
+                        Err(why) => Err(rewrite.unavailable(why)),
+                        Ok(stored) => rewrite.complete(&stored),
                     },
+                };
+                match admitted {
+                    Err(skip) => self.skipped(pod, &namespace, &skip, false),
+                    Ok(admitted) => {
+                        // The compile-cache set's binding: a pod whose set binding could not be
+                        // created keeps its caches local; the model copy is unaffected.
+                        let admitted = match &set_action {
+                            Some(BindingAction::Create(wanted)) if request.dry_run => {
+                                notes.push(would_create(wanted));
+                                admitted
+                            }
+                            Some(BindingAction::Create(wanted)) => {
+                                let stored = match self.create_binding(wanted, deadline).await {
+                                    Ok(stored) => Some(stored),
+                                    Err(why) => {
+                                        tracing::warn!(
+                                            binding = wanted.metadata.name.as_deref().unwrap_or_default(),
+                                            %why,
+                                            "the compile-cache set's binding could not be created; the pod keeps its compile caches local"
+                                        );
+                                        None
+                                    }
+                                };
+                                complete_cache_set(set_action.as_ref(), admitted, stored.as_deref())
+                            }
+                            _ => admitted,
+                        };
+                        if has_set {
+                            let role = cacheset::role_of(&admitted).unwrap_or(match set_action {
+                                Some(_) => "unavailable",
+                                None => "unjoinable",
+                            });
+                            self.metrics.cache_sets.with_label_values(&[role]).inc();
+                        }
+                        let mut reply = Reply::new(Mutation::Mutated(admitted));
+                        for note in notes {
+                            reply = reply.warning(note);
+                        }
+                        (Ending::new(rewritten), reply)
+                    }
                 }
             }
         };
@@ -1056,6 +1114,15 @@ async fn create_in_background(
     }
     lock(&creating).remove(&key);
     result
+}
+
+/// The warning of a dry run that would have created `wanted`.
+fn would_create(wanted: &ModelCacheBinding) -> String {
+    format!(
+        "dry run: admission would create ModelCacheBinding {}/{}",
+        wanted.metadata.namespace.as_deref().unwrap_or_default(),
+        wanted.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 #[cfg(test)]

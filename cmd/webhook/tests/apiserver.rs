@@ -823,3 +823,124 @@ async fn gates_and_non_durable_paths_record_their_selection_and_create_nothing()
         served.stop(&client).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_compile_cache_sets_a_deployment_gets_one_set_binding_beside_its_model_binding() {
+    use warmcache_modelvolume::keys::{
+        CACHE_BINDING_ANNOTATION, CACHE_BINDING_UID_ANNOTATION, CACHE_CAPTURE_LABEL,
+        CACHE_HANDLE_ANNOTATION, CACHE_KEY_LABEL,
+    };
+    let client = client().await;
+    let served = Served::start_with(
+        &client,
+        Setup {
+            args: &["--compile-cache-sets"],
+            catalog: None,
+        },
+    )
+    .await;
+    let ns = served.namespace(&client, "pw-sets", &[]).await;
+    let template = engine_pod("unused");
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "qwen"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "qwen"}},
+            "template": {"metadata": {"labels": {"app": "qwen"}}, "spec": template.spec}
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let listed = eventually("2 pods of the Deployment", TIMEOUT, || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            (list.items.len() == 2).then_some(list.items)
+        }
+    })
+    .await
+    .unwrap();
+    let sets: BTreeSet<(String, String, String)> = listed
+        .iter()
+        .map(|p| {
+            let a = p.annotations();
+            let get = |k: &str| {
+                a.get(k).cloned().unwrap_or_else(|| {
+                    panic!(
+                        "pod {} lacks {k}; the webhook's log:\n{}",
+                        p.name_any(),
+                        served.log()
+                    )
+                })
+            };
+            (
+                get(CACHE_BINDING_ANNOTATION),
+                get(CACHE_BINDING_UID_ANNOTATION),
+                get(CACHE_HANDLE_ANNOTATION),
+            )
+        })
+        .collect();
+    assert_eq!(sets.len(), 1, "one set for the Deployment: {sets:?}");
+    let (name, uid, handle) = sets.into_iter().next().unwrap();
+    let models: BTreeSet<(String, String)> = listed.iter().map(read_binding).collect();
+    assert_eq!(models.len(), 1);
+    let (model, _) = models.into_iter().next().unwrap();
+    assert_ne!(model, name);
+    let bindings = served.bindings(&client);
+    let set = bindings.get(&name).await.unwrap();
+    assert_eq!(set.uid().as_deref(), Some(uid.as_str()));
+    assert_eq!(
+        set.spec.identity.cache_handle_digest,
+        warmcache_api_modelcache::sha256_digest(&handle)
+    );
+    assert_eq!(
+        bindings
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2,
+        "the model's binding and the set's"
+    );
+    for p in &listed {
+        assert_eq!(
+            p.labels().get(CACHE_KEY_LABEL).map(String::as_str),
+            Some(warmcache_api_modelcache::identity_hash(&set.spec.identity).as_str())
+        );
+        assert_eq!(
+            p.labels().get(CACHE_CAPTURE_LABEL).map(String::as_str),
+            Some("true"),
+            "the set is not complete: a capture source"
+        );
+        let main = &p.spec.as_ref().unwrap().containers[0];
+        assert!(
+            main.env
+                .iter()
+                .flatten()
+                .any(|e| e.name == "TORCHINDUCTOR_CACHE_DIR"
+                    && e.value.as_deref() == Some("/opt/nvsnap/cache/torchinductor"))
+        );
+    }
+    let metrics = served.metrics().await;
+    // At least one per pod (a pod create the ReplicaSet controller retries is admitted again).
+    assert!(
+        counter(
+            &metrics,
+            "warmcache_webhook_compile_cache_set_admissions_total{role=\"capture\"}"
+        ) >= 2.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        counter(
+            &metrics,
+            "warmcache_webhook_bindings_total{result=\"created\"}"
+        ),
+        2.0
+    );
+    served.stop(&client).await;
+}

@@ -9,11 +9,13 @@ use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, PopulationState, Tran
 use warmcache_catalog::{CatalogInput, DecisionInputs, Gates, Outcome};
 use warmcache_cli::text::shown;
 
-use crate::binding::{accept_winner, check_joinable, desired_binding};
-use crate::keys::{BINDING_UID_ANNOTATION, REVISION_ANNOTATION};
+use crate::binding::{
+    accept_winner, check_joinable, check_joinable_for, desired_binding, desired_binding_for,
+};
+use crate::keys::{BINDING_UID_ANNOTATION, CACHE_BINDING_UID_ANNOTATION, REVISION_ANNOTATION};
 use crate::options::ReaderMode;
 use crate::plan::{Plan, Request, plan};
-use crate::rewrite::{render, render_capture};
+use crate::rewrite::{SetRole, render, render_cache_set, render_capture, without_cache_set};
 use crate::skip::{Skip, SkipReason};
 
 /// The storage a new binding is decided on (everything `warmcache_catalog::decide` reads but the
@@ -59,9 +61,87 @@ pub struct Rewrite {
     pub reader_mode: ReaderMode,
     /// The plan the rewrite follows (model, handle, landing, download step).
     pub plan: Plan,
+    /// The binding of the pod's compile-cache set to join or create ([`Rewrite::with_cache_set`]);
+    /// `None` when the pod has no set. With [`BindingAction::Create`], call
+    /// [`complete_cache_set`] once it is stored or could not be.
+    pub cache_set: Option<BindingAction>,
 }
 
 impl Rewrite {
+    /// The rewrite with the pod's compile-cache set ([`crate::cacheset`]), given the set's
+    /// binding found under [`crate::cacheset::CacheSet::binding_name`] (`None`: there is none),
+    /// the storage a new one is decided on, and the caller's clock. Unchanged when the pod has
+    /// no set, when the set's binding may not be joined (being deleted, Retiring, a failure
+    /// record holding, another identity), when no durable storage is decided, or when its
+    /// readers would read through hostPath: the pod then keeps its compile caches as they were.
+    #[must_use]
+    pub fn with_cache_set(
+        mut self,
+        req: &Request<'_>,
+        found: Option<&ModelCacheBinding>,
+        storage: &StorageInputs<'_>,
+        now: Timestamp,
+    ) -> Rewrite {
+        let Some(set) = self.plan.cache_set.clone() else {
+            return self;
+        };
+        let target = set.binding_target(&self.plan);
+        let mode_of = |t: Transition| reader_mode(t, req.options.reader_mode, req.namespace_labels);
+        let (role, uid, action) = match found {
+            Some(b) => {
+                let Ok(uid) = check_joinable_for(&target, b, now) else {
+                    return self;
+                };
+                if mode_of(b.spec.decision.transition) == ReaderMode::HostPath {
+                    return self;
+                }
+                let role = if !is_complete(b) {
+                    SetRole::Capture
+                } else if has_view(b, &self.plan.namespace) {
+                    SetRole::Seed
+                } else {
+                    SetRole::Local
+                };
+                let action = BindingAction::Join {
+                    name: set.binding_name.clone(),
+                    uid: uid.clone(),
+                };
+                (role, Some(uid), action)
+            }
+            None => {
+                let inputs = DecisionInputs {
+                    storage_class: storage.storage_class,
+                    csi_driver: storage.csi_driver,
+                    catalog: storage.catalog,
+                    workflow: self.plan.sharing.workflow,
+                    gates: storage.gates,
+                };
+                let Ok(Outcome::Durable(decision)) = warmcache_catalog::decide(&inputs) else {
+                    return self;
+                };
+                if mode_of(decision.decision.transition) == ReaderMode::HostPath {
+                    return self;
+                }
+                let wanted = desired_binding_for(&target, &decision);
+                (
+                    SetRole::Capture,
+                    None,
+                    BindingAction::Create(Box::new(wanted)),
+                )
+            }
+        };
+        self.pod = render_cache_set(
+            self.pod,
+            &self.plan,
+            &set,
+            req.options,
+            role,
+            uid.as_deref(),
+        );
+        self.cache_set = Some(action);
+        self
+    }
+
     /// The skip when the binding to create could not be created or read back (`why`: the API
     /// error or the timeout): `binding-unavailable`, naming the binding and the model.
     pub fn unavailable(&self, why: impl std::fmt::Display) -> Skip {
@@ -292,6 +372,7 @@ pub fn decide(
                     transition,
                     reader_mode: mode,
                     plan,
+                    cache_set: None,
                 }));
             }
             if plan.capture.is_some() && mode == ReaderMode::HostPath {
@@ -329,6 +410,7 @@ pub fn decide(
                 transition,
                 reader_mode: mode,
                 plan,
+                cache_set: None,
             }))
         }
         None => {
@@ -378,8 +460,40 @@ pub fn decide(
                 transition,
                 reader_mode: mode,
                 plan,
+                cache_set: None,
             }))
         }
+    }
+}
+
+/// The admitted pod (a rewrite's, after [`Rewrite::complete`]) once the compile-cache set's
+/// binding its rewrite creates (`action`, [`Rewrite::cache_set`]) is stored: `stored` is the
+/// object the API server holds (created here, or the AlreadyExists winner), `None` when it could
+/// not be created or read back. A stored binding that is this admission's gets its UID recorded;
+/// otherwise the pod is taken out of the set (it keeps its caches in its scratch directory) and
+/// the next pod tries again. A joined set (or none) leaves the pod as it is.
+pub fn complete_cache_set(
+    action: Option<&BindingAction>,
+    pod: Pod,
+    stored: Option<&ModelCacheBinding>,
+) -> Pod {
+    let Some(BindingAction::Create(wanted)) = action else {
+        return pod;
+    };
+    let uid = stored
+        .filter(|s| accept_winner(wanted, s).is_ok())
+        .and_then(|s| s.metadata.uid.clone())
+        .filter(|u| !u.is_empty());
+    match uid {
+        Some(uid) => {
+            let mut pod = pod;
+            pod.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(CACHE_BINDING_UID_ANNOTATION.to_owned(), uid);
+            pod
+        }
+        None => without_cache_set(pod),
     }
 }
 
@@ -387,17 +501,18 @@ pub fn decide(
 /// binding's failure record holds whatever its age (offline callers such as `webhook preview`).
 pub fn admit<'b>(
     req: &Request<'_>,
-    lookup: impl FnOnce(&str, &str) -> Option<&'b ModelCacheBinding>,
+    lookup: impl Fn(&str, &str) -> Option<&'b ModelCacheBinding>,
     storage: &StorageInputs<'_>,
 ) -> Verdict {
     admit_at(req, lookup, storage, Timestamp::MIN)
 }
 
 /// One admission, start to end, at `now`: [`plan`], look the binding up with
-/// `lookup(namespace, name)` (a cache read), then [`decide`].
+/// `lookup(namespace, name)` (a cache read), then [`decide`]; a rewrite then takes its
+/// compile-cache set, looked up the same way ([`Rewrite::with_cache_set`]).
 pub fn admit_at<'b>(
     req: &Request<'_>,
-    lookup: impl FnOnce(&str, &str) -> Option<&'b ModelCacheBinding>,
+    lookup: impl Fn(&str, &str) -> Option<&'b ModelCacheBinding>,
     storage: &StorageInputs<'_>,
     now: Timestamp,
 ) -> Verdict {
@@ -406,5 +521,14 @@ pub fn admit_at<'b>(
         Err(v) => return v,
     };
     let found = lookup(plan.binding_namespace(), plan.binding_name());
-    decide(req, plan, found, storage, now)
+    match decide(req, plan, found, storage, now) {
+        Verdict::Rewrite(r) => {
+            let set = r
+                .plan
+                .cache_set()
+                .and_then(|s| lookup(r.plan.binding_namespace(), s.binding_name()));
+            Verdict::Rewrite(Box::new(r.with_cache_set(req, set, storage, now)))
+        }
+        other => other,
+    }
 }

@@ -25,7 +25,30 @@ use crate::skip::{Skip, SkipReason};
 /// the writer Lease for `helmModelCache`; the StorageClass and Secret of an encrypted cache).
 /// The writer runs in the pod's namespace, where its credentials are.
 pub fn desired_binding(plan: &Plan, decision: &Decision) -> ModelCacheBinding {
-    let identity = plan.identity.clone();
+    desired_binding_for(&plan.binding_target(), decision)
+}
+
+/// What a binding is made for and joined by: a model copy ([`Plan::binding_target`]) or a
+/// compile-cache set ([`crate::cacheset::CacheSet::binding_target`]).
+#[derive(Debug, Clone)]
+pub(crate) struct BindingTarget<'a> {
+    pub(crate) identity: &'a BindingIdentity,
+    pub(crate) name: &'a str,
+    pub(crate) control_namespace: &'a str,
+    /// The pod's namespace (the writer namespace a new binding records).
+    pub(crate) namespace: &'a str,
+    pub(crate) sharing: &'a crate::scope::SharingDomain,
+    /// The cache handle, for messages.
+    pub(crate) handle: String,
+    pub(crate) traceparent: Option<&'a str>,
+}
+
+/// [`desired_binding`] for any target.
+pub(crate) fn desired_binding_for(
+    target: &BindingTarget<'_>,
+    decision: &Decision,
+) -> ModelCacheBinding {
+    let identity = target.identity.clone();
     let hash = identity_hash(&identity);
     let mut claims = vec![writer_pvc_name(&identity)];
     if identity.workflow == Workflow::RegularModelCache {
@@ -33,7 +56,7 @@ pub fn desired_binding(plan: &Plan, decision: &Decision) -> ModelCacheBinding {
     }
     let encrypted = decision.decision.encryption_required;
     let resources = BindingResources {
-        writer_namespace: plan.namespace.clone(),
+        writer_namespace: target.namespace.to_owned(),
         persistent_volume_claim_names: claims,
         persistent_volume_names: Vec::new(),
         job_names: vec![writer_job_name(&identity)],
@@ -59,19 +82,18 @@ pub fn desired_binding(plan: &Plan, decision: &Decision) -> ModelCacheBinding {
         storage_class: decision.storage_class.clone(),
         resources,
     };
-    let mut binding = ModelCacheBinding::new(&plan.binding_name, spec);
+    let mut binding = ModelCacheBinding::new(target.name, spec);
     binding.metadata = ObjectMeta {
-        name: Some(plan.binding_name.clone()),
-        namespace: Some(plan.control_namespace.clone()),
+        name: Some(target.name.to_owned()),
+        namespace: Some(target.control_namespace.to_owned()),
         finalizers: Some(vec![FINALIZER.to_owned()]),
         labels: Some(BTreeMap::from([(
             MANAGED_BY_LABEL.to_owned(),
             MANAGED_BY_VALUE.to_owned(),
         )])),
-        annotations: plan
+        annotations: target
             .traceparent
-            .as_ref()
-            .map(|t| BTreeMap::from([(TRACE_PARENT_ANNOTATION.to_owned(), t.clone())])),
+            .map(|t| BTreeMap::from([(TRACE_PARENT_ANNOTATION.to_owned(), t.to_owned())])),
         ..ObjectMeta::default()
     };
     binding
@@ -112,8 +134,17 @@ pub fn check_joinable(
     binding: &ModelCacheBinding,
     now: Timestamp,
 ) -> Result<String, Skip> {
-    let name = &plan.binding_name;
-    if binding.metadata.name.as_deref() != Some(name.as_str()) {
+    check_joinable_for(&plan.binding_target(), binding, now)
+}
+
+/// [`check_joinable`] for any target.
+pub(crate) fn check_joinable_for(
+    target: &BindingTarget<'_>,
+    binding: &ModelCacheBinding,
+    now: Timestamp,
+) -> Result<String, Skip> {
+    let name = target.name;
+    if binding.metadata.name.as_deref() != Some(name) {
         return Err(conflict(
             name,
             format!(
@@ -123,27 +154,27 @@ pub fn check_joinable(
         ));
     }
     if let Some(ns) = binding.metadata.namespace.as_deref()
-        && ns != plan.control_namespace
+        && ns != target.control_namespace
     {
         return Err(conflict(
             name,
             format!(
                 "it lives in namespace {}, not in the control namespace {}",
                 shown(ns),
-                shown(&plan.control_namespace)
+                shown(target.control_namespace)
             ),
         ));
     }
-    if !same_identity(&binding.spec.identity, &plan.identity) {
+    if !same_identity(&binding.spec.identity, target.identity) {
         return Err(conflict(
             name,
             format!(
                 "it records another identity (workflow {}, other sharing domain or cache handle digests) than this pod's ({} in {} {}, handle {}); it is left alone and never adopted",
                 binding.spec.identity.workflow.as_str(),
-                plan.identity.workflow.as_str(),
-                plan.sharing.workflow.as_str(),
-                shown(&plan.sharing.domain),
-                shown(&plan.handle.to_string())
+                target.identity.workflow.as_str(),
+                target.sharing.workflow.as_str(),
+                shown(&target.sharing.domain),
+                shown(&target.handle)
             ),
         ));
     }

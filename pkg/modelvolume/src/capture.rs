@@ -38,6 +38,16 @@
 //!   [`MAX_COPY_ATTEMPTS`] failed copies the agent deletes the holder and annotates the claim
 //!   [`COPY_FAILED_ANNOTATION`] with its words; the claim is kept (the binding controller
 //!   writes the failure record and releases it).
+//!
+//! **Cache capture sources** ([`cache_capture_source`]; `docs/node-agent.md`, "Compile-cache
+//! sets"): a pod labelled [`CACHE_CAPTURE_LABEL`] and [`CACHE_KEY_LABEL`] names its
+//! compile-cache set's binding ([`CACHE_BINDING_ANNOTATION`], [`CACHE_BINDING_UID_ANNOTATION`],
+//! [`CACHE_HANDLE_ANNOTATION`]). Its landing is always the root of its scratch emptyDir
+//! [`SCRATCH_VOLUME`], its handle must be a cache-set handle
+//! ([`crate::cacheset::is_cache_set_handle`]) of the set binding's digest, and every other rule
+//! above holds unchanged; only what [`crate::cacheset::travels`] accepts is measured and copied
+//! ([`CaptureKind::filtered`]). A pod may be both kinds of source at once ([`capture_sources`]):
+//! two independent captures of two bindings, each through the same steps.
 
 use std::collections::BTreeMap;
 
@@ -51,10 +61,13 @@ use crate::agent::{
     MAX_COPY_ATTEMPTS, MOUNT_HOLDER, SourcePod, annotation, copy_attempts, doomed,
     elected_primary_claim, election_annotations, holder_pod,
 };
+use crate::cacheset::is_cache_set_handle;
 use crate::handle::is_capture_handle;
 use crate::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION,
-    CAPTURE_VOLUME_ANNOTATION, HANDLE_ANNOTATION,
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CACHE_BINDING_ANNOTATION,
+    CACHE_BINDING_UID_ANNOTATION, CACHE_CAPTURE_LABEL, CACHE_HANDLE_ANNOTATION, CACHE_KEY_LABEL,
+    CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION, CAPTURE_VOLUME_ANNOTATION, HANDLE_ANNOTATION,
+    SCRATCH_VOLUME,
 };
 use crate::lifecycle::copied_bytes;
 use crate::volume_keys::{
@@ -66,9 +79,63 @@ use crate::volume_keys::{
 pub const MAX_CAPTURE_PATH_BYTES: usize = 4096;
 const MAX_COMPONENT_BYTES: usize = 255;
 
+/// What a capture fills, and so what it takes from the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CaptureKind {
+    /// The model the engine downloaded by itself (a capture handle): the landing copied whole.
+    Model,
+    /// The pod's compile caches (a cache-set handle): the scratch emptyDir's entries that
+    /// [`crate::cacheset::travels`] accepts, nothing else.
+    CacheSet,
+}
+
+impl CaptureKind {
+    /// Both kinds, in the order [`capture_sources`] reads them.
+    pub const ALL: [CaptureKind; 2] = [CaptureKind::Model, CaptureKind::CacheSet];
+
+    /// A fixed word for metrics labels and span fields (`model`, `cache_set`).
+    pub const fn label(self) -> &'static str {
+        match self {
+            CaptureKind::Model => "model",
+            CaptureKind::CacheSet => "cache_set",
+        }
+    }
+
+    /// Whether the measure and the copy take only what [`crate::cacheset::travels`] accepts
+    /// (relative to the landing, `/`-separated).
+    pub const fn filtered(self) -> bool {
+        matches!(self, CaptureKind::CacheSet)
+    }
+
+    /// How the pod is named in the words of a refusal or a failure.
+    const fn who(self) -> &'static str {
+        match self {
+            CaptureKind::Model => "capture pod",
+            CaptureKind::CacheSet => "cache capture pod",
+        }
+    }
+
+    /// What the handle must be, in the words of a refusal.
+    const fn handle_words(self) -> &'static str {
+        match self {
+            CaptureKind::Model => "capture handle",
+            CaptureKind::CacheSet => "cache-set handle",
+        }
+    }
+
+    fn handle_ok(self, handle: &str) -> bool {
+        match self {
+            CaptureKind::Model => is_capture_handle(handle),
+            CaptureKind::CacheSet => is_cache_set_handle(handle),
+        }
+    }
+}
+
 /// A capture source as the agent reads it from its pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureSource {
+    /// What the capture fills (the model, or the pod's compile-cache set).
+    pub kind: CaptureKind,
     /// The pod's namespace.
     pub namespace: String,
     /// The pod's name.
@@ -81,7 +148,7 @@ pub struct CaptureSource {
     pub binding: String,
     /// The binding UID it records.
     pub binding_uid: String,
-    /// Its cache handle (a capture handle).
+    /// Its cache handle (a capture handle; a cache-set handle for [`CaptureKind::CacheSet`]).
     pub handle: String,
     /// The emptyDir volume the landing lies in (one of the pod's declared emptyDir volumes).
     pub volume: String,
@@ -164,7 +231,7 @@ pub fn capture_source(pod: &Pod) -> CaptureState {
     let (Some(namespace), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else {
         return CaptureState::Refused("the pod has no namespace, name or UID".to_owned());
     };
-    let who = format!("capture pod {namespace}/{name}");
+    let who = format!("{} {namespace}/{name}", CaptureKind::Model.who());
     let (Some(binding), Some(binding_uid), Some(handle), Some(volume)) = (
         annotation(meta, BINDING_ANNOTATION),
         annotation(meta, BINDING_UID_ANNOTATION),
@@ -180,12 +247,7 @@ pub fn capture_source(pod: &Pod) -> CaptureState {
             "{who}: its handle is not a capture handle (no fill=capture); only a capture binding is filled from a pod"
         ));
     }
-    let declared = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|vs| vs.iter().any(|v| v.name == volume && v.empty_dir.is_some()));
-    if !is_volume_name(volume) || !declared {
+    if !is_volume_name(volume) || !declares_empty_dir(pod, volume) {
         return CaptureState::Refused(format!(
             "{who}: its capture volume {volume:?} is not one of its emptyDir volumes"
         ));
@@ -202,6 +264,7 @@ pub fn capture_source(pod: &Pod) -> CaptureState {
         ));
     }
     CaptureState::Source(CaptureSource {
+        kind: CaptureKind::Model,
         namespace: namespace.clone(),
         name: name.clone(),
         uid: uid.clone(),
@@ -213,6 +276,109 @@ pub fn capture_source(pod: &Pod) -> CaptureState {
         path: path.to_owned(),
         ready: pod_ready(pod),
         ended: pod_ended(pod),
+    })
+}
+
+/// Whether `pod` declares `volume` as an `emptyDir`.
+fn declares_empty_dir(pod: &Pod, volume: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vs| vs.iter().any(|v| v.name == volume && v.empty_dir.is_some()))
+}
+
+/// Reads a pod as a **cache capture source** (see the module documentation): labelled
+/// [`CACHE_CAPTURE_LABEL`] `true`, with its set's [`CACHE_KEY_LABEL`], naming the set's binding
+/// (name, UID) and handle (a cache-set handle); its landing is the root of its declared emptyDir
+/// [`SCRATCH_VOLUME`]. The binding it names must be the one its cache key names
+/// (`model-cache-<key>`).
+pub fn cache_capture_source(pod: &Pod) -> CaptureState {
+    let meta = &pod.metadata;
+    let labels = meta.labels.as_ref();
+    let labelled = labels
+        .and_then(|l| l.get(CACHE_CAPTURE_LABEL))
+        .is_some_and(|v| v == "true");
+    if !labelled {
+        return CaptureState::NotCapture;
+    }
+    let (Some(namespace), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else {
+        return CaptureState::Refused("the pod has no namespace, name or UID".to_owned());
+    };
+    let who = format!("{} {namespace}/{name}", CaptureKind::CacheSet.who());
+    let key = labels
+        .and_then(|l| l.get(CACHE_KEY_LABEL))
+        .filter(|k| !k.is_empty());
+    let (Some(key), Some(binding), Some(binding_uid), Some(handle)) = (
+        key,
+        annotation(meta, CACHE_BINDING_ANNOTATION),
+        annotation(meta, CACHE_BINDING_UID_ANNOTATION),
+        annotation(meta, CACHE_HANDLE_ANNOTATION),
+    ) else {
+        return CaptureState::Refused(format!(
+            "{who} lacks the label {CACHE_KEY_LABEL} or {CACHE_BINDING_ANNOTATION}, {CACHE_BINDING_UID_ANNOTATION} or {CACHE_HANDLE_ANNOTATION}"
+        ));
+    };
+    if !is_cache_set_handle(handle) {
+        return CaptureState::Refused(format!(
+            "{who}: its handle is not a cache-set handle (cache://<sha256>?rank=<n>); only a compile-cache set is filled from its scratch directory"
+        ));
+    }
+    if !warmcache_api_modelcache::is_identity_hash(key)
+        || binding.strip_prefix(warmcache_api_modelcache::names::BINDING_NAME_PREFIX) != Some(key)
+    {
+        return CaptureState::Refused(format!(
+            "{who}: its {CACHE_KEY_LABEL} {key:?} does not name binding {binding}"
+        ));
+    }
+    if !declares_empty_dir(pod, SCRATCH_VOLUME) {
+        return CaptureState::Refused(format!(
+            "{who}: its scratch volume {SCRATCH_VOLUME} is not one of its emptyDir volumes"
+        ));
+    }
+    CaptureState::Source(CaptureSource {
+        kind: CaptureKind::CacheSet,
+        namespace: namespace.clone(),
+        name: name.clone(),
+        uid: uid.clone(),
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        binding: binding.to_owned(),
+        binding_uid: binding_uid.to_owned(),
+        handle: handle.to_owned(),
+        volume: SCRATCH_VOLUME.to_owned(),
+        path: String::new(),
+        ready: pod_ready(pod),
+        ended: pod_ended(pod),
+    })
+}
+
+/// Every capture `pod` is labelled for, model first: its model capture ([`capture_source`]) and
+/// its compile-cache set's ([`cache_capture_source`]), each a source or a refusal, with its
+/// kind; empty for a pod that is neither. The two are independent: one refused leaves the other
+/// as it is.
+pub fn capture_sources(pod: &Pod) -> Vec<(CaptureKind, CaptureState)> {
+    CaptureKind::ALL
+        .into_iter()
+        .map(|kind| match kind {
+            CaptureKind::Model => (kind, capture_source(pod)),
+            CaptureKind::CacheSet => (kind, cache_capture_source(pod)),
+        })
+        .filter(|(_, s)| *s != CaptureState::NotCapture)
+        .collect()
+}
+
+/// Whether `pod` is labelled as a capture source (of either kind) naming the binding `binding`
+/// (for the watches: a change of the binding, its claim or its holder reaches its sources).
+pub fn is_capture_source_of(pod: &Pod, binding: &str) -> bool {
+    let labels = pod.metadata.labels.as_ref();
+    let annotations = pod.metadata.annotations.as_ref();
+    [
+        (CAPTURE_LABEL, BINDING_ANNOTATION),
+        (CACHE_CAPTURE_LABEL, CACHE_BINDING_ANNOTATION),
+    ]
+    .iter()
+    .any(|(label, named)| {
+        labels.is_some_and(|l| l.contains_key(*label))
+            && annotations.and_then(|a| a.get(*named)).map(String::as_str) == Some(binding)
     })
 }
 
@@ -378,7 +544,7 @@ pub fn check_source(
     source: &CaptureSource,
     labels: &BTreeMap<String, String>,
 ) -> Result<(), String> {
-    let who = format!("capture pod {}/{}", source.namespace, source.name);
+    let who = format!("{} {}/{}", source.kind.who(), source.namespace, source.name);
     let name = binding.metadata.name.as_deref().unwrap_or_default();
     if binding.metadata.uid.as_deref() != Some(source.binding_uid.as_str()) {
         return Err(format!(
@@ -387,11 +553,12 @@ pub fn check_source(
         ));
     }
     let identity = &binding.spec.identity;
-    if !is_capture_handle(&source.handle)
+    if !source.kind.handle_ok(&source.handle)
         || sha256_digest(&source.handle) != identity.cache_handle_digest
     {
         return Err(format!(
-            "{who}: its handle is not binding {name}'s capture handle (digests differ)"
+            "{who}: its handle is not binding {name}'s {} (digests differ)",
+            source.kind.handle_words()
         ));
     }
     let domain = crate::scope::sharing_domain(&source.namespace, labels);
@@ -411,8 +578,10 @@ pub fn capture_step(obs: &CaptureObserved<'_>) -> CaptureStep {
     let s = obs.source;
     if s.node.as_deref() != Some(obs.node) {
         return CaptureStep::Skip(format!(
-            "capture pod {}/{} is not on this node",
-            s.namespace, s.name
+            "{} {}/{} is not on this node",
+            s.kind.who(),
+            s.namespace,
+            s.name
         ));
     }
     let Some(b) = obs.binding else {
@@ -505,8 +674,10 @@ pub fn capture_step(obs: &CaptureObserved<'_>) -> CaptureStep {
     }
     if !s.ready {
         return CaptureStep::Skip(format!(
-            "capture pod {}/{} is not Ready",
-            s.namespace, s.name
+            "{} {}/{} is not Ready",
+            s.kind.who(),
+            s.namespace,
+            s.name
         ));
     }
 
@@ -575,8 +746,13 @@ pub fn capture_step(obs: &CaptureObserved<'_>) -> CaptureStep {
         return CaptureStep::GiveUp {
             holder: our_holder,
             words: format!(
-                "capturing pod {}/{} into claim {claim_name} failed {attempts} times",
-                s.namespace, s.name
+                "capturing {}pod {}/{} into claim {claim_name} failed {attempts} times",
+                match s.kind {
+                    CaptureKind::Model => "",
+                    CaptureKind::CacheSet => "the compile caches of ",
+                },
+                s.namespace,
+                s.name
             ),
         };
     }
@@ -858,6 +1034,7 @@ mod tests {
         assert_eq!(
             s,
             CaptureSource {
+                kind: CaptureKind::Model,
                 namespace: "team-a".into(),
                 name: "nim-0".into(),
                 uid: "pod-uid".into(),
@@ -1319,5 +1496,368 @@ mod tests {
         let mut deleting = pod;
         deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
         assert!(elected_pod_gone("pod-uid", Some(&deleting)));
+    }
+
+    // ---- Cache capture sources (compile-cache sets) ----
+
+    fn cache_handle() -> String {
+        format!("cache://{}?rank=0", "ab".repeat(32))
+    }
+
+    /// The compile-cache set binding of the sharing domain `domain-1` (helmModelCache).
+    fn set_binding(transition: Transition) -> ModelCacheBinding {
+        let mut b = binding(transition);
+        b.spec.identity = BindingIdentity::new(Workflow::HelmModelCache, DOMAIN, &cache_handle());
+        b.metadata.name = Some(binding_name(&b.spec.identity));
+        b.metadata.uid = Some("set-uid-1".into());
+        b
+    }
+
+    /// `pod` made a cache capture source of `set` as the webhook leaves one: the labels, the
+    /// set's records and the scratch emptyDir.
+    fn with_cache_capture(mut pod: Pod, set: &ModelCacheBinding) -> Pod {
+        let labels = pod.metadata.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(CACHE_CAPTURE_LABEL.into(), "true".into());
+        labels.insert(
+            CACHE_KEY_LABEL.into(),
+            warmcache_api_modelcache::identity_hash(&set.spec.identity),
+        );
+        let a = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        a.insert(
+            CACHE_BINDING_ANNOTATION.into(),
+            set.metadata.name.clone().unwrap(),
+        );
+        a.insert(
+            CACHE_BINDING_UID_ANNOTATION.into(),
+            set.metadata.uid.clone().unwrap(),
+        );
+        a.insert(CACHE_HANDLE_ANNOTATION.into(), cache_handle());
+        pod.spec
+            .as_mut()
+            .unwrap()
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(Volume {
+                name: SCRATCH_VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            });
+        pod
+    }
+
+    /// A Ready pod that is only a cache capture source (no model capture label).
+    fn cache_pod(set: &ModelCacheBinding) -> Pod {
+        let mut p = with_cache_capture(capture_pod(&capture_binding(Transition::RoxReadOnly)), set);
+        p.metadata.labels.as_mut().unwrap().remove(CAPTURE_LABEL);
+        p
+    }
+
+    fn cache_source_of(pod: &Pod) -> CaptureSource {
+        match cache_capture_source(pod) {
+            CaptureState::Source(s) => s,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn cache_refused(pod: &Pod) -> String {
+        match cache_capture_source(pod) {
+            CaptureState::Refused(why) => why,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn cache_world(transition: Transition) -> World {
+        let b = set_binding(transition);
+        let source = cache_source_of(&cache_pod(&b));
+        World {
+            b,
+            source,
+            labels: labels_of(Some(DOMAIN)),
+            image: image(),
+        }
+    }
+
+    #[test]
+    fn a_ready_pod_labelled_for_its_compile_caches_is_a_cache_capture_source() {
+        let set = set_binding(Transition::RoxReadOnly);
+        let s = cache_source_of(&cache_pod(&set));
+        assert_eq!(
+            s,
+            CaptureSource {
+                kind: CaptureKind::CacheSet,
+                namespace: "team-a".into(),
+                name: "nim-0".into(),
+                uid: "pod-uid".into(),
+                node: Some(NODE.into()),
+                binding: set.metadata.name.clone().unwrap(),
+                binding_uid: "set-uid-1".into(),
+                handle: cache_handle(),
+                volume: SCRATCH_VOLUME.into(),
+                path: String::new(),
+                ready: true,
+                ended: false,
+            }
+        );
+        assert!(s.kind.filtered() && !CaptureKind::Model.filtered());
+        assert_eq!(
+            CaptureKind::ALL.map(CaptureKind::label),
+            ["model", "cache_set"]
+        );
+        // Not labelled, or another value: not a cache capture source (a model source at most).
+        let mut plain = cache_pod(&set);
+        plain
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(CACHE_CAPTURE_LABEL.into(), "false".into());
+        assert_eq!(cache_capture_source(&plain), CaptureState::NotCapture);
+        assert!(capture_sources(&plain).is_empty());
+        // A model capture source is not a cache capture source, and the reverse.
+        let model = capture_pod(&capture_binding(Transition::RoxReadOnly));
+        assert_eq!(cache_capture_source(&model), CaptureState::NotCapture);
+        assert_eq!(capture_source(&cache_pod(&set)), CaptureState::NotCapture);
+        // Readiness as for a model capture.
+        let mut p = cache_pod(&set);
+        p.status.as_mut().unwrap().phase = Some("Pending".into());
+        assert!(!cache_source_of(&p).ready);
+        let mut p = cache_pod(&set);
+        p.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        let s = cache_source_of(&p);
+        assert!(!s.ready && s.ended);
+    }
+
+    /// Records a pod author controls that would fill a set from elsewhere than the scratch
+    /// emptyDir, or fill a binding that is not a set: refused before anything is looked up.
+    #[test]
+    fn hostile_or_missing_cache_records_are_refused() {
+        let set = set_binding(Transition::RoxReadOnly);
+        // A handle that is not a cache-set handle: a model's, a capture handle, a malformed one.
+        for handle in [
+            HANDLE.to_owned(),
+            capture_handle(),
+            format!("cache://{}?rank=01", "ab".repeat(32)),
+            format!("cache://{}", "ab".repeat(32)),
+            format!("cache://{}?rank=0", "AB".repeat(32)),
+        ] {
+            let mut p = cache_pod(&set);
+            annotate(&mut p, CACHE_HANDLE_ANNOTATION, &handle);
+            assert!(
+                cache_refused(&p).contains("not a cache-set handle"),
+                "{handle}"
+            );
+        }
+        // The scratch volume not an emptyDir (a hostPath under its name), or not declared.
+        let mut p = cache_pod(&set);
+        for v in p.spec.as_mut().unwrap().volumes.as_mut().unwrap() {
+            if v.name == SCRATCH_VOLUME {
+                v.empty_dir = None;
+                v.host_path = Some(HostPathVolumeSource {
+                    path: "/root".into(),
+                    type_: None,
+                });
+            }
+        }
+        assert!(cache_refused(&p).contains("not one of its emptyDir volumes"));
+        let mut p = cache_pod(&set);
+        p.spec
+            .as_mut()
+            .unwrap()
+            .volumes
+            .as_mut()
+            .unwrap()
+            .retain(|v| v.name != SCRATCH_VOLUME);
+        assert!(cache_refused(&p).contains("not one of its emptyDir volumes"));
+        // The model's capture annotations never move the landing of a set (always the scratch
+        // volume's root).
+        let s = cache_source_of(&cache_pod(&set));
+        assert_eq!((s.volume.as_str(), s.path.as_str()), (SCRATCH_VOLUME, ""));
+        // A record missing or empty.
+        for key in [
+            CACHE_BINDING_ANNOTATION,
+            CACHE_BINDING_UID_ANNOTATION,
+            CACHE_HANDLE_ANNOTATION,
+        ] {
+            let mut p = cache_pod(&set);
+            p.metadata.annotations.as_mut().unwrap().remove(key);
+            assert!(cache_refused(&p).contains("lacks"), "{key}");
+            let mut p = cache_pod(&set);
+            annotate(&mut p, key, "");
+            assert!(cache_refused(&p).contains("lacks"), "{key} empty");
+        }
+        let mut p = cache_pod(&set);
+        p.metadata.labels.as_mut().unwrap().remove(CACHE_KEY_LABEL);
+        assert!(cache_refused(&p).contains("lacks"));
+        // A cache key that is not the named binding's.
+        let mut p = cache_pod(&set);
+        p.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(CACHE_KEY_LABEL.into(), "0".repeat(48));
+        assert!(cache_refused(&p).contains("does not name binding"));
+        // No namespace, name or UID.
+        let mut p = cache_pod(&set);
+        p.metadata.uid = None;
+        assert!(matches!(cache_capture_source(&p), CaptureState::Refused(_)));
+    }
+
+    /// The trust rules of a model capture hold for a set unchanged: the binding's UID, the
+    /// handle's digest, the sharing domain; and a set never fills a model binding nor the
+    /// reverse.
+    #[test]
+    fn a_cache_capture_is_checked_against_its_set_binding() {
+        let w = cache_world(Transition::RoxReadOnly);
+        assert_eq!(w.step(None, None), CaptureStep::CreateClaim);
+        let refused_with = |w: &World, words: &str| match w.step(None, None) {
+            CaptureStep::Refused(why) => assert!(why.contains(words), "{why}"),
+            other => panic!("{other:?}"),
+        };
+        // Another set's handle (another configuration, another rank): the digests differ.
+        for other in [
+            format!("cache://{}?rank=0", "cd".repeat(32)),
+            format!("cache://{}?rank=1", "ab".repeat(32)),
+        ] {
+            let mut w = cache_world(Transition::RoxReadOnly);
+            w.source.handle = other;
+            refused_with(&w, "cache-set handle (digests differ)");
+        }
+        // A set source naming the model's capture binding, and a model source naming a set
+        // binding (a pod copying one binding's records onto the other's): refused.
+        let mut w = cache_world(Transition::RoxReadOnly);
+        w.b = capture_binding(Transition::RoxReadOnly);
+        w.source.binding_uid = "binding-uid-1".into();
+        refused_with(&w, "digests differ");
+        let mut w = World::new(Transition::RoxReadOnly);
+        w.b = set_binding(Transition::RoxReadOnly);
+        w.source.binding_uid = "set-uid-1".into();
+        w.source.handle = cache_handle();
+        refused_with(&w, "not binding");
+        // Another UID; a namespace outside the domain.
+        let mut w = cache_world(Transition::RoxReadOnly);
+        w.source.binding_uid = "binding-uid-1".into();
+        refused_with(&w, "not the binding's");
+        let mut w = cache_world(Transition::RoxReadOnly);
+        w.labels = labels_of(Some("domain-2"));
+        refused_with(&w, "sharing domain");
+        // Not Ready, another node, a complete set: as for a model.
+        let mut w = cache_world(Transition::RoxReadOnly);
+        w.source.ready = false;
+        assert!(matches!(w.step(None, None), CaptureStep::Skip(_)));
+        let mut w = cache_world(Transition::RoxReadOnly);
+        w.source.node = Some("gpu-2".into());
+        assert!(matches!(w.step(None, None), CaptureStep::Skip(_)));
+        let mut w = cache_world(Transition::RoxReadOnly);
+        w.b.status = Some(ModelCacheBindingStatus {
+            realized: Some(RealizedStorage {
+                population_state: Some(PopulationState::Ready),
+                ..RealizedStorage::default()
+            }),
+            ..ModelCacheBindingStatus::default()
+        });
+        assert!(matches!(w.step(None, None), CaptureStep::Done { .. }));
+        let mut w = cache_world(Transition::RoxReadOnly);
+        w.b.status = Some(ModelCacheBindingStatus {
+            phase: Some(BindingPhase::Retiring),
+            ..ModelCacheBindingStatus::default()
+        });
+        assert!(matches!(w.step(None, None), CaptureStep::Skip(_)));
+    }
+
+    /// The same steps as a model capture: the claim of the set's binding sized from the bytes,
+    /// its holder, the copy, the record; the give-up's words name the compile caches.
+    #[test]
+    fn a_set_goes_through_the_capture_steps_of_its_own_binding() {
+        let w = cache_world(Transition::RoxReadOnly);
+        let claim = w.rox_claim();
+        assert_eq!(
+            claim.metadata.name,
+            Some(warmcache_api_modelcache::writer_pvc_name(
+                &w.b.spec.identity
+            ))
+        );
+        let a = claim.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a[COPY_SOURCE_ANNOTATION], COPY_SOURCE_CAPTURE);
+        assert_eq!(a[BINDING_UID_LABEL_ANNOTATION], "set-uid-1");
+        let CaptureStep::CreateHolder(h) = w.step(Some(&claim), None) else {
+            panic!("a holder")
+        };
+        assert_eq!(h.metadata.name, Some(holder_name(&w.b)));
+        let claim = bound(claim);
+        let mut running = holder_pod(&w.b, NODE, &w.image);
+        running.metadata.uid = Some("holder-uid".into());
+        running.status = holder(&w, "Running", NODE).status;
+        assert_eq!(
+            w.step(Some(&claim), Some(&running)),
+            CaptureStep::Copy {
+                holder_uid: "holder-uid".into(),
+                pv: "pvc-1234".into()
+            }
+        );
+        let failing = with(claim, COPY_ATTEMPTS_ANNOTATION, "3");
+        let CaptureStep::GiveUp { words, .. } = w.step(Some(&failing), Some(&running)) else {
+            panic!()
+        };
+        assert!(
+            words.contains("compile caches of pod team-a/nim-0") && words.contains("3 times"),
+            "{words}"
+        );
+        // rwxReadOnly: the binding controller's claim, elected by a patch.
+        let w = cache_world(Transition::RwxReadOnly);
+        assert!(matches!(
+            w.step(Some(&w.rwx_claim()), None),
+            CaptureStep::Elect { .. }
+        ));
+    }
+
+    /// A pod both a model capture source and a cache capture source: two sources of two
+    /// bindings, each refused or accepted on its own.
+    #[test]
+    fn a_pod_can_be_both_sources_and_each_stands_alone() {
+        let model = capture_binding(Transition::RoxReadOnly);
+        let set = set_binding(Transition::RoxReadOnly);
+        let both = with_cache_capture(capture_pod(&model), &set);
+        let sources = capture_sources(&both);
+        let [
+            (CaptureKind::Model, CaptureState::Source(m)),
+            (CaptureKind::CacheSet, CaptureState::Source(c)),
+        ] = sources.as_slice()
+        else {
+            panic!("{sources:?}")
+        };
+        assert_eq!(
+            (m.kind, c.kind),
+            (CaptureKind::Model, CaptureKind::CacheSet)
+        );
+        assert_eq!(m.binding, model.metadata.name.clone().unwrap());
+        assert_eq!(c.binding, set.metadata.name.clone().unwrap());
+        assert_eq!((m.volume.as_str(), m.path.as_str()), (VOLUME, "ngc/models"));
+        assert_eq!((c.volume.as_str(), c.path.as_str()), (SCRATCH_VOLUME, ""));
+        // The set's records broken: the model capture stays a source.
+        let mut broken = both.clone();
+        annotate(&mut broken, CACHE_HANDLE_ANNOTATION, HANDLE);
+        let sources = capture_sources(&broken);
+        assert!(
+            matches!(
+                sources.as_slice(),
+                [
+                    (CaptureKind::Model, CaptureState::Source(_)),
+                    (CaptureKind::CacheSet, CaptureState::Refused(_))
+                ]
+            ),
+            "{sources:?}"
+        );
+        // The watches reach each source through its own binding only.
+        let model_name = model.metadata.name.clone().unwrap();
+        let set_name = set.metadata.name.clone().unwrap();
+        assert!(is_capture_source_of(&both, &model_name));
+        assert!(is_capture_source_of(&both, &set_name));
+        assert!(!is_capture_source_of(&both, "model-cache-other"));
+        assert!(is_capture_source_of(&cache_pod(&set), &set_name));
+        assert!(!is_capture_source_of(&cache_pod(&set), &model_name));
+        let mut unlabelled = both;
+        unlabelled.metadata.labels = None;
+        assert!(!is_capture_source_of(&unlabelled, &set_name));
+        assert!(capture_sources(&unlabelled).is_empty());
     }
 }

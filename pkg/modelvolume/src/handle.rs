@@ -170,7 +170,7 @@ impl CacheHandle {
     }
 
     /// The handle with the refresh `parts` folded in, only when the identity is floating
-    /// ([`is_floating`]); empty parts are dropped, the rest joined with `.` in the order given.
+    /// (`is_floating`); empty parts are dropped, the rest joined with `.` in the order given.
     pub fn with_refresh(mut self, parts: &[&str]) -> CacheHandle {
         let parts: Vec<&str> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
         self.refresh = (is_floating(&self.identity) && !parts.is_empty()).then(|| parts.join("."));

@@ -132,3 +132,36 @@ pub const ALWAYS_EXCLUDED_NAMESPACES: [&str; 1] = ["kube-system"];
 
 /// Contract version of [`DOWNLOAD_STEP_ANNOTATION`].
 pub const DOWNLOAD_STEP_VERSION: &str = "v1alpha1";
+
+/// Pod label: the compile-cache set the pod belongs to, as its binding's 48-hex identity hash
+/// (the suffix of `model-cache-<hash>`; [`crate::cacheset`]). Selects every pod of one set, as
+/// [`MODEL_LABEL`] selects every pod of one model copy; a pod carries both.
+pub const CACHE_KEY_LABEL: &str = "nvsnap.io/cache-key";
+
+/// Pod annotation: the rank of the pod's compile-cache set (its LeaderWorkerSet worker index,
+/// `0` outside a group).
+pub const CACHE_ORDINAL_ANNOTATION: &str = "nvsnap.io/cache-ordinal";
+
+/// Pod label: `"true"` on a pod admitted while its compile-cache set was not complete: once it
+/// is Ready, the node agent of its node may collect its compile caches into the set.
+pub const CACHE_CAPTURE_LABEL: &str = "warmcache.nvidia.io/cache-capture";
+
+/// Pod annotation: the name of the ModelCacheBinding of the pod's compile-cache set.
+pub const CACHE_BINDING_ANNOTATION: &str = "warmcache.nvidia.io/cache-set-binding";
+
+/// Pod annotation: the UID of that binding (set once the binding exists).
+pub const CACHE_BINDING_UID_ANNOTATION: &str = "warmcache.nvidia.io/cache-set-binding-uid";
+
+/// Pod annotation: the compile-cache set's handle (`cache://<sha256>?rank=<n>`), whose digest
+/// the set's binding records.
+pub const CACHE_HANDLE_ANNOTATION: &str = "warmcache.nvidia.io/cache-set-handle";
+
+/// The pod volume holding the set a pod is seeded from (the namespace's read-only view claim of
+/// the set's binding).
+pub const SEED_VOLUME: &str = "nvsnap-cache-seed";
+
+/// The init container that copies the set into the scratch directory before the engine starts.
+pub const SEED_CONTAINER: &str = "nvsnap-cache-seed";
+
+/// Where [`SEED_CONTAINER`] mounts [`SEED_VOLUME`].
+pub const SEED_MOUNT_PATH: &str = "/nvsnap-cache-seed";

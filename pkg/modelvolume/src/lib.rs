@@ -38,7 +38,7 @@ mod words;
 
 pub use admit::{
     BindingAction, POD_SECURITY_ENFORCE_LABEL, Rewrite, StorageInputs, Unchanged, Verdict, admit,
-    admit_at, decide,
+    admit_at, complete_cache_set, decide,
 };
 pub use binding::{accept_winner, check_joinable, desired_binding};
 pub use handle::{CacheHandle, Layout, is_capture_handle};
@@ -58,12 +58,14 @@ pub fn wait_script() -> String {
 }
 
 pub mod agent;
+pub mod cacheset;
 pub mod capture;
 pub mod drift;
 pub mod encryption;
 pub mod lease;
 pub mod lifecycle;
 pub mod open_root;
+pub mod reading;
 pub mod reaper;
 #[cfg(test)]
 mod testing;

@@ -82,6 +82,10 @@ pub struct Options {
     /// same in every webhook replica: the first pod of a new window downloads anew into a new
     /// binding ([`crate::Plan::at`]).
     pub floating_revision_max_age_seconds: Option<u64>,
+    /// Compile-cache sets ([`crate::cacheset`]): the engine's compile caches point into the
+    /// scratch directory, the first Ready pod of each configuration and rank has them collected,
+    /// and later pods start from them. Off by default.
+    pub compile_cache_sets: bool,
 }
 
 fn resources(cpu: (&str, &str), memory: (&str, &str)) -> ResourceRequirements {
@@ -113,6 +117,7 @@ impl Default for Options {
             download_resources: resources(("1", "2"), ("1Gi", "4Gi")),
             fallback_user: DEFAULT_NON_ROOT_USER,
             floating_revision_max_age_seconds: None,
+            compile_cache_sets: false,
         }
     }
 }

@@ -14,11 +14,13 @@ use warmcache_modelid::{
     Scheme, Source, landing_in, resolve_container,
 };
 
+use crate::cacheset::{self, CacheSet};
 use crate::handle::{CacheHandle, Layout};
 use crate::identify::identify;
 use crate::keys::{
     BINDING_ANNOTATION, CACHE_SALT_ANNOTATION, HANDLE_ANNOTATION, MAX_SALT_BYTES, MODEL_VOLUME,
-    REFRESH_LABEL, SCRATCH_PATH, SCRATCH_VOLUME, WAIT_CONTAINER, WAIT_MOUNT_PATH,
+    REFRESH_LABEL, SCRATCH_PATH, SCRATCH_VOLUME, SEED_CONTAINER, SEED_MOUNT_PATH, SEED_VOLUME,
+    WAIT_CONTAINER, WAIT_MOUNT_PATH,
 };
 use crate::options::Options;
 use crate::safety::{extra_repositories, landing_shared};
@@ -127,6 +129,8 @@ pub struct Plan {
     pub(crate) step_json: Option<String>,
     /// Where a capture source's own download lands, when no writer Job can reproduce it.
     pub(crate) capture: Option<Capture>,
+    /// The pod's compile-cache set, when sets are on and the pod can have one.
+    pub(crate) cache_set: Option<CacheSet>,
     pub(crate) traceparent: Option<String>,
     /// The namespace's refresh label ([`crate::keys::REFRESH_LABEL`]), for [`Plan::at`].
     pub(crate) refresh_label: Option<String>,
@@ -139,7 +143,7 @@ impl Plan {
     /// identity's handle gets the window `w<unix seconds / max age>`, so every admission in one
     /// window reads one copy and the first admission of the next downloads a new one (the old
     /// binding idles out by the reaper's rules). Unchanged without a maximum age, for a commit,
-    /// or without a clock ([`Timestamp::MIN`], as `admit` passes).
+    /// or without a clock ([`k8s_openapi::jiff::Timestamp::MIN`], as `admit` passes).
     pub fn at(mut self, now: k8s_openapi::jiff::Timestamp) -> Plan {
         let Some(max_age) = self.max_age_seconds.filter(|s| *s > 0) else {
             return self;
@@ -162,7 +166,23 @@ impl Plan {
         );
         self.binding_name = binding_name(&self.identity);
         self.hash = identity_hash(&self.identity);
+        self.cache_set = self
+            .cache_set
+            .map(|set| set.for_model(&self.handle, &self.sharing));
         self
+    }
+
+    /// What the model's binding is made for and joined by.
+    pub(crate) fn binding_target(&self) -> crate::binding::BindingTarget<'_> {
+        crate::binding::BindingTarget {
+            identity: &self.identity,
+            name: &self.binding_name,
+            control_namespace: &self.control_namespace,
+            namespace: &self.namespace,
+            sharing: &self.sharing,
+            handle: self.handle.to_string(),
+            traceparent: self.traceparent.as_deref(),
+        }
     }
 
     /// The name of the binding the pod reads (`model-cache-<hash>`).
@@ -229,6 +249,11 @@ impl Plan {
     /// Where a capture source's own download lands; `None` when a writer Job downloads.
     pub fn capture(&self) -> Option<&Capture> {
         self.capture.as_ref()
+    }
+
+    /// The pod's compile-cache set; `None` when sets are off or the pod cannot have one.
+    pub fn cache_set(&self) -> Option<&CacheSet> {
+        self.cache_set.as_ref()
     }
 }
 
@@ -1137,6 +1162,11 @@ fn inner_plan(
         handle = handle.with_capture();
     }
     let identity = BindingIdentity::new(sharing.workflow, &sharing.domain, &handle.to_string());
+    let cache_set = if options.compile_cache_sets {
+        cache_set_of(pod, main_c, &handle, &sharing, options)
+    } else {
+        None
+    };
     let traceparent = req
         .traceparent
         .map(str::trim)
@@ -1175,6 +1205,7 @@ fn inner_plan(
         step,
         step_json,
         capture,
+        cache_set,
         traceparent,
         refresh_label,
         // Pods of one LeaderWorkerSet group must read one commit: a window that turned between
@@ -1187,6 +1218,49 @@ fn inner_plan(
                 .is_some_and(|l| l.contains_key(warmcache_modelid::LWS_NAME_LABEL))
         }),
     })
+}
+
+/// The compile-cache set of a pod reading the model copy `model`: none when the pod's rank is
+/// unreadable, or when a name the set adds is taken (a volume, a container, a mount at the
+/// scratch path from another volume): then the pod simply keeps its compile caches where they
+/// were, nothing else changes.
+fn cache_set_of(
+    pod: &Pod,
+    main_c: &Container,
+    model: &CacheHandle,
+    sharing: &SharingDomain,
+    options: &Options,
+) -> Option<CacheSet> {
+    let rank = cacheset::rank(pod)?;
+    let spec = pod.spec.as_ref()?;
+    let taken = spec.volumes.iter().flatten().any(|v| v.name == SEED_VOLUME)
+        || spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .any(|c| {
+                c.name == SEED_CONTAINER
+                    || c.volume_mounts.iter().flatten().any(|m| {
+                        m.name != SCRATCH_VOLUME
+                            && (is_within(&clean(&m.mount_path), SCRATCH_PATH)
+                                || clean(&m.mount_path) == SEED_MOUNT_PATH)
+                    })
+            });
+    if taken {
+        return None;
+    }
+    let (image, pull) = match &options.wait_image {
+        Some(i) => (i.clone(), None),
+        None => (main_c.image.clone()?, main_c.image_pull_policy.clone()),
+    };
+    Some(CacheSet::new(
+        cacheset::configuration_digest(pod, main_c),
+        rank,
+        model,
+        sharing,
+        cacheset::compile_cache_env(main_c),
+        (image, pull),
+    ))
 }
 
 /// The capture source of an engine download no Job can reproduce: the landing must lie in an

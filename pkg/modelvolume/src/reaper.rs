@@ -34,7 +34,7 @@ use warmcache_api_modelcache::{
 
 use crate::agent::{COMPONENT_LABEL, MOUNT_HOLDER};
 use crate::encryption::{ROLE_ENCRYPTION, SECRET_PARAMETERS, class_name, secret_name};
-use crate::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
+use crate::keys::{CACHE_KEY_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, ROLE_READER};
 use crate::view::{RETAIN, writer_view_pv_name_in};
 use crate::volume_keys::{
     BINDING_LABEL, COMPLETE_LABEL, LAST_USED_ANNOTATION, ROLE_PRIMARY, ROLE_READER_SHARED,
@@ -342,10 +342,13 @@ pub fn claims_of(pod: &Pod) -> impl Iterator<Item = &str> {
         .map(|c| c.claim_name.as_str())
 }
 
-/// Whether `pod` reads `binding`'s cache: the webhook's model label with the binding's hash.
+/// Whether `pod` reads `binding`'s cache: the webhook's model label, or the compile-cache set
+/// label ([`CACHE_KEY_LABEL`]), with the binding's hash.
 pub fn reads_binding(pod: &Pod, binding: &ModelCacheBinding) -> bool {
-    label(&pod.metadata, MODEL_LABEL)
-        == Some(warmcache_api_modelcache::identity_hash(&binding.spec.identity).as_str())
+    let hash = warmcache_api_modelcache::identity_hash(&binding.spec.identity);
+    [MODEL_LABEL, CACHE_KEY_LABEL]
+        .iter()
+        .any(|key| label(&pod.metadata, key) == Some(hash.as_str()))
 }
 
 /// What the binding-level rules decide for a binding.

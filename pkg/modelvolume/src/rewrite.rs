@@ -19,12 +19,16 @@ use k8s_openapi::api::core::v1::{
 };
 use warmcache_api_modelcache::reader_pvc_name;
 
+use crate::cacheset::CacheSet;
 use crate::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION,
-    CAPTURE_VOLUME_ANNOTATION, COMPLETE_MARKER, DOWNLOAD_STEP_ANNOTATION, FAILURE_MARKER,
-    HANDLE_ANNOTATION, LANDING_ANNOTATION, MODEL_LABEL, MODEL_VOLUME, PENDING_LABEL, ROLE_LABEL,
-    ROLE_READER, SCRATCH_PATH, SCRATCH_VOLUME, SKIP_MESSAGE_ANNOTATION, SKIP_REASON_ANNOTATION,
-    TRACE_PARENT_ANNOTATION, URI_ANNOTATION, WAIT_CONTAINER, WAIT_MOUNT_PATH,
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CACHE_BINDING_ANNOTATION,
+    CACHE_BINDING_UID_ANNOTATION, CACHE_CAPTURE_LABEL, CACHE_HANDLE_ANNOTATION, CACHE_KEY_LABEL,
+    CACHE_ORDINAL_ANNOTATION, CAPTURE_LABEL, CAPTURE_PATH_ANNOTATION, CAPTURE_VOLUME_ANNOTATION,
+    COMPLETE_MARKER, DOWNLOAD_STEP_ANNOTATION, FAILURE_MARKER, HANDLE_ANNOTATION,
+    LANDING_ANNOTATION, MODEL_LABEL, MODEL_VOLUME, PENDING_LABEL, ROLE_LABEL, ROLE_READER,
+    SCRATCH_PATH, SCRATCH_VOLUME, SEED_CONTAINER, SEED_MOUNT_PATH, SEED_VOLUME,
+    SKIP_MESSAGE_ANNOTATION, SKIP_REASON_ANNOTATION, TRACE_PARENT_ANNOTATION, URI_ANNOTATION,
+    WAIT_CONTAINER, WAIT_MOUNT_PATH,
 };
 use crate::options::{Options, ReaderMode};
 use crate::plan::{Capture, Plan, Slot, Target};
@@ -343,6 +347,177 @@ pub(crate) fn render_capture(pod: &Pod, plan: &Plan, capture: &Capture, uid: Opt
     out
 }
 
+/// The seed script (`sh -c SCRIPT name set scratch dir...`): copies each compile-cache
+/// directory of a complete set into the scratch directory, each through a fresh temporary
+/// directory renamed into place only when its copy succeeded. It never fails the pod: a set that
+/// is not complete, or a directory that does not copy, leaves the engine to compile on its own.
+pub(crate) fn seed_script() -> String {
+    format!(
+        r#"set -u
+src="$1"; dst="$2"; shift 2
+if [ ! -e "$src/{COMPLETE_MARKER}" ]; then
+  echo "nvsnap: the compile-cache set is not complete; the engine compiles on its own"
+  exit 0
+fi
+seeded=0
+for d in "$@"; do
+  if [ -L "$src/$d" ] || [ ! -d "$src/$d" ]; then continue; fi
+  tmp="$dst/.nvsnap-seed.$$"
+  rm -rf "$tmp"
+  if mkdir -p "$tmp" && cp -R "$src/$d/." "$tmp/" && mkdir -p "$(dirname "$dst/$d")" && rm -rf "$dst/$d" && mv "$tmp" "$dst/$d"; then
+    seeded=$((seeded + 1))
+  else
+    echo "nvsnap: $d was not seeded; the engine compiles it on its own" >&2
+    rm -rf "$tmp"
+  fi
+done
+echo "nvsnap: $seeded compile-cache directories seeded"
+exit 0"#
+    )
+}
+
+/// The directories of a set, relative to the scratch directory (and to the set's root).
+pub(crate) fn set_directories() -> Vec<String> {
+    crate::cacheset::COMPILE_CACHE_VARIABLES
+        .iter()
+        .map(|(_, sub)| (*sub).to_owned())
+        .chain([crate::cacheset::MODULES_CACHE_DIR.to_owned()])
+        .collect()
+}
+
+/// How a pod takes part in its compile-cache set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SetRole {
+    /// The set is not complete: once Ready, the pod's caches may be collected into it.
+    Capture,
+    /// The set is complete and the namespace has its view: the pod starts from it.
+    Seed,
+    /// The set is complete but the namespace has no view yet: the pod compiles on its own (its
+    /// reference makes the binding controller add the view for the next pods).
+    Local,
+}
+
+/// `pod` (already rendered for its model) with its compile-cache set: the compile-cache
+/// variables and the scratch directory on the main container, the set's label and annotations,
+/// and by `role` the capture label or the seed volume and container. `uid` is the set binding's
+/// when it is known.
+pub(crate) fn render_cache_set(
+    mut pod: Pod,
+    plan: &Plan,
+    set: &CacheSet,
+    options: &Options,
+    role: SetRole,
+    uid: Option<&str>,
+) -> Pod {
+    let Some(spec) = pod.spec.as_mut() else {
+        return pod;
+    };
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    if !volumes.iter().any(|v| v.name == SCRATCH_VOLUME) {
+        volumes.push(Volume {
+            name: SCRATCH_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    if role == SetRole::Seed {
+        volumes.push(Volume {
+            name: SEED_VOLUME.to_owned(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: reader_pvc_name(&set.identity),
+                read_only: Some(true),
+            }),
+            ..Volume::default()
+        });
+        let mut args = vec![
+            SEED_CONTAINER.to_owned(),
+            SEED_MOUNT_PATH.to_owned(),
+            SCRATCH_PATH.to_owned(),
+        ];
+        args.extend(set_directories());
+        spec.init_containers
+            .get_or_insert_with(Vec::new)
+            .push(Container {
+                name: SEED_CONTAINER.to_owned(),
+                image: Some(set.image.clone()),
+                image_pull_policy: set.image_pull_policy.clone(),
+                command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), seed_script()]),
+                args: Some(args),
+                volume_mounts: Some(vec![
+                    VolumeMount {
+                        name: SEED_VOLUME.to_owned(),
+                        mount_path: SEED_MOUNT_PATH.to_owned(),
+                        read_only: Some(true),
+                        ..VolumeMount::default()
+                    },
+                    VolumeMount {
+                        name: SCRATCH_VOLUME.to_owned(),
+                        mount_path: SCRATCH_PATH.to_owned(),
+                        ..VolumeMount::default()
+                    },
+                ]),
+                resources: Some(options.wait_resources.clone()),
+                security_context: Some(hardened(plan.wait.user, plan.wait.group, true)),
+                termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+                ..Container::default()
+            });
+    }
+    if let Some(main) = container_mut(&mut pod, Slot::Container(plan.main)) {
+        for (name, value) in &set.env {
+            set_env(main, name, value);
+        }
+        let mounts = main.volume_mounts.get_or_insert_with(Vec::new);
+        if !mounts.iter().any(|m| m.name == SCRATCH_VOLUME) {
+            mounts.push(VolumeMount {
+                name: SCRATCH_VOLUME.to_owned(),
+                mount_path: SCRATCH_PATH.to_owned(),
+                ..VolumeMount::default()
+            });
+        }
+    }
+    let labels = pod.metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(CACHE_KEY_LABEL.to_owned(), set.hash.clone());
+    if role == SetRole::Capture {
+        labels.insert(CACHE_CAPTURE_LABEL.to_owned(), "true".to_owned());
+    } else {
+        labels.remove(CACHE_CAPTURE_LABEL);
+    }
+    let annotations = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    for (k, v) in [
+        (CACHE_BINDING_ANNOTATION, set.binding_name.clone()),
+        (CACHE_HANDLE_ANNOTATION, set.handle.clone()),
+        (CACHE_ORDINAL_ANNOTATION, set.rank.to_string()),
+    ] {
+        annotations.insert(k.to_owned(), v);
+    }
+    match uid {
+        Some(uid) => annotations.insert(CACHE_BINDING_UID_ANNOTATION.to_owned(), uid.to_owned()),
+        None => annotations.remove(CACHE_BINDING_UID_ANNOTATION),
+    };
+    pod
+}
+
+/// `pod` without its compile-cache set's labels and annotations (its set binding could not be
+/// created or joined): it keeps its compile caches in its scratch directory, and is neither
+/// collected from nor a reference of the set.
+pub(crate) fn without_cache_set(mut pod: Pod) -> Pod {
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.remove(CACHE_KEY_LABEL);
+        labels.remove(CACHE_CAPTURE_LABEL);
+    }
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        for k in [
+            CACHE_BINDING_ANNOTATION,
+            CACHE_BINDING_UID_ANNOTATION,
+            CACHE_HANDLE_ANNOTATION,
+            CACHE_ORDINAL_ANNOTATION,
+        ] {
+            annotations.remove(k);
+        }
+    }
+    pod
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,6 +560,74 @@ mod tests {
                 ("C".into(), Some("y".into())),
             ]
         );
+    }
+
+    /// Runs the seed script in a real shell from `set` into `scratch`.
+    fn seed(set: &std::path::Path, scratch: &std::path::Path) -> std::process::Output {
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(seed_script())
+            .arg(SEED_CONTAINER)
+            .arg(set)
+            .arg(scratch)
+            .args(set_directories());
+        cmd.output().unwrap()
+    }
+
+    #[test]
+    fn the_seed_script_copies_a_complete_set_and_never_fails_the_pod() {
+        let root = std::env::temp_dir().join(format!("seed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let set = root.join("set");
+        let scratch = root.join("scratch");
+        std::fs::create_dir_all(set.join(".triton/cache/k1")).unwrap();
+        std::fs::create_dir_all(set.join("torchinductor/fx")).unwrap();
+        std::fs::create_dir_all(&scratch).unwrap();
+        std::fs::write(set.join(".triton/cache/k1/kernel.cubin"), b"cubin").unwrap();
+        std::fs::write(set.join("torchinductor/fx/graph"), b"graph").unwrap();
+        std::fs::write(set.join("stray"), b"not a cache").unwrap();
+        // Not complete: nothing is copied, and the pod starts.
+        let out = seed(&set, &scratch);
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stdout).contains("not complete"));
+        assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+        // Complete: the cache directories land in place, nothing else does.
+        std::fs::write(set.join(COMPLETE_MARKER), b"10").unwrap();
+        // A stale partial directory of an earlier start is replaced whole.
+        std::fs::create_dir_all(scratch.join("torchinductor/old")).unwrap();
+        let out = seed(&set, &scratch);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            std::fs::read(scratch.join(".triton/cache/k1/kernel.cubin")).unwrap(),
+            b"cubin"
+        );
+        assert_eq!(
+            std::fs::read(scratch.join("torchinductor/fx/graph")).unwrap(),
+            b"graph"
+        );
+        assert!(!scratch.join("torchinductor/old").exists());
+        assert!(!scratch.join("stray").exists());
+        assert!(!scratch.join(COMPLETE_MARKER).exists());
+        let left: Vec<String> = std::fs::read_dir(&scratch)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".nvsnap-seed"))
+            .collect();
+        assert!(left.is_empty(), "no temporary directory left: {left:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("2 compile-cache directories seeded")
+        );
+        // A scratch path it cannot copy into (a file, even for root): each directory is
+        // reported, and the pod still starts.
+        let file = root.join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let out = seed(&set, &file);
+        assert!(out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("was not seeded"));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("0 compile-cache directories seeded")
+        );
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

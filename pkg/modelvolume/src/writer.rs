@@ -23,7 +23,7 @@
 //!   opens fresh roots ([`WriterOptions::open_root_wait_seconds`]): then the writer stays
 //!   non-root too, its pod is labelled [`OPEN_ROOT_LABEL`], and the wrapper waits until the agent
 //!   of its node has given the volume's root to the writer's user (see
-//!   [`crate::agent::open_root_request`]).
+//!   [`crate::open_root::open_root_request`]).
 //!
 //! # The staging Job (roxReadOnly, block storage)
 //!

@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use warmcache_api_modelcache::SHARING_DOMAIN_LABEL;
-use warmcache_api_modelcache::v2beta1::BindingPhase;
-use warmcache_modelvolume::keys::{MODEL_VOLUME, OPT_OUT, WAIT_CONTAINER};
+use warmcache_api_modelcache::v2beta1::{BindingPhase, ModelCacheBinding};
+use warmcache_modelvolume::keys::{MODEL_VOLUME, OPT_OUT, SEED_CONTAINER, WAIT_CONTAINER};
 use warmcache_modelvolume::{BindingAction, ReaderMode, Verdict};
 
 #[derive(Debug, Clone)]
@@ -52,6 +52,8 @@ struct Context {
     storage: &'static str,
     host_path: bool,
     binding: usize,
+    /// Compile-cache sets on.
+    sets: bool,
 }
 
 const FORMS: usize = 11;
@@ -113,12 +115,14 @@ fn context() -> impl Strategy<Value = Context> {
         prop::sample::select(vec!["weka", "weka", "nvmesh", "lustre", "absent"]),
         any::<bool>(),
         0..4usize,
+        any::<bool>(),
     )
-        .prop_map(|(domain, storage, host_path, binding)| Context {
+        .prop_map(|(domain, storage, host_path, binding, sets)| Context {
             domain,
             storage,
             host_path,
             binding,
+            sets,
         })
 }
 
@@ -387,7 +391,8 @@ proptest! {
     fn admission_is_idempotent_safe_and_never_leaks_a_secret(s in shape(), c in context()) {
         let pod = build(&s);
         let labels = labels(&c);
-        let options = common::options(c.host_path.then_some("hostPath"));
+        let mut options = common::options(c.host_path.then_some("hostPath"));
+        options.compile_cache_sets = c.sets;
         let first = common::run(&pod, &labels, None, &options, c.storage, None);
         prop_assert_eq!(&first, &common::run(&pod, &labels, None, &options, c.storage, None), "deterministic");
         // Against an existing binding in the generated state.
@@ -402,8 +407,21 @@ proptest! {
             },
             _ => (first.clone(), None),
         };
+        // With a compile-cache set: both bindings stored (the set in the same generated state).
+        let (verdict, set_found) = match (&first, &found) {
+            (Verdict::Rewrite(r), Some(model)) => match &r.cache_set {
+                Some(BindingAction::Create(b)) => {
+                    let phase = [None, Some(BindingPhase::Active), Some(BindingPhase::Retiring), Some(BindingPhase::Active)][c.binding];
+                    let set = common::stored(b, phase, (c.binding == 3).then_some(common::NAMESPACE));
+                    (common::run_named(&pod, &labels, &options, c.storage, &[model, &set]), Some(set))
+                }
+                _ => (verdict, None),
+            },
+            _ => (verdict, None),
+        };
         let admitted = verdict.admitted(&pod);
-        let again = common::run(&admitted, &labels, None, &options, c.storage, found.as_ref());
+        let stored: Vec<&ModelCacheBinding> = found.iter().chain(set_found.iter()).collect();
+        let again = common::run_named(&admitted, &labels, &options, c.storage, &stored);
         prop_assert_eq!(again.admitted(&admitted), admitted.clone(), "idempotent");
         if let Verdict::Rewrite(r) = &verdict {
             prop_assert!(matches!(again, Verdict::Unchanged(_)));
@@ -411,6 +429,12 @@ proptest! {
             let waits: Vec<&Container> = spec.init_containers.iter().flatten().filter(|c| c.name == WAIT_CONTAINER).collect();
             prop_assert_eq!(waits.len(), 1);
             check_hardened(waits[0])?;
+            for seed in spec.init_containers.iter().flatten().filter(|c| c.name == SEED_CONTAINER) {
+                check_hardened(seed)?;
+            }
+            if !c.sets {
+                prop_assert!(r.cache_set.is_none() && r.plan.cache_set().is_none());
+            }
             let v = serde_json::to_value(&r.pod).unwrap();
             let volume = v["spec"]["volumes"].as_array().unwrap().iter().find(|v| v["name"] == MODEL_VOLUME).cloned().unwrap();
             if r.reader_mode == ReaderMode::Pvc {
@@ -451,6 +475,12 @@ proptest! {
                 }
                 if let BindingAction::Create(b) = &r.binding {
                     prop_assert!(!serde_json::to_string(b).unwrap().contains(token.as_str()));
+                }
+                if let Some(BindingAction::Create(b)) = &r.cache_set {
+                    prop_assert!(!serde_json::to_string(b).unwrap().contains(token.as_str()));
+                }
+                for seed in spec.init_containers.iter().flatten().filter(|c| c.name == SEED_CONTAINER) {
+                    prop_assert!(!serde_json::to_string(seed).unwrap().contains(token.as_str()));
                 }
             }
         }

@@ -21,6 +21,14 @@ pub const MAX_DEPTH: usize = 128;
 /// bind of the same filesystem).
 const STATX_MASK: StatxFlags = StatxFlags::BASIC_STATS.union(StatxFlags::MNT_ID);
 
+/// A selection of the entries of a tree ([`crate::copy_dir_into_mount_selected`],
+/// [`crate::measure_dir_selected`]): called with each entry's path relative to the walked root
+/// (`/`-separated, no leading `./`, never empty) before the entry is opened; `false` leaves the
+/// entry out, and a directory left out is not descended into. A selecting walk also leaves out
+/// every symbolic link (whatever it names is the reader's to resolve, and a selection decides by
+/// path) and every name that is not UTF-8.
+pub type Keep = dyn Fn(&str) -> bool;
+
 /// A path relative to a walked root, as bytes joined with `/` (no leading `./`).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RelPath(Vec<u8>);
@@ -46,6 +54,12 @@ impl RelPath {
 
     pub(crate) fn is_root(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Whether a selecting walk takes this path: always without a selection; with one, only a
+    /// UTF-8 path it accepts (a name that is not UTF-8 is never taken).
+    pub(crate) fn selected(&self, keep: Option<&Keep>) -> bool {
+        keep.is_none_or(|keep| std::str::from_utf8(&self.0).is_ok_and(keep))
     }
 
     /// `root/self`, for messages.

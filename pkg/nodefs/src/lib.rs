@@ -39,6 +39,13 @@
 //!   with `O_NOFOLLOW|O_DIRECTORY`, refusing a link, `..` or another mount on the way;
 //!   [`measure_dir`] and [`copy_dir_into_mount`] then work from that descriptor, so a link the
 //!   pod swaps into the path afterwards changes nothing.
+//! - **A selection leaves out, it never lets in.** A copy or a measure with a selection
+//!   ([`Keep`]: a compile-cache set takes only its cache directories, never a credential) asks
+//!   it about each entry's relative path before opening the entry; an entry left out is never
+//!   opened, a directory left out never entered, and every symbolic link and non-UTF-8 name is
+//!   left out. Everything else (no link followed, no mount crossed, special files refused,
+//!   manifest, verification, marker) is the unselected copy's; an empty selection is a valid,
+//!   complete copy of nothing.
 //! - **A volume root is opened for a writer only on its mount.** [`open_root`] changes the owner
 //!   of one directory, the root of a mounted volume, through the descriptor it checked: the
 //!   opened directory must be the top mount at the path (never the node's disk under a kubelet
@@ -60,14 +67,15 @@ pub mod measure;
 pub mod mounts;
 mod open;
 
-pub use at::MAX_DEPTH;
+pub use at::{Keep, MAX_DEPTH};
 pub use beneath::{TreeDir, open_dir_beneath};
 pub use copy::{
-    CopyReport, MANIFEST, MARKER, STAGING_PREFIX, VerifyReport, copy_dir_into_mount, copy_tree,
-    copy_tree_into_mount, is_complete, verify_manifest,
+    CopyReport, MANIFEST, MARKER, STAGING_PREFIX, VerifyReport, copy_dir_into_mount,
+    copy_dir_into_mount_selected, copy_tree, copy_tree_into_mount, copy_tree_selected, is_complete,
+    verify_manifest,
 };
 pub use error::{Error, Problem, Shown};
-pub use measure::{measure, measure_dir};
+pub use measure::{measure, measure_dir, measure_dir_selected};
 pub use mounts::{
     BindOutcome, BindState, MountInfo, bind_state, ensure_read_only_bind,
     ensure_read_only_bind_over_empty, parse_mountinfo, read_mountinfo, top_mount, unbind,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, CWD, Statx};
 
-use crate::at::{self, Kind, MAX_DEPTH, RelPath};
+use crate::at::{self, Keep, Kind, MAX_DEPTH, RelPath};
 use crate::beneath::TreeDir;
 use crate::error::Error;
 
@@ -30,7 +30,7 @@ pub fn measure(root: &Path) -> Result<u64, Error> {
     }
     let fd = at::open_root_dir(root)?;
     let mut rel = RelPath::default();
-    walk(fd.as_fd(), root, &mut rel, 0, &mut m)?;
+    walk(fd.as_fd(), root, &mut rel, 0, &mut m, None)?;
     Ok(m.bytes)
 }
 
@@ -41,12 +41,27 @@ pub fn measure(root: &Path) -> Result<u64, Error> {
 ///
 /// A system call that failed, or a tree deeper than [`MAX_DEPTH`].
 pub fn measure_dir(dir: &TreeDir) -> Result<u64, Error> {
+    measure_opened(dir, None)
+}
+
+/// [`measure_dir`] of only the entries `keep` selects ([`Keep`]: a directory left out is not
+/// entered, symbolic links are left out): the bytes [`crate::copy_dir_into_mount_selected`] with
+/// the same selection copies (the directory itself counted, as the copy's root is).
+///
+/// # Errors
+///
+/// As [`measure_dir`].
+pub fn measure_dir_selected(dir: &TreeDir, keep: &Keep) -> Result<u64, Error> {
+    measure_opened(dir, Some(keep))
+}
+
+fn measure_opened(dir: &TreeDir, keep: Option<&Keep>) -> Result<u64, Error> {
     let root = dir.path();
     let st = at::stat_fd(dir.fd(), || root.to_path_buf())?;
     let mut m = Measure::default();
     m.count(&st);
     let mut rel = RelPath::default();
-    walk(dir.fd(), root, &mut rel, 0, &mut m)?;
+    walk(dir.fd(), root, &mut rel, 0, &mut m, keep)?;
     Ok(m.bytes)
 }
 
@@ -76,6 +91,7 @@ fn walk(
     rel: &mut RelPath,
     depth: usize,
     m: &mut Measure,
+    keep: Option<&Keep>,
 ) -> Result<(), Error> {
     if depth > MAX_DEPTH {
         return Err(Error::TooDeep {
@@ -84,13 +100,22 @@ fn walk(
         });
     }
     for name in at::list_dir(dirfd, || rel.under(root))? {
+        let len = rel.push(&name);
+        let selected = rel.selected(keep);
+        rel.truncate(len);
+        if !selected {
+            continue;
+        }
         let st = at::stat_at(dirfd, &name, || at::child(root, rel, &name))?;
+        if keep.is_some() && Kind::of(&st) == Kind::Symlink {
+            continue;
+        }
         if !m.count(&st) || Kind::of(&st) != Kind::Dir {
             continue;
         }
         let fd = at::open_dir_at(dirfd, &name, || at::child(root, rel, &name))?;
         let len = rel.push(&name);
-        walk(fd.as_fd(), root, rel, depth + 1, m)?;
+        walk(fd.as_fd(), root, rel, depth + 1, m, keep)?;
         rel.truncate(len);
     }
     Ok(())

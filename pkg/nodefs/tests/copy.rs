@@ -1,6 +1,7 @@
 //! The tree copier and measure on the real filesystem: a Hugging Face cache copied and compared,
 //! `du -sb`, the symlink attack chain, links pointing outside, special files, hostile names,
-//! corruption found by the manifest, reserved names, refusals.
+//! corruption found by the manifest, reserved names, refusals, a selected copy (a compile-cache
+//! set's) that leaves out what it must.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,7 +15,8 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use sha2::{Digest, Sha256};
 use warmcache_nodefs::{
-    Error, MANIFEST, MARKER, MAX_DEPTH, Problem, copy_tree, is_complete, measure, verify_manifest,
+    Error, MANIFEST, MARKER, MAX_DEPTH, Problem, copy_tree, copy_tree_selected, is_complete,
+    measure, measure_dir_selected, open_dir_beneath, verify_manifest,
 };
 
 const OURS: [&str; 2] = [MARKER, MANIFEST];
@@ -673,4 +675,139 @@ fn is_complete_reads_only_what_the_copier_writes() {
     fs::remove_file(dst.join(MARKER)).unwrap();
     fs::create_dir(dst.join(MARKER)).unwrap();
     assert!(matches!(is_complete(&dst), Err(Error::Marker { .. })));
+}
+
+/// A selection like a compile-cache set's (`warmcache_modelvolume::cacheset::travels`, which
+/// this crate does not depend on): inside `cache/` (or on the way to it), no component `secret`.
+fn cache_only(rel: &str) -> bool {
+    let parts: Vec<&str> = rel.split('/').collect();
+    parts[0] == "cache" && !parts.iter().any(|p| *p == "secret" || p.ends_with(".pem"))
+}
+
+/// Only what the selection takes is measured and copied: a directory left out is never entered
+/// (a FIFO in it does not fail the copy), links are left out (inside the selection too), names
+/// that are not UTF-8 are left out; the manifest, the verification and the marker are those of
+/// the selected tree, and the measure before the copy is the copy's bytes.
+#[test]
+fn a_selected_copy_takes_only_what_the_selection_accepts() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let (tmp, src, dst) = dirs();
+    let victim = tmp.path().join("victim");
+    fs::write(&victim, b"outside").unwrap();
+    fs::create_dir_all(src.join("cache/kernels/ab")).unwrap();
+    fs::write(src.join("cache/kernels/ab/k.cubin"), vec![7u8; 5000]).unwrap();
+    fs::write(src.join("cache/index"), b"idx").unwrap();
+    fs::create_dir_all(src.join("cache/secret")).unwrap();
+    fs::write(src.join("cache/secret/token"), b"hf_xxx").unwrap();
+    fs::write(src.join("cache/tls.pem"), b"key").unwrap();
+    symlink(&victim, src.join("cache/out")).unwrap();
+    symlink("kernels", src.join("cache/in")).unwrap();
+    fs::write(src.join(OsStr::from_bytes(b"cache/\xff")), b"latin1").unwrap();
+    fs::create_dir_all(src.join("other")).unwrap();
+    fs::write(src.join("other/config"), b"creds").unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        src.join("other/fifo"),
+        rustix::fs::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    fs::write(src.join("top-file"), b"x").unwrap();
+
+    let measured = measure_dir_selected(&open_dir_beneath(&src, "").unwrap(), &cache_only).unwrap();
+    let report = copy_tree_selected(&src, &dst, "a1", &cache_only).unwrap();
+    assert_eq!(
+        (report.files, report.symlinks, report.dirs),
+        (2, 0, 3),
+        "{report:?}"
+    );
+    let mut found = paths_under(&dst);
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ".nvsnap-complete",
+            ".nvsnap-manifest",
+            "cache",
+            "cache/index",
+            "cache/kernels",
+            "cache/kernels/ab",
+            "cache/kernels/ab/k.cubin",
+        ]
+    );
+    assert_eq!(
+        fs::read(dst.join("cache/kernels/ab/k.cubin")).unwrap(),
+        vec![7u8; 5000]
+    );
+    verify_manifest(&dst).unwrap();
+    sha256sum_check(&dst);
+    assert_eq!(is_complete(&dst).unwrap(), Some(report.bytes));
+    assert_eq!(report.bytes, published_du(&dst));
+    // The measure sizes what is copied: the root directory and the selected entries.
+    let size = |rel: &str| fs::symlink_metadata(src.join(rel)).unwrap().len();
+    assert_eq!(
+        measured,
+        [
+            "",
+            "cache",
+            "cache/index",
+            "cache/kernels",
+            "cache/kernels/ab",
+            "cache/kernels/ab/k.cubin",
+        ]
+        .into_iter()
+        .map(size)
+        .sum::<u64>()
+    );
+    assert_eq!(fs::read(&victim).unwrap(), b"outside");
+
+    // Nothing selected: a complete, verified copy of an empty tree (an earlier content gone).
+    let none = copy_tree_selected(&src, &dst, "a2", &|_: &str| false).unwrap();
+    assert_eq!((none.files, none.symlinks, none.dirs), (0, 0, 0));
+    assert_eq!(paths_under(&dst).len(), 2, "{:?}", paths_under(&dst));
+    assert_eq!(fs::read(dst.join(MANIFEST)).unwrap(), b"");
+    assert_eq!(is_complete(&dst).unwrap(), Some(none.bytes));
+    verify_manifest(&dst).unwrap();
+    assert_eq!(
+        measure_dir_selected(&open_dir_beneath(&src, "").unwrap(), &|_: &str| false).unwrap(),
+        fs::symlink_metadata(&src).unwrap().len(),
+        "nothing selected: the directory alone"
+    );
+
+    // The same tree unselected: the FIFO is refused, as always.
+    assert!(matches!(
+        copy_tree(&src, &dst, "a3"),
+        Err(Error::SpecialFile { .. })
+    ));
+    // A FIFO the selection takes is refused too.
+    let (_tmp2, src2, dst2) = dirs();
+    fs::create_dir(src2.join("cache")).unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        src2.join("cache/fifo"),
+        rustix::fs::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    assert!(matches!(
+        copy_tree_selected(&src2, &dst2, "a1", &cache_only),
+        Err(Error::SpecialFile { .. })
+    ));
+    assert_eq!(is_complete(&dst2).unwrap(), None);
+}
+
+/// Every path beneath `root`, relative, without following links.
+fn paths_under(root: &Path) -> Vec<String> {
+    fn go(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            if e.file_type().unwrap().is_dir() {
+                go(root, &p, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    go(root, root, &mut out);
+    out
 }

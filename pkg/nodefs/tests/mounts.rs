@@ -16,8 +16,9 @@ use std::process::Command;
 use rustix::mount::{MountFlags, UnmountFlags};
 use warmcache_nodefs::{
     BindOutcome, BindState, Error, MANIFEST, MARKER, OpenOutcome, bind_state, copy_dir_into_mount,
-    copy_tree_into_mount, ensure_read_only_bind, ensure_read_only_bind_over_empty, is_complete,
-    measure, measure_dir, open_dir_beneath, open_root, read_mountinfo, top_mount, unbind,
+    copy_dir_into_mount_selected, copy_tree_into_mount, ensure_read_only_bind,
+    ensure_read_only_bind_over_empty, is_complete, measure, measure_dir, measure_dir_selected,
+    open_dir_beneath, open_root, read_mountinfo, top_mount, unbind,
 };
 
 const IN_MOUNTNS: &str = "WARMCACHE_NODEFS_IN_MOUNTNS";
@@ -539,7 +540,8 @@ fn a_copy_into_a_volume_is_refused_unless_the_volume_is_the_mount_the_table_show
 /// component at a time without following a link (`ngc -> /etc` is refused, as is a link
 /// anywhere on the path, a `..`, a file, and a mount inside the emptyDir), measured and copied
 /// from the opened descriptor (a link swapped into the path after the open changes nothing), into
-/// the mount the table shows, complete with marker and manifest.
+/// the mount the table shows, complete with marker and manifest; a selected copy (a
+/// compile-cache set's) takes only what its selection accepts, through the same checks.
 #[test]
 fn a_capture_landing_is_reached_and_copied_without_following_a_link() {
     in_mount_namespace(
@@ -618,6 +620,25 @@ fn a_capture_landing_is_reached_and_copied_without_following_a_link() {
             assert_eq!(is_complete(&volume).unwrap(), Some(report.bytes));
             assert_eq!(common::tree(&volume, &[MARKER, MANIFEST], false), expected);
             assert!(!volume.join("secret").exists());
+            common::sha256sum_check(&volume);
+            // Selected (a compile-cache set's way): only what the selection takes replaces the
+            // volume's content, measured alike, through the same mount check.
+            let keep = |rel: &str| rel == "version.txt";
+            let selected =
+                copy_dir_into_mount_selected(&opened, &volume, "c3", &table, &keep).unwrap();
+            assert_eq!((selected.files, selected.dirs), (1, 0));
+            assert_eq!(
+                common::names(&volume),
+                [MARKER, MANIFEST, "version.txt"],
+                "only the selected file"
+            );
+            // The directory itself and the selected file (the directory's own size differs
+            // between source and copy on tmpfs, where it counts entries).
+            let size = |p: &Path| fs::symlink_metadata(p).unwrap().len();
+            assert_eq!(
+                measure_dir_selected(&opened, &keep).unwrap(),
+                size(&empty_dir.join("ngc-moved/models")) + size(&volume.join("version.txt"))
+            );
             common::sha256sum_check(&volume);
             // Into a directory that is not the mount the table shows: refused, untouched.
             let unmounted = base.join("pods/holder2/volumes/kubernetes.io~csi/pv/mount");

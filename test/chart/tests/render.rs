@@ -1010,6 +1010,7 @@ fn values_reach_the_components() {
             "modelVolumeController.nodeSelector.nvidia\\.com/gpu\\.product=H100",
             "modelVolumeController.extraTolerations[0].key=storage",
             "modelVolumeController.extraTolerations[0].operator=Exists",
+            "webhook.compileCacheSets=true",
         ])
         .unwrap();
     let args = |name: &str| -> Vec<String> {
@@ -1029,8 +1030,20 @@ fn values_reach_the_components() {
         "--gpu-resource=amd.com/gpu",
         "--feature-gates=ModelCacheEncryption=true",
         "--control-namespace=models-control",
+        // The agent is deployed: it collects compile-cache sets.
+        "--compile-cache-sets",
     ] {
         assert!(webhook.contains(&expected.to_owned()), "{webhook:?}");
+    }
+    // Off by default; and without the agent nothing would collect a set, so it stays off.
+    for values in [
+        &["modelVolumeController.enabled=true"][..],
+        &["webhook.compileCacheSets=true"],
+    ] {
+        let objects = helm().template(values).unwrap();
+        let d = find(&objects, "Deployment", "warmcache-webhook").unwrap();
+        let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(!args.contains("--compile-cache-sets"), "{values:?}: {args}");
     }
     let controller = args("warmcache-binding-controller");
     for expected in [

@@ -87,6 +87,36 @@ pub fn run(
     admit(&req, |_, _| binding, &inputs(sc.as_ref()))
 }
 
+/// Admit `pod` once with the given context; the binding lookup answers each of `bindings` by
+/// its name (a model's and a compile-cache set's).
+pub fn run_named(
+    pod: &Pod,
+    labels: &BTreeMap<String, String>,
+    options: &Options,
+    storage: &str,
+    bindings: &[&ModelCacheBinding],
+) -> Verdict {
+    let sc = storage_class_for(storage);
+    let req = Request {
+        pod,
+        namespace: NAMESPACE,
+        namespace_labels: labels,
+        leader_worker_set: None,
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        options,
+    };
+    admit(
+        &req,
+        |_, name| {
+            bindings
+                .iter()
+                .copied()
+                .find(|b| b.metadata.name.as_deref() == Some(name))
+        },
+        &inputs(sc.as_ref()),
+    )
+}
+
 /// A stored binding as the API server would return it: the created one with a UID, in
 /// `phase` (None: no status yet), with a view in `view_ns` when given.
 pub fn stored(

@@ -41,7 +41,7 @@ use rustix::fs::{AtFlags, Gid, Mode, OFlags, Statx, StatxTimestamp, Timespec, Ti
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 
-use crate::at::{self, Kind, MAX_DEPTH, Mount, RelPath};
+use crate::at::{self, Keep, Kind, MAX_DEPTH, Mount, RelPath};
 use crate::beneath::TreeDir;
 use crate::error::{Error, Problem};
 use manifest::Digests;
@@ -134,6 +134,48 @@ pub fn copy_dir_into_mount(
         attempt,
         Some(mounts),
     )?;
+    run_attempt(a)
+}
+
+/// [`copy_dir_into_mount`] of only the entries `keep` selects ([`Keep`]): an entry left out is
+/// never opened, a directory left out never entered, symbolic links and non-UTF-8 names are left
+/// out; the report, the manifest and the marker are those of the selected tree. Nothing
+/// selected is a complete copy of an empty tree.
+///
+/// # Errors
+///
+/// As [`copy_dir_into_mount`] (a special file the selection takes is refused as there).
+pub fn copy_dir_into_mount_selected(
+    source: &TreeDir,
+    dest_root: &Path,
+    attempt: &str,
+    mounts: &[crate::mounts::MountInfo],
+    keep: &Keep,
+) -> Result<CopyReport, Error> {
+    let mut a = Attempt::begin_from(
+        source.path(),
+        Some(source),
+        dest_root,
+        attempt,
+        Some(mounts),
+    )?;
+    a.keep = Some(keep);
+    run_attempt(a)
+}
+
+/// [`copy_tree`] of only the entries `keep` selects, as [`copy_dir_into_mount_selected`] does.
+///
+/// # Errors
+///
+/// As [`copy_tree`].
+pub fn copy_tree_selected(
+    source: &Path,
+    dest_root: &Path,
+    attempt: &str,
+    keep: &Keep,
+) -> Result<CopyReport, Error> {
+    let mut a = Attempt::begin(source, dest_root, attempt, None)?;
+    a.keep = Some(keep);
     run_attempt(a)
 }
 
@@ -263,6 +305,8 @@ pub(crate) struct Attempt<'a> {
     manifest: Vec<u8>,
     /// Running from the copy step until [`Attempt::wait_durable`].
     syncer: Option<Syncer>,
+    /// The selection of the source's entries, if any ([`Keep`]).
+    keep: Option<&'a Keep>,
 }
 
 impl<'a> Attempt<'a> {
@@ -353,6 +397,7 @@ impl<'a> Attempt<'a> {
             copied: Copied::default(),
             manifest: Vec::new(),
             syncer: None,
+            keep: None,
         })
     }
 
@@ -411,6 +456,7 @@ impl<'a> Attempt<'a> {
                 sync,
                 failed: &failed,
                 copied: &mut copied,
+                keep: self.keep,
             };
             let walked = c
                 .dir(
@@ -740,6 +786,7 @@ struct Copier<'a> {
     sync: SyncQueue,
     failed: &'a AtomicBool,
     copied: &'a mut Copied,
+    keep: Option<&'a Keep>,
 }
 
 impl Copier<'_> {
@@ -765,7 +812,17 @@ impl Copier<'_> {
                 // A file worker failed: its error is the one reported; stop walking.
                 return Ok(());
             }
+            // Left out by the selection: never opened (nor even looked at).
+            let len = rel.push(&name);
+            let selected = rel.selected(self.keep);
+            rel.truncate(len);
+            if !selected {
+                continue;
+            }
             let st = at::stat_at(src, &name, || at::child(source, rel, &name))?;
+            if self.keep.is_some() && Kind::of(&st) == Kind::Symlink {
+                continue;
+            }
             let len = rel.push(&name);
             let src_path = || rel.under(source);
             match Kind::of(&st) {
