@@ -371,14 +371,13 @@ pub fn capture_sources(pod: &Pod) -> Vec<(CaptureKind, CaptureState)> {
 pub fn is_capture_source_of(pod: &Pod, binding: &str) -> bool {
     let labels = pod.metadata.labels.as_ref();
     let annotations = pod.metadata.annotations.as_ref();
-    [
-        (CAPTURE_LABEL, BINDING_ANNOTATION),
-        (CACHE_CAPTURE_LABEL, CACHE_BINDING_ANNOTATION),
-    ]
-    .iter()
-    .any(|(label, named)| {
-        labels.is_some_and(|l| l.contains_key(*label))
-            && annotations.and_then(|a| a.get(*named)).map(String::as_str) == Some(binding)
+    crate::reading::Reads::ALL.iter().any(|how| {
+        let keys = how.keys();
+        labels.is_some_and(|l| l.contains_key(keys.capture))
+            && annotations
+                .and_then(|a| a.get(keys.binding))
+                .map(String::as_str)
+                == Some(binding)
     })
 }
 

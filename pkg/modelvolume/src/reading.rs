@@ -22,30 +22,39 @@ pub enum Reads {
     CacheSet,
 }
 
-impl Reads {
-    const ALL: [(Reads, &'static str, &'static str); 2] = [
-        (Reads::Model, BINDING_ANNOTATION, BINDING_UID_ANNOTATION),
-        (
-            Reads::CacheSet,
-            CACHE_BINDING_ANNOTATION,
-            CACHE_BINDING_UID_ANNOTATION,
-        ),
-    ];
+/// The keys of one relation: the binding's name and UID annotations, the capture-source label
+/// and the handle annotation.
+#[derive(Debug, Clone, Copy)]
+pub struct Keys {
+    /// Annotation naming the binding.
+    pub binding: &'static str,
+    /// Annotation recording the binding's UID.
+    pub uid: &'static str,
+    /// Label (`"true"`) of a capture source.
+    pub capture: &'static str,
+    /// Annotation holding the cache handle.
+    pub handle: &'static str,
+}
 
-    fn keys(self) -> (&'static str, &'static str, &'static str, &'static str) {
+impl Reads {
+    /// Both relations, the model copy first.
+    pub const ALL: [Reads; 2] = [Reads::Model, Reads::CacheSet];
+
+    /// The pod keys of this relation.
+    pub const fn keys(self) -> Keys {
         match self {
-            Reads::Model => (
-                BINDING_ANNOTATION,
-                BINDING_UID_ANNOTATION,
-                CAPTURE_LABEL,
-                HANDLE_ANNOTATION,
-            ),
-            Reads::CacheSet => (
-                CACHE_BINDING_ANNOTATION,
-                CACHE_BINDING_UID_ANNOTATION,
-                CACHE_CAPTURE_LABEL,
-                CACHE_HANDLE_ANNOTATION,
-            ),
+            Reads::Model => Keys {
+                binding: BINDING_ANNOTATION,
+                uid: BINDING_UID_ANNOTATION,
+                capture: CAPTURE_LABEL,
+                handle: HANDLE_ANNOTATION,
+            },
+            Reads::CacheSet => Keys {
+                binding: CACHE_BINDING_ANNOTATION,
+                uid: CACHE_BINDING_UID_ANNOTATION,
+                capture: CACHE_CAPTURE_LABEL,
+                handle: CACHE_HANDLE_ANNOTATION,
+            },
         }
     }
 }
@@ -54,7 +63,7 @@ impl Reads {
 pub fn bindings_named(annotations: &BTreeMap<String, String>) -> Vec<&str> {
     Reads::ALL
         .iter()
-        .filter_map(|(_, name, _)| annotations.get(*name).map(String::as_str))
+        .filter_map(|how| annotations.get(how.keys().binding).map(String::as_str))
         .collect()
 }
 
@@ -65,12 +74,12 @@ pub fn reads(
     name: &str,
     uid: Option<&str>,
 ) -> Option<Reads> {
-    Reads::ALL.iter().find_map(|(how, n, u)| {
-        (annotations.get(*n).map(String::as_str) == Some(name)
+    Reads::ALL.into_iter().find(|how| {
+        let keys = how.keys();
+        annotations.get(keys.binding).map(String::as_str) == Some(name)
             && annotations
-                .get(*u)
-                .is_none_or(|recorded| Some(recorded.as_str()) == uid))
-        .then_some(*how)
+                .get(keys.uid)
+                .is_none_or(|recorded| Some(recorded.as_str()) == uid)
     })
 }
 
@@ -82,10 +91,10 @@ pub fn is_capture_source(
     annotations: &BTreeMap<String, String>,
     digest: &str,
 ) -> bool {
-    let (_, _, label, handle) = how.keys();
-    labels.get(label).map(String::as_str) == Some("true")
+    let keys = how.keys();
+    labels.get(keys.capture).map(String::as_str) == Some("true")
         && annotations
-            .get(handle)
+            .get(keys.handle)
             .is_some_and(|h| sha256_digest(h) == digest)
 }
 
@@ -96,8 +105,7 @@ pub fn shown_uri(
     annotations: &BTreeMap<String, String>,
     digest: &str,
 ) -> Option<String> {
-    let (_, _, _, handle) = how.keys();
-    let h = annotations.get(handle)?;
+    let h = annotations.get(how.keys().handle)?;
     if sha256_digest(h) != digest {
         return None;
     }
