@@ -2520,6 +2520,7 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
         &req,
         warmcache_modelvolume::plan(&req).unwrap(),
         Some(&stored_failed),
+        None,
         &storage,
         now,
     ) {
@@ -2541,6 +2542,7 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
         &req,
         warmcache_modelvolume::plan(&req).unwrap(),
         Some(&stored_expired),
+        None,
         &storage,
         k8s_openapi::jiff::Timestamp::now()
             + k8s_openapi::jiff::SignedDuration::from_secs(
@@ -2555,6 +2557,7 @@ async fn a_failed_download_records_the_failure_and_deletes_only_waiting_readers(
         &req,
         warmcache_modelvolume::plan(&req).unwrap(),
         Some(&stored_expired),
+        None,
         &storage,
         k8s_openapi::jiff::Timestamp::now(),
     ) {

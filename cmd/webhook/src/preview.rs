@@ -275,12 +275,7 @@ fn preview_one(
                 .cache_set()
                 .and_then(|s| lookup(plan.binding_namespace(), s.binding_name()));
             let now = k8s_openapi::jiff::Timestamp::MIN;
-            match warmcache_modelvolume::decide(&req, plan, found, &storage, now) {
-                Verdict::Rewrite(r) => {
-                    Verdict::Rewrite(Box::new(r.with_cache_set(&req, set, &storage, now)))
-                }
-                other => other,
-            }
+            warmcache_modelvolume::decide(&req, plan, found, set, &storage, now)
         }
     };
     Ok(match verdict {

@@ -842,15 +842,14 @@ impl Admitter {
                     catalog,
                     gates: self.gates,
                 };
-                match decide(&req, plan, binding.as_deref(), &storage, now) {
-                    Verdict::Rewrite(r) => Verdict::Rewrite(Box::new(r.with_cache_set(
-                        &req,
-                        set_binding.as_deref(),
-                        &storage,
-                        now,
-                    ))),
-                    other => other,
-                }
+                decide(
+                    &req,
+                    plan,
+                    binding.as_deref(),
+                    set_binding.as_deref(),
+                    &storage,
+                    now,
+                )
             }
         };
         let (ending, reply) = match verdict {

@@ -61,8 +61,8 @@ pub struct Rewrite {
     pub reader_mode: ReaderMode,
     /// The plan the rewrite follows (model, handle, landing, download step).
     pub plan: Plan,
-    /// The binding of the pod's compile-cache set to join or create ([`Rewrite::with_cache_set`]);
-    /// `None` when the pod has no set. With [`BindingAction::Create`], call
+    /// The binding of the pod's compile-cache set to join or create; `None` when the pod has
+    /// no set (or it cannot be joined or created now). With [`BindingAction::Create`], call
     /// [`complete_cache_set`] once it is stored or could not be.
     pub cache_set: Option<BindingAction>,
 }
@@ -75,7 +75,7 @@ impl Rewrite {
     /// record holding, another identity), when no durable storage is decided, or when its
     /// readers would read through hostPath: the pod then keeps its compile caches as they were.
     #[must_use]
-    pub fn with_cache_set(
+    fn with_cache_set(
         mut self,
         req: &Request<'_>,
         found: Option<&ModelCacheBinding>,
@@ -309,10 +309,29 @@ fn reader_mode(
 }
 
 /// The rewrite of `req` planned as `plan`, given the binding found under the plan's name
-/// (`None` when there is none), the storage a new binding would be decided on, and the time
-/// (`now`, the caller's clock) a binding's failure record is compared with
-/// ([`check_joinable`]).
+/// (`None` when there is none), the binding found under its compile-cache set's name
+/// ([`crate::cacheset::CacheSet::binding_name`]; `None` when there is none or the pod has no
+/// set), the storage a new binding would be decided on, and the time (`now`, the caller's
+/// clock) a binding's failure record is compared with ([`check_joinable`]). A rewrite takes its
+/// compile-cache set ([`Rewrite::cache_set`]).
 pub fn decide(
+    req: &Request<'_>,
+    plan: Plan,
+    binding: Option<&ModelCacheBinding>,
+    set_binding: Option<&ModelCacheBinding>,
+    storage: &StorageInputs<'_>,
+    now: Timestamp,
+) -> Verdict {
+    match decide_model(req, plan, binding, storage, now) {
+        Verdict::Rewrite(r) => {
+            Verdict::Rewrite(Box::new(r.with_cache_set(req, set_binding, storage, now)))
+        }
+        other => other,
+    }
+}
+
+/// [`decide`] for the model copy alone.
+fn decide_model(
     req: &Request<'_>,
     plan: Plan,
     binding: Option<&ModelCacheBinding>,
@@ -508,8 +527,8 @@ pub fn admit<'b>(
 }
 
 /// One admission, start to end, at `now`: [`plan`], look the binding up with
-/// `lookup(namespace, name)` (a cache read), then [`decide`]; a rewrite then takes its
-/// compile-cache set, looked up the same way ([`Rewrite::with_cache_set`]).
+/// `lookup(namespace, name)` (a cache read), and its compile-cache set's the same way, then
+/// [`decide`].
 pub fn admit_at<'b>(
     req: &Request<'_>,
     lookup: impl Fn(&str, &str) -> Option<&'b ModelCacheBinding>,
@@ -521,14 +540,8 @@ pub fn admit_at<'b>(
         Err(v) => return v,
     };
     let found = lookup(plan.binding_namespace(), plan.binding_name());
-    match decide(req, plan, found, storage, now) {
-        Verdict::Rewrite(r) => {
-            let set = r
-                .plan
-                .cache_set()
-                .and_then(|s| lookup(r.plan.binding_namespace(), s.binding_name()));
-            Verdict::Rewrite(Box::new(r.with_cache_set(req, set, storage, now)))
-        }
-        other => other,
-    }
+    let set = plan
+        .cache_set()
+        .and_then(|s| lookup(plan.binding_namespace(), s.binding_name()));
+    decide(req, plan, found, set, storage, now)
 }
