@@ -30,35 +30,45 @@ use warmcache_modelvolume::keys::{
 use warmcache_testkit::{HttpsClient, WebhookPki, eventually};
 use warmcache_webhook::serve::{WEBHOOK_PATH, webhook_configurations};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deployments_pods_are_rewritten_by_the_real_api_server() {
-    let client = client().await;
-    let served = Served::start(&client).await;
-    let ns = served.namespace(&client, "pw-deploy", &[]).await;
+/// Creates Deployment `qwen` of `replicas` engine pods in `ns` and returns its pods once all
+/// exist.
+async fn deployment_pods(client: &kube::Client, ns: &str, replicas: usize) -> Vec<Pod> {
     let template = engine_pod("unused");
     let deployment: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "qwen"},
         "spec": {
-            "replicas": 3,
+            "replicas": replicas,
             "selector": {"matchLabels": {"app": "qwen"}},
             "template": {"metadata": {"labels": {"app": "qwen"}}, "spec": template.spec}
         }
     }))
     .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), &ns)
+    Api::<Deployment>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &deployment)
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let listed = eventually("3 pods of the Deployment", TIMEOUT, || {
-        let pods = pods.clone();
-        async move {
-            let list = pods.list(&ListParams::default()).await.ok()?;
-            (list.items.len() == 3).then_some(list.items)
-        }
-    })
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("{replicas} pods of the Deployment"),
+        TIMEOUT,
+        || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default()).await.ok()?;
+                (list.items.len() == replicas).then_some(list.items)
+            }
+        },
+    )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployments_pods_are_rewritten_by_the_real_api_server() {
+    let client = client().await;
+    let served = Served::start(&client).await;
+    let ns = served.namespace(&client, "pw-deploy", &[]).await;
+    let listed = deployment_pods(&client, &ns, 3).await;
     if listed
         .iter()
         .any(|p| !p.annotations().contains_key(BINDING_UID_ANNOTATION))
@@ -840,30 +850,7 @@ async fn with_compile_cache_sets_a_deployment_gets_one_set_binding_beside_its_mo
     )
     .await;
     let ns = served.namespace(&client, "pw-sets", &[]).await;
-    let template = engine_pod("unused");
-    let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "qwen"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "qwen"}},
-            "template": {"metadata": {"labels": {"app": "qwen"}}, "spec": template.spec}
-        }
-    }))
-    .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &deployment)
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let listed = eventually("2 pods of the Deployment", TIMEOUT, || {
-        let pods = pods.clone();
-        async move {
-            let list = pods.list(&ListParams::default()).await.ok()?;
-            (list.items.len() == 2).then_some(list.items)
-        }
-    })
-    .await
-    .unwrap();
+    let listed = deployment_pods(&client, &ns, 2).await;
     let sets: BTreeSet<(String, String, String)> = listed
         .iter()
         .map(|p| {
