@@ -2453,31 +2453,8 @@ mod tests {
             "domain",
             "hf://m@v1",
         );
-        let spec = warmcache_api_modelcache::v2beta1::ModelCacheBindingSpec {
-            identity,
-            decision: warmcache_api_modelcache::v2beta1::BindingDecision {
-                provider: "nfs".into(),
-                provisioner: "nfs.example".into(),
-                transition: warmcache_api_modelcache::v2beta1::Transition::RwxReadOnly,
-                required_access_modes: Vec::new(),
-                required_mount_options: Vec::new(),
-                catalog_digest: String::new(),
-                encryption_required: false,
-                writer_identity: None,
-            },
-            storage_class: warmcache_api_modelcache::v2beta1::BindingStorageClass {
-                name: "nvcf-sc".into(),
-                uid: String::new(),
-                reclaim_policy: warmcache_api_modelcache::v2beta1::ReclaimPolicy::Retain,
-                configuration_digest: String::new(),
-            },
-            resources: warmcache_api_modelcache::v2beta1::BindingResources {
-                writer_namespace: "b".into(),
-                lease_name: "init-lease-x".into(),
-                ..Default::default()
-            },
-        };
-        let mut binding = ModelCacheBinding::new("model-cache-x", spec);
+        let mut binding = warmcache_api_modelcache::fixtures::binding("control", "b", identity);
+        binding.spec.resources.lease_name = "init-lease-x".into();
         binding.metadata.uid = Some("binding-uid".into());
         let now = Timestamp::now();
         let long_ago = now
