@@ -1802,6 +1802,49 @@ async fn event_about(
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
 }
 
+/// Runs `script` in pod `name` (in `pods`' namespace) with claim `claim` mounted read-only at
+/// `mount`, and returns what it wrote to its termination message and a lookup of its `key=value`
+/// lines (panicking, with the agent's `log`, when the pod does not finish or a key is missing).
+async fn read_claim(
+    pods: &Api<Pod>,
+    name: &str,
+    claim: &str,
+    mount: &str,
+    script: &str,
+    log: &dyn Fn() -> String,
+) -> (String, impl Fn(&str) -> String) {
+    let mut check = warmcache_testkit::tools_pod(name, script);
+    let spec = check.spec.as_mut().unwrap();
+    spec.containers[0].volume_mounts = Some(vec![
+        serde_json::from_value(json!({
+            "name": "checked", "mountPath": mount, "readOnly": true,
+        }))
+        .unwrap(),
+    ]);
+    spec.containers[0].resources = Some(small());
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({
+            "name": "checked",
+            "persistentVolumeClaim": { "claimName": claim, "readOnly": true },
+        }))
+        .unwrap(),
+    ]);
+    pods.create(&PostParams::default(), &check).await.unwrap();
+    let checked = wait_pod_finished(pods, name, TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    let report = termination_message(&checked, "main").unwrap();
+    let lines = report.clone();
+    let field = move |k: &str| {
+        lines
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k} missing in {lines}"))
+            .to_owned()
+    };
+    (report, field)
+}
+
 /// Capture after Ready on the real node (the test CSI driver's namespaced-block profile, the
 /// agent as a process of the node under its generated roles; the binding made as the webhook
 /// makes it for a capture source, without the binding controller): a capture source's landing
@@ -2047,8 +2090,11 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
 
     // What the volume holds: the landing's tree (the link copied as a link), the manifest an
     // operator checks with sha256sum, the marker with the bytes; nothing of the refused pods.
-    let mut check = warmcache_testkit::tools_pod(
+    let (report, field) = read_claim(
+        &holders,
         "check-primary",
+        &claim_name,
+        "/primary",
         r#"cd /primary
 {
   echo "marker=$(cat .nvsnap-complete)"
@@ -2061,38 +2107,10 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
   echo "top=$(ls -A | tr '\n' ' ')"
 } > /dev/termination-log 2>&1
 "#,
-    );
-    let spec = check.spec.as_mut().unwrap();
-    spec.containers[0].volume_mounts = Some(vec![
-        serde_json::from_value(json!({
-            "name": "primary", "mountPath": "/primary", "readOnly": true,
-        }))
-        .unwrap(),
-    ]);
-    spec.containers[0].resources = Some(small());
-    spec.volumes = Some(vec![
-        serde_json::from_value(json!({
-            "name": "primary",
-            "persistentVolumeClaim": { "claimName": claim_name, "readOnly": true },
-        }))
-        .unwrap(),
-    ]);
-    holders
-        .create(&PostParams::default(), &check)
-        .await
-        .unwrap();
-    let checked = wait_pod_finished(&holders, "check-primary", TIMEOUT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
-    let report = termination_message(&checked, "main").unwrap();
+        &log,
+    )
+    .await;
     eprintln!("the primary holds:\n{report}");
-    let field = |k: &str| {
-        report
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .unwrap_or_else(|| panic!("{k} missing in {report}"))
-            .to_owned()
-    };
     assert_eq!(field("marker"), bytes.to_string(), "{report}");
     assert_eq!(field("manifest"), "ok", "{report}");
     assert_eq!(field("shard"), field("expected"), "{report}");
@@ -2111,8 +2129,11 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
 
     // What the set's volume holds: the compile caches and nothing else (no credential, no
     // link), verified as any copy.
-    let mut check = warmcache_testkit::tools_pod(
+    let (report, field) = read_claim(
+        &holders,
         "check-set",
+        &set_claim_name,
+        "/set",
         r#"cd /set
 {
   echo "marker=$(cat .nvsnap-complete)"
@@ -2122,38 +2143,10 @@ async fn a_ready_capture_source_is_copied_into_a_primary_sized_from_its_bytes() 
   echo "all=$(find . -mindepth 1 | LC_ALL=C sort | tr '\n' ' ')"
 } > /dev/termination-log 2>&1
 "#,
-    );
-    let spec = check.spec.as_mut().unwrap();
-    spec.containers[0].volume_mounts = Some(vec![
-        serde_json::from_value(json!({
-            "name": "set", "mountPath": "/set", "readOnly": true,
-        }))
-        .unwrap(),
-    ]);
-    spec.containers[0].resources = Some(small());
-    spec.volumes = Some(vec![
-        serde_json::from_value(json!({
-            "name": "set",
-            "persistentVolumeClaim": { "claimName": set_claim_name, "readOnly": true },
-        }))
-        .unwrap(),
-    ]);
-    holders
-        .create(&PostParams::default(), &check)
-        .await
-        .unwrap();
-    let checked = wait_pod_finished(&holders, "check-set", TIMEOUT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
-    let report = termination_message(&checked, "main").unwrap();
+        &log,
+    )
+    .await;
     eprintln!("the set holds:\n{report}");
-    let field = |k: &str| {
-        report
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .unwrap_or_else(|| panic!("{k} missing in {report}"))
-            .to_owned()
-    };
     assert_eq!(field("marker"), set_bytes.to_string(), "{report}");
     assert_eq!(field("manifest"), "ok", "{report}");
     assert_eq!(field("entry"), "graph-nim-0", "{report}");
