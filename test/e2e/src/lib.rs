@@ -1219,6 +1219,37 @@ impl Started {
         Ok(ns)
     }
 
+    /// Creates `workload` in `ns` with one replica and returns its pod once Ready.
+    ///
+    /// # Errors
+    ///
+    /// The create's error, or no pod Ready within [`READY_TIMEOUT`] with `ns`'s report.
+    pub async fn one_ready_replica(
+        &self,
+        ns: &TestNamespace,
+        workload: &Deployment,
+    ) -> Result<k8s_openapi::api::core::v1::Pod, String> {
+        let mut first = workload.clone();
+        first.spec.replicas = Some(1);
+        ns.api::<Deployment>()
+            .create(&PostParams::default(), &first)
+            .await
+            .map_err(|e| format!("creating the workload: {e}"))?;
+        let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+        let ready = eventually("the first replica Ready", READY_TIMEOUT, || {
+            let pods = pods.clone();
+            async move { app_pods(&pods).await?.into_iter().find(is_ready) }
+        })
+        .await;
+        match ready {
+            Ok(pod) => Ok(pod),
+            Err(e) => Err(format!(
+                "the first replica never became Ready: {e}\n{}",
+                self.report(&[ns.name.as_str()]).await
+            )),
+        }
+    }
+
     /// What a failed scenario prints: the reports of `namespaces`, the release's and the control
     /// namespace, each binding's status, and (on the test node) the pod network's.
     pub async fn report(&self, namespaces: &[&str]) -> String {

@@ -17,7 +17,7 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, LogParams, Patch, PatchParams};
 use serde_json::json;
 use warmcache_e2e::{
     READY_TIMEOUT, Scenario, app_pods, bindings_api, is_ready, model, webhook_serving,
@@ -90,24 +90,11 @@ async fn the_first_pods_compile_caches_seed_the_next_pod_of_its_configuration() 
     }
 
     // One replica: it compiles, and is admitted as the capture source of its set.
-    let mut first = workload.clone();
-    first.spec.replicas = Some(1);
-    ns.api::<Deployment>()
-        .create(&PostParams::default(), &first)
+    let source = run
+        .one_ready_replica(&ns, &workload)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{e}"));
     let pods = ns.api::<Pod>();
-    let source = eventually("the first pod Ready", READY_TIMEOUT, || {
-        let pods = pods.clone();
-        async move { app_pods(&pods).await?.into_iter().find(is_ready) }
-    })
-    .await;
-    let Ok(source) = source else {
-        panic!(
-            "the first pod never became Ready\n{}",
-            run.report(&[ns.name.as_str()]).await
-        );
-    };
     let source_name = source.name_any();
     assert_eq!(
         source.labels().get(CACHE_CAPTURE_LABEL).map(String::as_str),

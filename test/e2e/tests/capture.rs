@@ -18,7 +18,7 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use warmcache_e2e::{
     BINDING_ANNOTATION, READY_TIMEOUT, Scenario, app_pods, bindings_api, is_ready, model,
@@ -96,24 +96,11 @@ async fn an_engine_that_downloads_by_itself_is_captured_after_ready_and_read_by_
     }
 
     // One replica: admitted as a capture source, its own download untouched.
-    let mut first = workload.clone();
-    first.spec.replicas = Some(1);
-    ns.api::<Deployment>()
-        .create(&PostParams::default(), &first)
+    let source = run
+        .one_ready_replica(&ns, &workload)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{e}"));
     let pods = ns.api::<Pod>();
-    let source = eventually("the capture source Ready", READY_TIMEOUT, || {
-        let pods = pods.clone();
-        async move { app_pods(&pods).await?.into_iter().find(is_ready) }
-    })
-    .await;
-    let Ok(source) = source else {
-        panic!(
-            "the capture source never became Ready\n{}",
-            run.report(&[ns.name.as_str()]).await
-        );
-    };
     assert_eq!(
         source.labels().get(CAPTURE_LABEL).map(String::as_str),
         Some("true"),
