@@ -19,7 +19,7 @@ use warmcache_modelvolume::keys::{
     SCRATCH_VOLUME, SEED_CONTAINER, SEED_MOUNT_PATH, SEED_VOLUME,
 };
 use warmcache_modelvolume::{
-    BindingAction, Options, Request, Rewrite, Verdict, admit, complete_cache_set,
+    BindingAction, Options, Request, Rewrite, Verdict, complete_cache_set,
 };
 
 const VLLM: &str = r#"
@@ -54,8 +54,8 @@ fn on() -> Options {
     }
 }
 
-/// Admits `p` with sets on, on `storage`, the lookup answering `model` for the model's binding
-/// and `set` for the set's (by name).
+/// Admits `p` on `storage`, the lookup answering `model` for the model's binding and `set` for
+/// the set's (by name).
 fn admit_with(
     p: &Pod,
     options: &Options,
@@ -63,25 +63,8 @@ fn admit_with(
     model: Option<&ModelCacheBinding>,
     set: Option<&ModelCacheBinding>,
 ) -> Verdict {
-    let sc = common::storage_class_for(storage);
-    let labels = BTreeMap::new();
-    let req = Request {
-        pod: p,
-        namespace: common::NAMESPACE,
-        namespace_labels: &labels,
-        leader_worker_set: None,
-        traceparent: None,
-        options,
-    };
-    admit(
-        &req,
-        |_, name| {
-            model
-                .filter(|b| b.metadata.name.as_deref() == Some(name))
-                .or_else(|| set.filter(|b| b.metadata.name.as_deref() == Some(name)))
-        },
-        &common::inputs(sc.as_ref()),
-    )
+    let stored: Vec<&ModelCacheBinding> = model.into_iter().chain(set).collect();
+    common::run_named(p, &BTreeMap::new(), options, storage, &stored)
 }
 
 fn rewrite(v: Verdict) -> Box<Rewrite> {
