@@ -8,8 +8,10 @@
 //! Entry points:
 //!
 //! - [`admit`]: one admission start to end, with a binding lookup;
-//! - [`plan`] then [`decide`]: the same in two steps, for callers that look the binding up by
-//!   [`Plan::binding_name`] themselves;
+//! - [`plan`] then [`decide`]: the same in two steps, for callers that look the bindings up by
+//!   [`Plan::binding_name`] (and the compile-cache set's [`cacheset::CacheSet::binding_name`])
+//!   themselves;
+//! - [`complete_cache_set`]: after creating a compile-cache set's binding, the pod with its UID;
 //! - [`Rewrite::complete`] / [`accept_winner`]: after creating the binding, whether the stored
 //!   object (the created one or an AlreadyExists winner) is this admission's, and the pod with
 //!   its UID;
