@@ -15,7 +15,7 @@
 //! |---|---|---|---|
 //! | `modelcachebindings` | list, watch | control namespace | the bindings |
 //! | `modelcachebindings/status` | update | control namespace | status, references, views |
-//! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces (the cache keeps the annotations of `POD_ANNOTATIONS_READ`, not the download step) |
+//! | `pods` | list, watch (metadata) | all namespaces, label `nvsnap.io/model` | references, reading namespaces (the cache keeps a `ReadingPod` of each: identity, owners and the labels and annotations of `POD_LABELS_READ` / `POD_ANNOTATIONS_READ`, not the download step) |
 //! | `pods` | get (metadata) | reader namespaces | whether a reading pod records a download step, for the writer election (each pod read at most once, only for a binding with a writer Lease while its holder's Job is missing) |
 //! | `pods` | get | writer namespace | the download step the writer Job runs, and the literal secrets a derived step copies from its pod (only when the Job is to be created) |
 //! | `pods` | list | writer namespace, label `batch.kubernetes.io/job-name` | the writer's last words and bytes |
@@ -70,9 +70,7 @@ use warmcache_kube::{
 use warmcache_modelvolume::DownloadStep;
 use warmcache_modelvolume::encryption::{self, EncryptionNames};
 use warmcache_modelvolume::keys::{
-    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CACHE_BINDING_ANNOTATION,
-    CACHE_BINDING_UID_ANNOTATION, CACHE_HANDLE_ANNOTATION, DOWNLOAD_STEP_ANNOTATION,
-    HANDLE_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL, URI_ANNOTATION,
+    BINDING_ANNOTATION, DOWNLOAD_STEP_ANNOTATION, MANAGED_BY_LABEL, MANAGED_BY_VALUE, MODEL_LABEL,
 };
 use warmcache_modelvolume::lease::{self, LeaseView, LeaseWrite};
 use warmcache_modelvolume::lifecycle::{self, Action, LifecycleConfig, Observed, StepSource};
@@ -82,9 +80,16 @@ use warmcache_modelvolume::volume_keys::{BINDING_LABEL, ROLE_WRITER, VOLUME_ROLE
 use warmcache_runtime::{Cache, ObjectRef, ReconcileError, Reconciler, WatcherConfig};
 
 use crate::metrics::Metrics;
+use crate::pods::ReadingPod;
 
-/// Requeue while something outside the watched objects may change (a claim binding).
+/// Requeue after actions that changed nothing the status shows (their effect is checked soon).
 pub const REQUEUE_WAITING: Duration = Duration::from_secs(5);
+/// Requeue while the primary claim waits for its volume. The claim watch queues a reconcile when
+/// the claim binds (the claim carries the binding's label); this is only the safety net. Every
+/// binding waiting at 5 s (the earlier period) was 2,000 reconciles a second at 10,000 bindings
+/// whose claims a slow provisioner had not bound yet, more than one core runs, and the queue
+/// starved the bindings not yet reconciled.
+pub const REQUEUE_CLAIM_PENDING: Duration = Duration::from_secs(60);
 /// Requeue once settled: references of workloads deleted without a pod event are pruned then.
 pub const REQUEUE_SETTLED: Duration = Duration::from_secs(300);
 
@@ -198,10 +203,11 @@ pub struct Bindings {
     settings: Settings,
     leadership: Leadership,
     owners: OwnerResolver,
-    bindings: Cache<ModelCacheBinding>,
-    pods: Cache<PartialObjectMeta<Pod>>,
+    pods: Cache<ReadingPod>,
     /// The pods of each binding, by the binding they name.
     pod_index: Arc<PodIndex>,
+    /// The namespaces of each writer view claim name outside the control namespace.
+    writer_claims: Arc<WriterClaimIndex>,
     namespaces: Cache<PartialObjectMeta<Namespace>>,
     claims: Cache<PersistentVolumeClaim>,
     volumes: Cache<PersistentVolume>,
@@ -306,7 +312,7 @@ impl Bindings {
     /// in its sharing domain.
     /// Costs the binding's own pods: the candidates come from [`PodIndex`], each read from the
     /// cache (an entry whose pod is gone or names another binding is dropped from the index).
-    fn pods_of(&self, binding: &ModelCacheBinding) -> Vec<Arc<PartialObjectMeta<Pod>>> {
+    fn pods_of(&self, binding: &ModelCacheBinding) -> Vec<Arc<ReadingPod>> {
         let name = binding.name_any();
         let uid = binding.uid();
         let store = self.pods.store();
@@ -317,17 +323,16 @@ impl Bindings {
             .filter_map(|(ns, pod)| {
                 let found = store
                     .get(&ObjectRef::new(&pod).within(&ns))
-                    .filter(|p| reading::bindings_named(p.annotations()).contains(&name.as_str()));
+                    .filter(|p| reading::bindings_named(&p.annotations()).contains(&name.as_str()));
                 if found.is_none() {
                     self.pod_index.forget(&name, &ns, &pod);
                 }
                 found
             })
             .filter(|p| {
-                reading::reads(p.annotations(), &name, uid.as_deref()).is_some()
-                    && p.metadata.deletion_timestamp.is_none()
-                    && p.labels().get(MANAGED_BY_LABEL).map(String::as_str)
-                        != Some(MANAGED_BY_VALUE)
+                reading::reads(&p.annotations(), &name, uid.as_deref()).is_some()
+                    && p.meta().deletion_timestamp.is_none()
+                    && p.labels().get(MANAGED_BY_LABEL) != Some(MANAGED_BY_VALUE)
                     && p.namespace().is_some_and(|ns| self.in_domain(binding, &ns))
             })
             .collect();
@@ -344,7 +349,9 @@ impl Bindings {
     /// `binding`'s writer view claims (`rw-pvc-<hash>`, its binding label, role writer) outside
     /// the control namespace and `writer_ns`, in namespaces where the cache holds no writer Job
     /// of the binding: an earlier writer's, left behind ([`Observed::stale_writer_claims`]).
-    /// Reads the claim cache, which holds only warmcache's claims.
+    /// Reads the claim cache (which holds only warmcache's claims) where [`WriterClaimIndex`]
+    /// says a claim of that name is, not every claim: at 10,000 bindings a pass over every
+    /// claim per reconcile was a large part of the controller's CPU.
     fn stale_writer_claims(
         &self,
         binding: &ModelCacheBinding,
@@ -354,10 +361,17 @@ impl Bindings {
         let claim = writer_pvc_name(&binding.spec.identity);
         let job = writer_job_name(&binding.spec.identity);
         let jobs = self.jobs.store();
-        self.claims
-            .store()
-            .state()
+        let claims = self.claims.store();
+        self.writer_claims
+            .namespaces(&claim)
             .into_iter()
+            .filter_map(|ns| {
+                let found = claims.get(&ObjectRef::new(&claim).within(&ns));
+                if found.is_none() {
+                    self.writer_claims.forget(&claim, &ns);
+                }
+                found
+            })
             .filter(|c| {
                 let ns = c.namespace().unwrap_or_default();
                 c.name_any() == claim
@@ -425,7 +439,7 @@ impl Bindings {
     async fn election(
         &self,
         binding: &ModelCacheBinding,
-        pods: &[Arc<PartialObjectMeta<Pod>>],
+        pods: &[Arc<ReadingPod>],
     ) -> Result<lease::Election, Failure> {
         let stored = self.lease(binding);
         let view = lease::view(binding, stored.as_deref());
@@ -458,11 +472,11 @@ impl Bindings {
     async fn references(
         &self,
         binding: &ModelCacheBinding,
-        pods: &[Arc<PartialObjectMeta<Pod>>],
+        pods: &[Arc<ReadingPod>],
     ) -> Result<(Vec<RequestReference>, BTreeSet<String>), Failure> {
         let mut seen = Vec::new();
         for pod in pods {
-            let node = warmcache_kube::owner::Node::from_meta("v1", "Pod", &pod.metadata);
+            let node = warmcache_kube::owner::Node::from_meta("v1", "Pod", pod.meta());
             let resolution =
                 self.owners
                     .resolve_node(node)
@@ -543,11 +557,7 @@ impl Bindings {
     /// remembered from an earlier read ([`PodIndex::step_known`]), else read from the API server
     /// (metadata only) and remembered. A pod deleted or replaced since the cache saw it has none
     /// (only NotFound or another UID means gone; any other error fails the reconcile).
-    async fn pod_has_step(
-        &self,
-        binding: &str,
-        pod: &PartialObjectMeta<Pod>,
-    ) -> Result<bool, Failure> {
+    async fn pod_has_step(&self, binding: &str, pod: &ReadingPod) -> Result<bool, Failure> {
         let (Some(ns), Some(uid)) = (pod.namespace(), pod.uid()) else {
             return Ok(false);
         };
@@ -583,7 +593,7 @@ impl Bindings {
         &self,
         binding: &str,
         namespace: &str,
-        pods: &[Arc<PartialObjectMeta<Pod>>],
+        pods: &[Arc<ReadingPod>],
     ) -> Result<bool, Failure> {
         for pod in pods
             .iter()
@@ -605,7 +615,7 @@ impl Bindings {
         binding: &ModelCacheBinding,
         view: &LeaseView,
         holder_job: bool,
-        pods: &[Arc<PartialObjectMeta<Pod>>],
+        pods: &[Arc<ReadingPod>],
     ) -> Result<BTreeSet<String>, Failure> {
         let Some(first) = election_reads_first(binding, view, holder_job) else {
             return Ok(BTreeSet::new());
@@ -638,7 +648,7 @@ impl Bindings {
         &self,
         binding: &str,
         writer_ns: &str,
-        pods: &[Arc<PartialObjectMeta<Pod>>],
+        pods: &[Arc<ReadingPod>],
     ) -> Result<Option<(StepSource, Option<String>)>, Failure> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), writer_ns);
         for pod in pods
@@ -1549,21 +1559,23 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             // copy only ever filled by capture.
             let name = b.name_any();
             let uid = b.uid();
-            let how = |p: &PartialObjectMeta<Pod>| {
-                reading::reads(p.annotations(), &name, uid.as_deref()).unwrap_or(Reads::Model)
+            let how = |p: &ReadingPod| {
+                reading::reads(&p.annotations(), &name, uid.as_deref()).unwrap_or(Reads::Model)
             };
             // Capture sources keep their own download (or compile caches) until the node agent
             // captures one.
             let digest = &identity.cache_handle_digest;
             let mut capture_sources: Vec<String> = pods
                 .iter()
-                .filter(|p| reading::is_capture_source(how(p), p.labels(), p.annotations(), digest))
+                .filter(|p| {
+                    reading::is_capture_source(how(p), &p.labels(), &p.annotations(), digest)
+                })
                 .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
                 .collect();
             capture_sources.sort();
             let model_uri = pods
                 .iter()
-                .find_map(|p| reading::shown_uri(how(p), p.annotations(), digest));
+                .find_map(|p| reading::shown_uri(how(p), &p.annotations(), digest));
             // Only readers of the model copy carry a download step a writer Job may run.
             let model_readers: Vec<_> = pods
                 .iter()
@@ -1881,7 +1893,6 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             self.metrics.action(action_label(action));
             self.run_action(b, action).await?;
         }
-        self.metrics.observe_bindings(&self.bindings);
         let waiting = step.conditions.iter().any(|c| {
             c.type_ == lifecycle::PROGRESSING
                 && c.status
@@ -1891,8 +1902,10 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let seconds = at.duration_since(Timestamp::now()).as_secs_f64().ceil();
             Duration::from_secs_f64(seconds.clamp(1.0, REQUEUE_SETTLED.as_secs_f64()))
         });
-        Ok(if waiting || (!wrote && !step.actions.is_empty()) {
+        Ok(if !wrote && !step.actions.is_empty() {
             warmcache_runtime::Action::requeue(REQUEUE_WAITING)
+        } else if waiting {
+            warmcache_runtime::Action::requeue(REQUEUE_CLAIM_PENDING)
         } else if let Some(after) = recheck {
             warmcache_runtime::Action::requeue(after)
         } else {
@@ -1949,8 +1962,8 @@ fn degraded_message(step: &lifecycle::Step) -> Option<String> {
 /// record a download step, `has_step`, is preferred; the writer Job continues the trace of the
 /// pod whose step it runs, see [`Bindings::step_source`]).
 fn traceparents(
-    pods: &[Arc<PartialObjectMeta<Pod>>],
-    has_step: impl Fn(&PartialObjectMeta<Pod>) -> bool,
+    pods: &[Arc<ReadingPod>],
+    has_step: impl Fn(&ReadingPod) -> bool,
 ) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, (bool, String)> = BTreeMap::new();
     for pod in pods {
@@ -1966,7 +1979,7 @@ fn traceparents(
             Some((true, _)) => {}
             Some((false, _)) if !has_step => {}
             _ => {
-                out.insert(ns, (has_step, tp.clone()));
+                out.insert(ns, (has_step, tp.to_owned()));
             }
         }
     }
@@ -2047,14 +2060,14 @@ struct StepSeen {
 
 impl PodIndex {
     /// Records a change of `pod`: `present` when the cache now holds it.
-    pub fn observe(&self, pod: &PartialObjectMeta<Pod>, present: bool) {
-        let (Some(ns), Some(name)) = (pod.namespace(), pod.metadata.name.clone()) else {
+    pub fn observe(&self, pod: &ReadingPod, present: bool) {
+        let (Some(ns), Some(name)) = (pod.namespace(), pod.meta().name.clone()) else {
             return;
         };
         let Ok(mut index) = self.by_binding.lock() else {
             return;
         };
-        for binding in reading::bindings_named(pod.annotations()) {
+        for binding in reading::bindings_named(&pod.annotations()) {
             if present {
                 index
                     .entry(binding.to_owned())
@@ -2131,13 +2144,67 @@ impl PodIndex {
     }
 }
 
+/// The namespaces holding a writer view claim of each name (`rw-pvc-<hash>`, role writer),
+/// outside the control namespace: where [`Bindings::stale_writer_claims`] looks, instead of a
+/// pass over the whole claim cache. Kept by the claim watch's mapping (updated before the
+/// reconcile a change triggers is queued); a superset, checked against the cache when read
+/// (an entry the cache no longer holds is dropped then).
+#[derive(Debug, Default)]
+pub struct WriterClaimIndex {
+    by_name: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
+}
+
+impl WriterClaimIndex {
+    /// Records a change of `claim`: `present` when the cache now holds it. Claims other than
+    /// writer view claims outside `control` are not recorded.
+    pub fn observe(&self, control: &str, claim: &PersistentVolumeClaim, present: bool) {
+        let (Some(ns), Some(name)) = (claim.namespace(), claim.metadata.name.as_ref()) else {
+            return;
+        };
+        if ns == control
+            || claim.labels().get(VOLUME_ROLE_LABEL).map(String::as_str) != Some(ROLE_WRITER)
+        {
+            return;
+        }
+        let Ok(mut index) = self.by_name.lock() else {
+            return;
+        };
+        if present {
+            index.entry(name.clone()).or_default().insert(ns);
+        } else if let Some(set) = index.get_mut(name) {
+            set.remove(&ns);
+            if set.is_empty() {
+                index.remove(name);
+            }
+        }
+    }
+
+    /// The namespaces recorded for the claim name `name`.
+    pub fn namespaces(&self, name: &str) -> Vec<String> {
+        self.by_name
+            .lock()
+            .ok()
+            .and_then(|index| index.get(name).map(|s| s.iter().cloned().collect()))
+            .unwrap_or_default()
+    }
+
+    /// Drops one entry found stale.
+    pub fn forget(&self, name: &str, namespace: &str) {
+        if let Ok(mut index) = self.by_name.lock()
+            && let Some(set) = index.get_mut(name)
+        {
+            set.remove(namespace);
+            if set.is_empty() {
+                index.remove(name);
+            }
+        }
+    }
+}
+
 /// The bindings a pod reads (its model copy's and its compile-cache set's), in the control
 /// namespace.
-fn binding_of_pod(
-    control: &str,
-    pod: &PartialObjectMeta<Pod>,
-) -> Vec<ObjectRef<ModelCacheBinding>> {
-    reading::bindings_named(pod.annotations())
+fn binding_of_pod(control: &str, pod: &ReadingPod) -> Vec<ObjectRef<ModelCacheBinding>> {
+    reading::bindings_named(&pod.annotations())
         .into_iter()
         .map(|name| ObjectRef::new(name).within(control))
         .collect()
@@ -2190,22 +2257,6 @@ fn binding_of_attachment(
         .collect()
 }
 
-/// The annotations of a reading pod the controller reads from its pod cache; the cache keeps only
-/// these (the rewrite records more, and at 100,000 pods every byte a pod holds is 100 kB of
-/// cache). Not the download step (0.7 kB a pod): it is read from the API server where needed
-/// ([`Bindings::step_source`], [`Bindings::step_namespaces`]). Pods are only ever written from
-/// fresh reads, never from this cache.
-pub const POD_ANNOTATIONS_READ: &[&str] = &[
-    BINDING_ANNOTATION,
-    BINDING_UID_ANNOTATION,
-    CACHE_BINDING_ANNOTATION,
-    CACHE_BINDING_UID_ANNOTATION,
-    CACHE_HANDLE_ANNOTATION,
-    HANDLE_ANNOTATION,
-    URI_ANNOTATION,
-    warmcache_telemetry::TRACE_PARENT_ANNOTATION,
-];
-
 /// Registers the watches and starts the controller on `runtime` (reconciling while leading).
 pub fn start(
     runtime: &mut warmcache_runtime::Runtime,
@@ -2214,10 +2265,10 @@ pub fn start(
     let control = settings.control_namespace.clone();
     let ours = WatcherConfig::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
     let bindings = runtime.watch::<ModelCacheBinding>(Some(&control), WatcherConfig::default())?;
-    let pods = runtime.watch_metadata_keeping::<Pod>(
+    let pods = runtime.watch_metadata_as::<Pod, ReadingPod>(
         None,
         WatcherConfig::default().labels(MODEL_LABEL),
-        POD_ANNOTATIONS_READ,
+        ReadingPod::from_meta,
     )?;
     let namespaces = runtime.watch_cluster_metadata::<Namespace>(WatcherConfig::default())?;
     let claims = runtime.watch::<PersistentVolumeClaim>(None, ours.clone())?;
@@ -2230,12 +2281,13 @@ pub fn start(
     )?;
     let leases = runtime.watch::<Lease>(Some(&control), ours.clone())?;
     let attachments = runtime.watch::<VolumeAttachment>(None, WatcherConfig::default())?;
-    let metrics = Metrics::register(runtime.metrics().registry()).map_err(|err| {
-        warmcache_runtime::RuntimeError::Task {
-            task: "controller metrics".to_owned(),
-            message: err.to_string(),
-        }
-    })?;
+    let metrics =
+        Metrics::register(runtime.metrics().registry(), bindings.clone()).map_err(|err| {
+            warmcache_runtime::RuntimeError::Task {
+                task: "controller metrics".to_owned(),
+                message: err.to_string(),
+            }
+        })?;
     let drift = match &settings.catalog_namespace {
         Some(namespace) => Some(DriftCaches {
             classes: runtime.watch(
@@ -2260,14 +2312,15 @@ pub fn start(
     };
     let client = runtime.client()?;
     let pod_index = Arc::new(PodIndex::default());
+    let writer_claims = Arc::new(WriterClaimIndex::default());
     let reconciler = Bindings {
         owners: OwnerResolver::new(client.clone()),
         client,
         settings: settings.clone(),
         leadership: runtime.leadership(),
-        bindings: bindings.clone(),
         pods: pods.clone(),
         pod_index: Arc::clone(&pod_index),
+        writer_claims: Arc::clone(&writer_claims),
         namespaces: namespaces.clone(),
         claims: claims.clone(),
         volumes: volumes.clone(),
@@ -2299,7 +2352,15 @@ pub fn start(
                 binding_of_pod(&c1, p)
             }
         })
-        .watches(&claims, move |c| binding_of(&c2, c))
+        .watches(&claims, {
+            let (index, claims) = (writer_claims, claims.clone());
+            move |c| {
+                // The index is updated before the reconcile this change triggers is queued.
+                let present = claims.store().get(&ObjectRef::from_obj(c)).is_some();
+                index.observe(&c2, c, present);
+                binding_of(&c2, c)
+            }
+        })
         .watches(&volumes, move |v| binding_of(&c3, v))
         .watches(&jobs, move |j| binding_of(&c4, j))
         .watches(&leases, move |l| binding_of(&c6, l))
@@ -2362,13 +2423,13 @@ pub fn start(
 mod tests {
     use super::*;
 
-    fn pod(ns: &str, name: &str, binding: Option<&str>) -> PartialObjectMeta<Pod> {
+    fn pod(ns: &str, name: &str, binding: Option<&str>) -> ReadingPod {
         let mut p = PartialObjectMeta::<Pod>::default();
         p.metadata.namespace = Some(ns.into());
         p.metadata.name = Some(name.into());
         p.metadata.annotations =
             binding.map(|b| BTreeMap::from([(BINDING_ANNOTATION.to_owned(), b.to_owned())]));
-        p
+        ReadingPod::from_meta(p)
     }
 
     /// A released block primary missing from the PV cache is read afresh, once it is the one
@@ -2560,15 +2621,17 @@ mod tests {
     #[test]
     fn traceparents_prefer_a_pod_known_to_record_a_step() {
         let with_tp = |ns: &str, name: &str, tp: &str| {
-            let mut p = pod(ns, name, Some("mcb-1"));
-            p.metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .insert(
+            let mut p = PartialObjectMeta::<Pod>::default();
+            p.metadata.namespace = Some(ns.into());
+            p.metadata.name = Some(name.into());
+            p.metadata.annotations = Some(BTreeMap::from([
+                (BINDING_ANNOTATION.to_owned(), "mcb-1".to_owned()),
+                (
                     warmcache_telemetry::TRACE_PARENT_ANNOTATION.to_owned(),
                     tp.to_owned(),
-                );
-            Arc::new(p)
+                ),
+            ]));
+            Arc::new(ReadingPod::from_meta(p))
         };
         let pods = [
             with_tp("a", "p1", "tp-1"),
@@ -2580,6 +2643,40 @@ mod tests {
         assert_eq!(none.get("b").map(String::as_str), Some("tp-3"));
         let p2 = traceparents(&pods, |p| p.name_any() == "p2");
         assert_eq!(p2.get("a").map(String::as_str), Some("tp-2"));
+    }
+
+    #[test]
+    fn the_writer_claim_index_holds_writer_claims_outside_the_control_namespace() {
+        let claim = |ns: &str, name: &str, role: &str| PersistentVolumeClaim {
+            metadata: kube::api::ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([(
+                    VOLUME_ROLE_LABEL.to_owned(),
+                    role.to_owned(),
+                )])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let index = WriterClaimIndex::default();
+        index.observe("ctl", &claim("a", "rw-pvc-1", ROLE_WRITER), true);
+        index.observe("ctl", &claim("b", "rw-pvc-1", ROLE_WRITER), true);
+        index.observe("ctl", &claim("a", "rw-pvc-2", ROLE_WRITER), true);
+        // Seen twice (a resync): unchanged.
+        index.observe("ctl", &claim("a", "rw-pvc-1", ROLE_WRITER), true);
+        // The primary in the control namespace, and a claim of another role: not recorded.
+        index.observe("ctl", &claim("ctl", "rw-pvc-1", ROLE_WRITER), true);
+        index.observe("ctl", &claim("c", "rw-pvc-1", "reader"), true);
+        assert_eq!(index.namespaces("rw-pvc-1"), vec!["a", "b"]);
+        assert_eq!(index.namespaces("rw-pvc-2"), vec!["a"]);
+        assert!(index.namespaces("rw-pvc-3").is_empty());
+        // Deleted, and found stale on read.
+        index.observe("ctl", &claim("a", "rw-pvc-1", ROLE_WRITER), false);
+        index.forget("rw-pvc-1", "b");
+        assert!(index.namespaces("rw-pvc-1").is_empty());
+        index.observe("ctl", &claim("a", "rw-pvc-2", ROLE_WRITER), false);
+        assert!(index.by_name.lock().unwrap().is_empty());
     }
 
     #[test]

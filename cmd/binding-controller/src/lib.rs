@@ -11,6 +11,7 @@
 
 pub mod controller;
 pub mod metrics;
+pub mod pods;
 pub mod qualify;
 pub mod rbac;
 

@@ -505,7 +505,7 @@ async fn main() {
             .map_or(0, |v| v.len())
     });
     // The annotations the controller's pod cache keeps, each key and value (JSON).
-    let kept = warmcache_binding_controller::controller::POD_ANNOTATIONS_READ;
+    let kept = warmcache_binding_controller::pods::POD_ANNOTATIONS_READ;
     let kept_bytes: Vec<(&str, usize)> = kept
         .iter()
         .map(|key| {

@@ -13,6 +13,19 @@ use crate::keys::{
     HANDLE_ANNOTATION, URI_ANNOTATION,
 };
 
+/// A pod's labels or annotations, read by key: the pod's own maps, or the few entries a cache
+/// keeps of them (the binding controller's pod cache).
+pub trait Entries {
+    /// The value of `key`.
+    fn entry(&self, key: &str) -> Option<&str>;
+}
+
+impl Entries for BTreeMap<String, String> {
+    fn entry(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
 /// How a pod reads a binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reads {
@@ -60,26 +73,22 @@ impl Reads {
 }
 
 /// The names of the bindings a pod's annotations name (model copy first).
-pub fn bindings_named(annotations: &BTreeMap<String, String>) -> Vec<&str> {
+pub fn bindings_named(annotations: &impl Entries) -> Vec<&str> {
     Reads::ALL
         .iter()
-        .filter_map(|how| annotations.get(how.keys().binding).map(String::as_str))
+        .filter_map(|how| annotations.entry(how.keys().binding))
         .collect()
 }
 
 /// How a pod with these annotations reads the binding `name` of UID `uid`: named by it, with
 /// that UID recorded or none yet (the binding was being created). `None`: it does not.
-pub fn reads(
-    annotations: &BTreeMap<String, String>,
-    name: &str,
-    uid: Option<&str>,
-) -> Option<Reads> {
+pub fn reads(annotations: &impl Entries, name: &str, uid: Option<&str>) -> Option<Reads> {
     Reads::ALL.into_iter().find(|how| {
         let keys = how.keys();
-        annotations.get(keys.binding).map(String::as_str) == Some(name)
+        annotations.entry(keys.binding) == Some(name)
             && annotations
-                .get(keys.uid)
-                .is_none_or(|recorded| Some(recorded.as_str()) == uid)
+                .entry(keys.uid)
+                .is_none_or(|recorded| Some(recorded) == uid)
     })
 }
 
@@ -87,31 +96,27 @@ pub fn reads(
 /// `cacheHandleDigest` is `digest`: labelled as one, with a handle of that digest.
 pub fn is_capture_source(
     how: Reads,
-    labels: &BTreeMap<String, String>,
-    annotations: &BTreeMap<String, String>,
+    labels: &impl Entries,
+    annotations: &impl Entries,
     digest: &str,
 ) -> bool {
     let keys = how.keys();
-    labels.get(keys.capture).map(String::as_str) == Some("true")
+    labels.entry(keys.capture) == Some("true")
         && annotations
-            .get(keys.handle)
+            .entry(keys.handle)
             .is_some_and(|h| sha256_digest(h) == digest)
 }
 
 /// What a binding's `status.modelUri` shows, from a pod reading it `how` whose handle has the
 /// binding's digest: the model's URI, or a compile-cache set's handle (`cache://...`).
-pub fn shown_uri(
-    how: Reads,
-    annotations: &BTreeMap<String, String>,
-    digest: &str,
-) -> Option<String> {
-    let h = annotations.get(how.keys().handle)?;
+pub fn shown_uri(how: Reads, annotations: &impl Entries, digest: &str) -> Option<String> {
+    let h = annotations.entry(how.keys().handle)?;
     if sha256_digest(h) != digest {
         return None;
     }
     match how {
-        Reads::Model => annotations.get(URI_ANNOTATION).cloned(),
-        Reads::CacheSet => Some(h.clone()),
+        Reads::Model => annotations.entry(URI_ANNOTATION).map(str::to_owned),
+        Reads::CacheSet => Some(h.to_owned()),
     }
 }
 

@@ -632,19 +632,26 @@ impl Runtime {
             + Sync
             + 'static,
     {
-        self.metadata_cache::<K>(namespace, config, None)
+        let kind = kind_label::<K>();
+        let client = self.client()?;
+        let api: Api<PartialObjectMeta<K>> = match namespace {
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
+        };
+        let events = watch::metadata(api, config);
+        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
     }
 
-    /// [`Runtime::watch_metadata`], keeping of each object's annotations only the keys
-    /// `annotations` names: for a cache of many objects whose other annotations nobody reads
-    /// (a pod's can be kilobytes each). Only for caches never written back: an update built
-    /// from a trimmed object would remove the annotations it lacks.
-    pub fn watch_metadata_keeping<K>(
+    /// [`Runtime::watch_metadata`], each object turned into `R` by `into` before it is cached:
+    /// for a cache of many objects of which only a few fields are read (a pod's metadata, with
+    /// its maps of labels and annotations, is about 2 kB in memory; a record of the keys read
+    /// can be half of that). Only for caches never written back: `R` is not the object.
+    pub fn watch_metadata_as<K, R>(
         &mut self,
         namespace: Option<&str>,
         config: watcher::Config,
-        annotations: &'static [&'static str],
-    ) -> Result<Cache<PartialObjectMeta<K>>, RuntimeError>
+        into: fn(PartialObjectMeta<K>) -> R,
+    ) -> Result<Cache<R>, RuntimeError>
     where
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
             + DeserializeOwned
@@ -653,19 +660,7 @@ impl Runtime {
             + Send
             + Sync
             + 'static,
-    {
-        self.metadata_cache::<K>(namespace, config, Some(annotations))
-    }
-
-    fn metadata_cache<K>(
-        &mut self,
-        namespace: Option<&str>,
-        config: watcher::Config,
-        keep: Option<&'static [&'static str]>,
-    ) -> Result<Cache<PartialObjectMeta<K>>, RuntimeError>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + DeserializeOwned
+        R: Resource<DynamicType = (), Scope = NamespaceResourceScope>
             + Clone
             + std::fmt::Debug
             + Send
@@ -678,12 +673,8 @@ impl Runtime {
             Some(namespace) => Api::namespaced(client, namespace),
             None => Api::all(client),
         };
-        let events = watch::metadata(api, config);
-        let writer = reflector::store::Writer::new(());
-        Ok(match keep {
-            Some(keep) => self.cache(kind, writer, watch::keeping_annotations(events, keep)),
-            None => self.cache(kind, writer, events),
-        })
+        let events = watch::mapped(watch::metadata(api, config), into);
+        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
     }
 
     /// Watches only the metadata of the cluster-scoped kind `K` (Nodes, ...) into a shared

@@ -330,33 +330,28 @@ fn without_managed_fields<K: Resource>(mut event: Event<K>) -> Event<K> {
     event
 }
 
-/// `events` with each object's annotations cut down to the keys `keep` names (an object left
-/// with none has none, as the API server would send it).
-pub fn keeping_annotations<K, S>(
+/// `events` with each object turned into `R` by `into` (deleted objects too, so the store
+/// finds them by the same key).
+pub fn mapped<K, R, S>(
     events: S,
-    keep: &'static [&'static str],
-) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
+    into: fn(K) -> R,
+) -> impl Stream<Item = Result<Event<R>, watcher::Error>> + Send + 'static
 where
-    K: Resource + Send + 'static,
+    K: Send + 'static,
+    R: Send + 'static,
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 {
-    events.map(move |event| event.map(|event| keep_annotations(event, keep)))
+    events.map(move |event| event.map(|event| map_event(event, into)))
 }
 
-fn keep_annotations<K: Resource>(mut event: Event<K>, keep: &[&str]) -> Event<K> {
-    match &mut event {
-        Event::Apply(object) | Event::InitApply(object) | Event::Delete(object) => {
-            let meta = object.meta_mut();
-            if let Some(annotations) = meta.annotations.as_mut() {
-                annotations.retain(|key, _| keep.contains(&key.as_str()));
-                if annotations.is_empty() {
-                    meta.annotations = None;
-                }
-            }
-        }
-        Event::Init | Event::InitDone => {}
+fn map_event<K, R>(event: Event<K>, into: fn(K) -> R) -> Event<R> {
+    match event {
+        Event::Apply(object) => Event::Apply(into(object)),
+        Event::InitApply(object) => Event::InitApply(into(object)),
+        Event::Delete(object) => Event::Delete(into(object)),
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
     }
-    event
 }
 
 /// A metadata-only watch of `K` (labels, annotations, owners; no spec or status): nothing in
@@ -437,48 +432,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_trimmed_watch_keeps_only_the_named_annotations() {
-        let big = "x".repeat(4096);
+    async fn a_mapped_watch_turns_every_object_and_keeps_every_event() {
+        fn name_and_read(cm: ConfigMap) -> (Option<String>, Option<String>) {
+            let read = cm.metadata.annotations.and_then(|mut a| a.remove("read"));
+            (cm.metadata.name, read)
+        }
         let events = futures::stream::iter(vec![
             Ok(Event::Init),
             Ok(Event::InitApply(annotated(&[
                 ("read", "1"),
-                ("kubectl.kubernetes.io/last-applied-configuration", &big),
+                ("other", "x"),
             ]))),
             Ok(Event::InitDone),
             Ok(Event::Apply(annotated(&[("other", "2")]))),
-            Ok(Event::Delete(annotated(&[
-                ("read", "3"),
-                ("also-read", "4"),
-            ]))),
+            Ok(Event::Delete(annotated(&[("read", "3")]))),
         ]);
-        let out: Vec<_> = keeping_annotations(events, &["read", "also-read"])
-            .collect()
-            .await;
-        let annotations: Vec<_> = out
+        let out: Vec<_> = mapped(events, name_and_read).collect().await;
+        let cm = Some("cm".to_owned());
+        let shown: Vec<String> = out
             .into_iter()
-            .filter_map(|e| match e {
-                Ok(Event::InitApply(o) | Event::Apply(o) | Event::Delete(o)) => {
-                    assert_eq!(o.metadata.labels, annotated(&[]).metadata.labels);
-                    Some(o.metadata.annotations)
-                }
-                Ok(Event::Init | Event::InitDone) => None,
+            .map(|e| match e {
+                Ok(Event::Init) => "init".to_owned(),
+                Ok(Event::InitApply(o)) => format!("init-apply {o:?}"),
+                Ok(Event::InitDone) => "init-done".to_owned(),
+                Ok(Event::Apply(o)) => format!("apply {o:?}"),
+                Ok(Event::Delete(o)) => format!("delete {o:?}"),
                 Err(e) => panic!("{e}"),
             })
             .collect();
         assert_eq!(
-            annotations,
+            shown,
             vec![
-                Some([("read".to_owned(), "1".to_owned())].into()),
-                // None left: no map at all, as the API server sends an object without any.
-                None,
-                Some(
-                    [
-                        ("also-read".to_owned(), "4".to_owned()),
-                        ("read".to_owned(), "3".to_owned()),
-                    ]
-                    .into()
-                ),
+                "init".to_owned(),
+                format!("init-apply {:?}", (cm.clone(), Some("1".to_owned()))),
+                "init-done".to_owned(),
+                format!("apply {:?}", (cm.clone(), None::<String>)),
+                format!("delete {:?}", (cm, Some("3".to_owned()))),
             ]
         );
     }

@@ -1,0 +1,253 @@
+//! What the controller's pod cache keeps of a reading pod: [`ReadingPod`].
+//!
+//! The cache holds every pod that reads a cache (100,000 on a large cluster), so its size per
+//! pod is most of the controller's memory. A pod's metadata as the API types hold it is about
+//! 2.2 kB with only the annotations read kept: the maps of labels and annotations alone take a
+//! B-tree node each (room for 11 entries, however few there are) and a heap string per key.
+//! A `ReadingPod` keeps the identity and owners in an `ObjectMeta` (what the owner walk and the
+//! store's keys read) and the few labels and annotations read as values in fixed slots, keyed
+//! by position in [`POD_LABELS_READ`] and [`POD_ANNOTATIONS_READ`]: about 1.0 kB.
+//!
+//! Its `labels()` and `annotations()` are its own (they shadow `ResourceExt`'s, which would
+//! read the always-empty maps of its `ObjectMeta`) and answer only for the keys kept.
+//! A `ReadingPod` is never written back.
+
+use std::borrow::Cow;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+use kube::api::ObjectMeta;
+use kube::core::PartialObjectMeta;
+use warmcache_modelvolume::keys::{
+    BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CACHE_BINDING_ANNOTATION,
+    CACHE_BINDING_UID_ANNOTATION, CACHE_CAPTURE_LABEL, CACHE_HANDLE_ANNOTATION, CAPTURE_LABEL,
+    HANDLE_ANNOTATION, MANAGED_BY_LABEL, URI_ANNOTATION,
+};
+use warmcache_modelvolume::reading::Entries;
+
+/// The annotations of a reading pod the controller reads from its pod cache; the cache keeps
+/// only these (the rewrite records more, and at 100,000 pods every byte a pod holds is 100 kB
+/// of cache). Not the download step (0.7 kB a pod): it is read from the API server where
+/// needed (`Bindings::step_source`, `Bindings::step_namespaces`). Pods are only ever written
+/// from fresh reads, never from this cache.
+pub const POD_ANNOTATIONS_READ: [&str; 8] = [
+    BINDING_ANNOTATION,
+    BINDING_UID_ANNOTATION,
+    CACHE_BINDING_ANNOTATION,
+    CACHE_BINDING_UID_ANNOTATION,
+    CACHE_HANDLE_ANNOTATION,
+    HANDLE_ANNOTATION,
+    URI_ANNOTATION,
+    warmcache_telemetry::TRACE_PARENT_ANNOTATION,
+];
+
+/// The labels of a reading pod the controller reads from its pod cache (warmcache's own pods
+/// are left out by the first; the other two mark capture sources).
+pub const POD_LABELS_READ: [&str; 3] = [MANAGED_BY_LABEL, CAPTURE_LABEL, CACHE_CAPTURE_LABEL];
+
+/// A reading pod as the controller's pod cache keeps it (see the module documentation).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReadingPod {
+    /// Name, namespace, UID, owners and deletion time; no labels, annotations or anything else.
+    metadata: ObjectMeta,
+    /// The values of [`POD_LABELS_READ`], by position.
+    labels: [Option<Box<str>>; POD_LABELS_READ.len()],
+    /// The values of [`POD_ANNOTATIONS_READ`], by position.
+    annotations: [Option<Box<str>>; POD_ANNOTATIONS_READ.len()],
+}
+
+impl ReadingPod {
+    /// The record of `pod`.
+    #[must_use]
+    pub fn from_meta(pod: PartialObjectMeta<Pod>) -> Self {
+        let m = pod.metadata;
+        let labels = m.labels.unwrap_or_default();
+        let annotations = m.annotations.unwrap_or_default();
+        Self {
+            metadata: ObjectMeta {
+                name: m.name,
+                namespace: m.namespace,
+                uid: m.uid,
+                owner_references: m.owner_references,
+                deletion_timestamp: m.deletion_timestamp,
+                ..ObjectMeta::default()
+            },
+            labels: POD_LABELS_READ.map(|k| labels.get(k).map(|v| v.as_str().into())),
+            annotations: POD_ANNOTATIONS_READ
+                .map(|k| annotations.get(k).map(|v| v.as_str().into())),
+        }
+    }
+
+    /// The labels kept ([`POD_LABELS_READ`]).
+    #[must_use]
+    pub fn labels(&self) -> Kept<'_> {
+        Kept {
+            keys: &POD_LABELS_READ,
+            values: &self.labels,
+        }
+    }
+
+    /// The annotations kept ([`POD_ANNOTATIONS_READ`]).
+    #[must_use]
+    pub fn annotations(&self) -> Kept<'_> {
+        Kept {
+            keys: &POD_ANNOTATIONS_READ,
+            values: &self.annotations,
+        }
+    }
+}
+
+/// The labels or annotations a [`ReadingPod`] keeps; a key not kept reads as absent.
+#[derive(Debug, Clone, Copy)]
+pub struct Kept<'a> {
+    keys: &'static [&'static str],
+    values: &'a [Option<Box<str>>],
+}
+
+impl Kept<'_> {
+    /// The value of `key`.
+    #[must_use]
+    pub fn get(&self, key: &str) -> Option<&str> {
+        let i = self.keys.iter().position(|k| *k == key)?;
+        self.values.get(i)?.as_deref()
+    }
+
+    /// Whether `key` is kept and set.
+    #[must_use]
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+}
+
+impl Entries for Kept<'_> {
+    fn entry(&self, key: &str) -> Option<&str> {
+        self.get(key)
+    }
+}
+
+impl Resource for ReadingPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("Pod")
+    }
+
+    fn group((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+
+    fn version((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural((): &()) -> Cow<'_, str> {
+        Cow::Borrowed("pods")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+    use kube::ResourceExt;
+    use std::collections::BTreeMap;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_reading_pod_keeps_identity_owners_and_the_keys_read_only() {
+        let owner = OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: "rs".into(),
+            uid: "rs-uid".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        };
+        let deleted = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let pod = PartialObjectMeta::<Pod> {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                uid: Some("u".into()),
+                resource_version: Some("7".into()),
+                generate_name: Some("rs-".into()),
+                owner_references: Some(vec![owner.clone()]),
+                deletion_timestamp: Some(deleted.clone()),
+                labels: Some(map(&[
+                    (MANAGED_BY_LABEL, "someone"),
+                    (CAPTURE_LABEL, "true"),
+                    ("app", "x"),
+                ])),
+                annotations: Some(map(&[
+                    (BINDING_ANNOTATION, "model-cache-m"),
+                    (URI_ANNOTATION, "hf://o/m"),
+                    (warmcache_modelvolume::keys::DOWNLOAD_STEP_ANNOTATION, "{}"),
+                    ("other", "y"),
+                ])),
+                ..ObjectMeta::default()
+            },
+            ..PartialObjectMeta::default()
+        };
+        let r = ReadingPod::from_meta(pod);
+        assert_eq!(r.name_any(), "p");
+        assert_eq!(r.namespace().as_deref(), Some("ns"));
+        assert_eq!(r.uid().as_deref(), Some("u"));
+        assert_eq!(r.meta().owner_references, Some(vec![owner]));
+        assert_eq!(r.meta().deletion_timestamp, Some(deleted));
+        // Nothing else of the metadata is kept, the maps included.
+        assert_eq!(r.meta().resource_version, None);
+        assert_eq!(r.meta().generate_name, None);
+        assert_eq!(r.meta().labels, None);
+        assert_eq!(r.meta().annotations, None);
+
+        assert_eq!(r.labels().get(MANAGED_BY_LABEL), Some("someone"));
+        assert_eq!(r.labels().entry(CAPTURE_LABEL), Some("true"));
+        assert_eq!(r.labels().get(CACHE_CAPTURE_LABEL), None);
+        assert_eq!(r.labels().get("app"), None, "not kept");
+        assert_eq!(
+            r.annotations().get(BINDING_ANNOTATION),
+            Some("model-cache-m")
+        );
+        assert!(r.annotations().contains_key(URI_ANNOTATION));
+        assert!(
+            !r.annotations()
+                .contains_key(warmcache_modelvolume::keys::DOWNLOAD_STEP_ANNOTATION)
+        );
+        assert_eq!(r.annotations().get("other"), None);
+        assert_eq!(r.annotations().get(BINDING_UID_ANNOTATION), None);
+        // The pure reading rules answer the same from the record as from the pod's maps.
+        assert_eq!(
+            warmcache_modelvolume::reading::bindings_named(&r.annotations()),
+            ["model-cache-m"]
+        );
+    }
+
+    #[test]
+    fn a_pod_without_labels_or_annotations_keeps_none() {
+        let mut pod = PartialObjectMeta::<Pod>::default();
+        pod.metadata.name = Some("p".into());
+        let r = ReadingPod::from_meta(pod);
+        assert!(POD_LABELS_READ.iter().all(|k| r.labels().get(k).is_none()));
+        assert!(
+            POD_ANNOTATIONS_READ
+                .iter()
+                .all(|k| r.annotations().get(k).is_none())
+        );
+    }
+}
