@@ -1,5 +1,7 @@
-//! `copy_tree` (copy, fsync, publish, manifest, verification read-back, marker) against `cp -a`
-//! of the same tree, and against `cp -a` followed by `sync` (the same durability).
+//! `copy_tree` (copy with one SHA-256 pass over the source bytes, fsync, publish, manifest,
+//! verification that reads every published file back and compares it byte for byte with its
+//! source read again, marker) against `cp -a` of the same tree, and against `cp -a` followed by
+//! `sync` (the same durability).
 //!
 //! The tree is a Hugging Face cache of an 8B model as `hf download` leaves it: four
 //! safetensors-like shards of random bytes (`NODEFS_BENCH_BYTES` in total, default 2 GiB), a
@@ -56,7 +58,8 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    // The floor of the hashing: one SHA-256 pass over every byte, on one thread.
+    // The floor of the hashing: one SHA-256 pass over every byte, on one thread (`copy_tree`
+    // makes exactly one, spread over the cores).
     let t = Instant::now();
     hash_tree(&src);
     let hash_once = t.elapsed();

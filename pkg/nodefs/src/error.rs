@@ -148,6 +148,10 @@ pub enum Problem {
     LinkTarget,
     /// The manifest on disk differs from what the copier hashed.
     ManifestDiffers,
+    /// The copy's source is not what the copy read any more (another inode or kind of entry, a
+    /// symbolic link, gone, another size or modification or change time, other bytes): a source
+    /// written during or after the copy, whose published copy cannot be vouched for.
+    SourceChanged,
 }
 
 impl fmt::Display for Problem {
@@ -161,6 +165,9 @@ impl fmt::Display for Problem {
             Problem::NotRegular { kind } => write!(f, "listed as a regular file but is a {kind}"),
             Problem::LinkTarget => f.write_str("symbolic link target differs from the copied one"),
             Problem::ManifestDiffers => f.write_str("the manifest differs from what was copied"),
+            Problem::SourceChanged => {
+                f.write_str("the source changed during or after the copy (not what was read)")
+            }
         }
     }
 }

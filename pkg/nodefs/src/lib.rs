@@ -55,8 +55,9 @@
 //!   being copied, removed or verified is refused rather than crossed.
 //!
 //! Threads: [`copy_tree`] copies regular files on one worker per core (at most four), each with
-//! a hashing thread of its own, fsyncs on one more thread, and verifies on one hashing thread per
-//! core; all are joined before it returns. `docs/node-agent.md` ("The filesystem rules")
+//! a hashing thread of its own, fsyncs on one more thread, and verifies (comparing each
+//! published file with its source) on one thread per core; [`verify_manifest`] hashes on one
+//! thread per core; all are joined before they return. `docs/node-agent.md` ("The filesystem rules")
 //! describes the rules for operators; `docs/benchmarks.md` has the copy's cost against `cp -a`.
 
 mod at;

@@ -9,19 +9,42 @@
 //!    is touched: a crash from here on never leaves a marker over partial content); remove a
 //!    leftover staging directory of this attempt; create it afresh.
 //! 2. `Attempt::copy`: walk the source on directory descriptors and recreate it in the staging
-//!    directory, every entry created exclusively and without following links; hash the source
-//!    bytes; queue every file and directory for fsync (a thread that runs on through steps 3 to
-//!    5, so waiting for the disk overlaps with them).
+//!    directory, every entry created exclusively and without following links; hash the bytes
+//!    read from each source file (the bytes written), and keep the file's stamp as opened
+//!    (inode, size, modification and change times, before the first read); queue every file
+//!    and directory for fsync (a thread that runs on through steps 3 to 5, so waiting for the
+//!    disk overlaps with them).
 //! 3. `Attempt::publish`: remove every other entry of the root (symlink-safe), rename the
 //!    staging directory's entries into the root, remove the staging directory, fsync the root.
 //! 4. `Attempt::write_manifest`: the manifest, through a temporary file and a rename.
-//! 5. `Attempt::verify`: read the manifest back, hash every regular file of the root again,
-//!    compare with the source hashes and with what was copied (files, links, directories).
+//! 5. `Attempt::verify`: read the manifest back (it must list what was hashed); read every
+//!    published regular file back and compare it byte for byte with its source, opened again
+//!    beneath the source's directory descriptors as the copy opened it (no link followed) and
+//!    still the same inode with the same stamp, before and after the comparison; compare the
+//!    published links and directories with what was copied. A stamp unchanged from before the
+//!    copy's first read to after the comparison's last means nothing wrote the source meanwhile,
+//!    so the bytes compared are the bytes hashed, and a published file equal to them has the
+//!    digest its manifest line says: one SHA-256 pass in all ([`verify_manifest`], for a volume
+//!    found later, hashes again). A published file that differs is an [`Error::Verify`] with
+//!    [`Problem::Differs`] (it is hashed then, to name both digests); a source that changed
+//!    (written, cut, extended, replaced, removed, swapped for a link) fails the attempt with
+//!    [`Problem::SourceChanged`], so a capture source a live pod writes into during the copy is
+//!    never published.
 //! 6. `Attempt::wait_durable`, then `Attempt::mark`: once every fsync has completed, the
 //!    marker with the measured byte count, through a temporary file.
 //!
 //! A crash after step 2 but before the fsyncs complete may leave published files whose data
 //! did not reach the disk; there is no marker then, and the next attempt replaces them.
+//!
+//! Both reads of step 5 come from the page cache as a rule (the files were just written and
+//! read): the comparison proves that what readers get equals what was hashed, the fsyncs waited
+//! for before the marker put it on the disk, and neither re-reads the disk itself. On a
+//! filesystem whose timestamps are coarse (not the multigrain ones of Linux 6.13 and later on
+//! ext4, XFS, Btrfs and tmpfs), a write in the same clock tick as the copy's stat of a file
+//! that had already changed in that tick does not move its stamp; the comparison still catches
+//! it unless a second write in that tick put back the bytes the copy had read (the published
+//! file then equals the source but was maybe never a whole state of it; it still matches its
+//! manifest line).
 
 mod manifest;
 mod pipe;
@@ -46,6 +69,7 @@ use crate::beneath::TreeDir;
 use crate::error::{Error, Problem};
 use manifest::Digests;
 use pipe::{HashPipe, SyncQueue, Syncer};
+use scan::{Against, Check, Stamp};
 
 /// The completion marker at the volume root: the measured byte count, decimal, newline.
 pub const MARKER: &str = ".nvsnap-complete";
@@ -207,7 +231,7 @@ fn run_attempt(mut a: Attempt<'_>) -> Result<CopyReport, Error> {
 pub fn verify_manifest(root: &Path) -> Result<VerifyReport, Error> {
     let fd = at::open_root_dir(root)?;
     let listed = read_manifest(fd.as_fd(), root)?;
-    let found = scan::scan(fd.as_fd(), root, &[MARKER_C, MANIFEST_C])?;
+    let found = scan::scan(fd.as_fd(), root, &[MARKER_C, MANIFEST_C], &Check::Hash)?;
     compare_files(root, &listed, &found)?;
     Ok(VerifyReport {
         files: found.files.len() as u64,
@@ -281,7 +305,10 @@ fn reserved(name: &CStr) -> bool {
 /// What the copy step recreated.
 #[derive(Debug, Default)]
 pub(crate) struct Copied {
+    /// The SHA-256 of the bytes read from each file's source (and written).
     pub(crate) files: Digests,
+    /// Each file's source as the copy opened it, before the first read.
+    pub(crate) sources: BTreeMap<Vec<u8>, Stamp>,
     pub(crate) symlinks: BTreeMap<Vec<u8>, Vec<u8>>,
     pub(crate) dirs: BTreeSet<Vec<u8>>,
 }
@@ -474,7 +501,8 @@ impl<'a> Attempt<'a> {
         let mut errors: Vec<Error> = walked.err().into_iter().collect();
         for done in done_rx {
             match done {
-                Ok((rel, digest)) => {
+                Ok((rel, digest, stamp)) => {
+                    copied.sources.insert(rel.clone(), stamp);
                     copied.files.insert(rel, digest);
                 }
                 Err(e) => errors.push(e),
@@ -554,9 +582,20 @@ impl<'a> Attempt<'a> {
         if let Some(path) = first_difference(&listed, &self.copied.files) {
             return Err(verify_error(root, &path, Problem::ManifestDiffers));
         }
-        let found = scan::scan(self.root_fd.as_fd(), root, &[MARKER_C, MANIFEST_C])?;
+        let check = Check::Source(Against {
+            src_fd: self.src_fd.as_fd(),
+            source: self.source,
+            copied: &self.copied,
+        });
+        let found = scan::scan(self.root_fd.as_fd(), root, &[MARKER_C, MANIFEST_C], &check)?;
         compare_files(root, &listed, &found)?;
         let mut problems = Vec::new();
+        problems.extend(
+            found
+                .source_changed
+                .first()
+                .map(|p| (p.clone(), Problem::SourceChanged)),
+        );
         problems.extend(first_in_maps(
             &self.copied.symlinks,
             &found.symlinks,
@@ -726,8 +765,9 @@ fn first_difference(a: &Digests, b: &Digests) -> Option<Vec<u8>> {
     first_in_maps(a, b, |_, _| Problem::ManifestDiffers).map(|(p, _)| p)
 }
 
-/// One file copied: its relative path and the SHA-256 of its source bytes.
-type FileCopied = Result<(Vec<u8>, [u8; 32]), Error>;
+/// One file copied: its relative path, the SHA-256 of its source bytes, and its source's stamp
+/// as opened (before the first read).
+type FileCopied = Result<(Vec<u8>, [u8; 32], Stamp), Error>;
 
 /// A regular file to copy: both ends open, the destination created (empty) by the walker.
 struct FileJob {
@@ -774,7 +814,7 @@ fn copy_file(mut job: FileJob, hash: &HashPipe, sync: &SyncQueue) -> FileCopied 
     let fd = OwnedFd::from(job.dst);
     set_metadata(&fd, &job.st, &job.dst_path)?;
     sync.push(job.dst_path, fd)?;
-    Ok((job.rel, digest))
+    Ok((job.rel, digest, Stamp::of(&job.st)))
 }
 
 /// The copy step's walker.
