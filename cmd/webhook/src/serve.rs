@@ -80,6 +80,13 @@ pub const TIMEOUT_SECONDS: i32 = 5;
 /// warning); below [`TIMEOUT_SECONDS`] so the answer arrives before the API server gives up.
 pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// Largest review the pod route answers on the async worker that read it, without the hand-off
+/// to the blocking pool and back (see `AdmissionServerConfig::inline_body_bytes`). A realistic
+/// pod's review is 3-5 KB and costs about 100 µs; at this size the work a sender can make one
+/// worker do stays under a millisecond, and bigger pods (a large annotation, many containers)
+/// are answered on the blocking pool, in a handler slot.
+pub const INLINE_BODY_BYTES: usize = 16 * 1024;
+
 /// What one admission may spend in all, API calls included: it answers (with
 /// `binding-unavailable` when the binding call ran out of time) half a second before the server
 /// would answer for it.
@@ -190,10 +197,11 @@ pub fn registration(webhook_namespace: &str, control_namespace: &str) -> Webhook
 }
 
 /// The server configuration the webhook runs with (certificate in `tls_dir`, handler timeout
-/// [`HANDLER_TIMEOUT`]).
+/// [`HANDLER_TIMEOUT`], reviews of at most [`INLINE_BODY_BYTES`] answered on the async worker).
 pub fn server_config(tls_dir: &std::path::Path) -> AdmissionServerConfig {
     let mut config = AdmissionServerConfig::new(TlsFiles::in_dir(tls_dir));
     config.handler_timeout = HANDLER_TIMEOUT;
+    config.inline_body_bytes = INLINE_BODY_BYTES;
     config
 }
 

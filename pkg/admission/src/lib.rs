@@ -7,8 +7,10 @@
 //!   deny, or allow unchanged with a warning) behind a decoding layer with size limit,
 //!   content-type check, timeouts and panic isolation, served over rustls (ring provider only)
 //!   with ALPN `h2` and `http/1.1`, as kube-apiserver expects. Synchronous handlers run on the
-//!   blocking pool within a bounded number of slots; the connection layer bounds open
-//!   connections and closes silent, half-open and idle ones (see [`AdmissionServerConfig`]).
+//!   blocking pool within a bounded number of slots (typed async routes may answer small
+//!   reviews on the async worker: [`AdmissionServerConfig::inline_body_bytes`]); the connection
+//!   layer bounds open connections and closes silent, half-open and idle ones (see
+//!   [`AdmissionServerConfig`]).
 //! - [`typed`]: handlers answer a [`Validation`] (allow or deny, by type nothing else) or a
 //!   [`Mutation<K>`] (allow, allow changed, deny), with warnings ([`Reply`]). Denials carry
 //!   [`FieldCause`]s and go out as `422 Invalid` with `details.causes`; a changed object becomes

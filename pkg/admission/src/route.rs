@@ -167,7 +167,10 @@ pub(crate) enum DynHandler {
 /// object, which the request's sender controls), so nothing decoded crosses threads. A typed
 /// async handler's future is polled once in that step; only when it does not finish there (it
 /// waits for I/O) does it go on in a task without a slot, and the patch is then computed in a
-/// second blocking step within a slot. The whole is bounded by the same timeout.
+/// second blocking step within a slot. The whole is bounded by the same timeout. A typed async
+/// route answers a review of at most
+/// [`inline_body_bytes`](crate::AdmissionServerConfig::inline_body_bytes) (off by default) on
+/// the async worker instead, without a slot or the hand-off to the blocking pool and back.
 pub struct Route {
     pub(crate) path: String,
     pub(crate) kind: RouteKind,

@@ -82,7 +82,9 @@ pub struct AdmissionServerConfig {
     /// its slot (the whole review is one step on the blocking pool), so a review that finds
     /// every slot busy is decoded only to answer with its uid. Async handlers are not counted,
     /// but the step of a typed async route is (its future's first poll included; a future that
-    /// waits goes on without a slot, and its patch takes a slot again). `0` counts as 1.
+    /// waits goes on without a slot, and its patch takes a slot again), unless its body is
+    /// small enough to be answered on the async worker
+    /// ([`inline_body_bytes`](Self::inline_body_bytes)). `0` counts as 1.
     /// Default [`DEFAULT_MAX_CONCURRENT_HANDLERS`].
     pub max_concurrent_handlers: usize,
     /// Time a handler gets to answer, waiting for a handler slot included; after that the
@@ -101,6 +103,23 @@ pub struct AdmissionServerConfig {
     pub max_buffered_body_bytes: usize,
     /// How long in-flight requests may finish after shutdown is requested. Default 10 s.
     pub shutdown_grace: Duration,
+    /// Typed async routes ([`Route::mutating_typed_async`](crate::Route::mutating_typed_async),
+    /// [`Route::validating_typed_async`](crate::Route::validating_typed_async)) answer a review
+    /// whose body is at most this many bytes on the async worker that read it, without a
+    /// handler slot or a hand-off to the blocking pool and back: decoding, the first poll of
+    /// the handler's future, the patch and encoding the answer. A review that waits for I/O
+    /// goes on in a task as usual, and its patch is computed on the worker too. A panic is
+    /// caught and answered by the route's [`OnHandlerError`] as on the blocking pool.
+    ///
+    /// The trade: the blocking pool isolates work proportional to the object, which the
+    /// request's sender controls, and bounds it by [`handler_timeout`](Self::handler_timeout).
+    /// Inline, that work is bounded by this size instead (a 3 KB pod costs about 100 µs) and
+    /// cannot be abandoned at the timeout, and it delays the other connections of its worker
+    /// while it runs; bigger bodies stay on the blocking pool. So is every review of a
+    /// synchronous route, whose handler may block. A handler's future must not block either
+    /// way (it is polled on the async workers), but inline a first poll that blocks is not
+    /// answered at the timeout. `0` (the default) keeps every review on the blocking pool.
+    pub inline_body_bytes: usize,
 }
 
 impl AdmissionServerConfig {
@@ -117,6 +136,7 @@ impl AdmissionServerConfig {
             handler_timeout: Duration::from_secs(8),
             max_buffered_body_bytes: DEFAULT_MAX_BUFFERED_BODY_BYTES,
             shutdown_grace: Duration::from_secs(10),
+            inline_body_bytes: 0,
         }
     }
 }
@@ -311,6 +331,7 @@ impl AdmissionServer {
                 max_body_bytes: self.config.max_body_bytes,
                 body_timeout: self.config.body_timeout,
                 handler_timeout: self.config.handler_timeout,
+                inline_body_bytes: self.config.inline_body_bytes,
                 metrics: self.metrics.clone(),
             });
             let method_router = post(move |request: Request| {
@@ -441,6 +462,9 @@ struct RouteState {
     max_body_bytes: usize,
     body_timeout: Duration,
     handler_timeout: Duration,
+    /// Largest body a typed async route answers on the async worker (see
+    /// [`AdmissionServerConfig::inline_body_bytes`]).
+    inline_body_bytes: usize,
     metrics: Option<AdmissionMetrics>,
 }
 
@@ -528,33 +552,40 @@ impl RouteState {
                 );
             }
         };
-        let bytes =
-            match tokio::time::timeout(self.body_timeout, read_limited(body, self.max_body_bytes))
-                .await
-            {
-                Ok(Ok(bytes)) => bytes,
-                Ok(Err(BodyError::TooLarge)) => {
-                    return self.refuse(StatusCode::PAYLOAD_TOO_LARGE, self.too_large_message());
-                }
-                Ok(Err(BodyError::Read(err))) => {
-                    return self.refuse(
-                        StatusCode::BAD_REQUEST,
-                        format!("the request body could not be read: {err}\n"),
-                    );
-                }
-                Err(_elapsed) => {
-                    return self.refuse(
-                        StatusCode::REQUEST_TIMEOUT,
-                        format!(
-                            "the request body was not received within {:?}\n",
-                            self.body_timeout
-                        ),
-                    );
-                }
-            };
+        // A declared length (within the limit, checked above) is the buffer's size at once.
+        let expected = declared.map_or(0, |l| usize::try_from(l).unwrap_or(0));
+        let bytes = match tokio::time::timeout(
+            self.body_timeout,
+            read_limited(body, self.max_body_bytes, expected),
+        )
+        .await
+        {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(BodyError::TooLarge)) => {
+                return self.refuse(StatusCode::PAYLOAD_TOO_LARGE, self.too_large_message());
+            }
+            Ok(Err(BodyError::Read(err))) => {
+                return self.refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("the request body could not be read: {err}\n"),
+                );
+            }
+            Err(_elapsed) => {
+                return self.refuse(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body was not received within {:?}\n",
+                        self.body_timeout
+                    ),
+                );
+            }
+        };
 
         if let DynHandler::Async(handler) = &self.handler {
             return self.review_decoded(handler, &bytes).await;
+        }
+        if matches!(self.handler, DynHandler::Staged(_)) && bytes.len() <= self.inline_body_bytes {
+            return self.review_inline(&bytes).await;
         }
         self.review_on_one_thread(bytes).await
     }
@@ -690,25 +721,52 @@ impl RouteState {
             let started = Arc::clone(&started);
             move || Ok(state.one_thread(&bytes, &started))
         };
-        match self.run_in_slot(slot, deadline, job).await {
+        let step = self.run_in_slot(slot, deadline, job).await;
+        self.after_step(step, &bytes, &started, deadline, false)
+            .await
+    }
+
+    /// A typed async route's review of a body of at most
+    /// [`inline_body_bytes`](AdmissionServerConfig::inline_body_bytes): the step of
+    /// [`Self::review_on_one_thread`] run here, on the async worker, without a handler slot (a
+    /// panic is caught and answered as on the blocking pool); a future that waits goes on in a
+    /// task, and its patch is computed here too.
+    async fn review_inline(self: &Arc<Self>, bytes: &[u8]) -> (Verdict, Response) {
+        let deadline = tokio::time::Instant::now() + self.handler_timeout;
+        let started: Mutex<Option<Started>> = Mutex::default();
+        let step = catch_panic(|| self.one_thread(bytes, &started));
+        self.after_step(step, bytes, &started, deadline, true).await
+    }
+
+    /// The answer to a review once its step (`step`) ended: answered in the step, or the rest
+    /// of a typed async handler's future, or (the step panicked or did not finish in time) the
+    /// failure answered as the review recorded once decoded (decoded again here in the rare
+    /// case it was not yet).
+    async fn after_step(
+        &self,
+        step: Result<OneThread, String>,
+        bytes: &[u8],
+        started: &Mutex<Option<Started>>,
+        deadline: tokio::time::Instant,
+        inline: bool,
+    ) -> (Verdict, Response) {
+        match step {
             Ok(OneThread::Answered(verdict, response)) => (verdict, response),
             Ok(OneThread::Pending { future, started }) => {
                 let Started { base, span } = *started;
                 let uid = base.uid.clone();
                 let outcome = self
-                    .finish_staged(future, deadline)
+                    .finish_staged(future, deadline, inline)
                     .instrument(span.clone())
                     .await;
                 let (verdict, response) = self.settle(base, uid, outcome);
                 self.concluded(&span, verdict, response)
             }
-            // The step panicked or did not finish in time: answered as the review recorded
-            // once decoded (decoded again here in the rare case it was not yet).
             Err(message) => {
-                let recorded = lock(&started).take();
+                let recorded = lock(started).take();
                 let Started { base, span } = match recorded {
                     Some(started) => started,
-                    None => match self.decode(&bytes) {
+                    None => match self.decode(bytes) {
                         Ok(review) => Started {
                             base: AdmissionResponse::from(&review.request),
                             span: self.review_span(&review.request),
@@ -789,12 +847,15 @@ impl RouteState {
 
     /// The rest of a typed async handler whose future did not finish on its first poll: the
     /// future in its own task (a panic stays there; aborted at the deadline), and what it leaves
-    /// (the patch) on the blocking pool again, before the same deadline. The async workers
-    /// only poll the handler's future, so a large or hostile object cannot stall them.
+    /// (the patch) on the blocking pool again, before the same deadline, or here for a review
+    /// answered `inline` (a body of at most
+    /// [`inline_body_bytes`](AdmissionServerConfig::inline_body_bytes)). Otherwise the async
+    /// workers only poll the handler's future, so a large or hostile object cannot stall them.
     async fn finish_staged(
         &self,
         future: StagedFuture,
         deadline: tokio::time::Instant,
+        inline: bool,
     ) -> Result<AdmissionResponse, String> {
         let mut task = tokio::spawn(future.in_current_span());
         let after = match tokio::time::timeout_at(deadline, &mut task).await {
@@ -807,6 +868,7 @@ impl RouteState {
         };
         match after {
             AfterHandler::Done(response) => Ok(*response),
+            AfterHandler::Blocking(step) if inline => catch_panic(step)?,
             AfterHandler::Blocking(step) => self.on_blocking_pool(deadline, step).await,
         }
     }
@@ -926,6 +988,13 @@ impl RouteState {
     }
 }
 
+/// Runs `job` here, a panic caught and turned into the message a panic on the blocking pool
+/// gets.
+fn catch_panic<T>(job: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+        .map_err(|_panic| "the admission handler panicked".to_owned())
+}
+
 fn join_message(join_error: &tokio::task::JoinError) -> String {
     if join_error.is_panic() {
         "the admission handler panicked".to_owned()
@@ -1016,8 +1085,8 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-async fn read_limited(mut body: Body, limit: usize) -> Result<Vec<u8>, BodyError> {
-    let mut buffer = Vec::new();
+async fn read_limited(mut body: Body, limit: usize, expected: usize) -> Result<Vec<u8>, BodyError> {
+    let mut buffer = Vec::with_capacity(expected.min(limit));
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Read)?;
         if let Ok(data) = frame.into_data() {

@@ -509,3 +509,141 @@ async fn synchronous_and_typed_reviews_are_decoded_in_their_handler_slot() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     running.stop().await;
 }
+
+/// With `inline_body_bytes` set, a typed async route answers a review of at most that size on
+/// the async worker, without a handler slot: with the only slot busy, a small review is
+/// answered with its patch (its future's first poll and, when the future waits, its patch done
+/// inline), a panic is answered by the route's policy and a body that is no review gets its
+/// `400` at once; a bigger review still waits for a slot and gets the timeout answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_async_routes_answer_small_reviews_on_the_async_worker() {
+    use k8s_openapi::api::core::v1::Pod;
+    use warmcache_admission::{Mutation, TypedRequest};
+
+    let (gate, mut started) = Gate::new();
+    let metrics = AdmissionMetrics::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    ca.leaf(1).write_to(dir.path());
+    let mut config = AdmissionServerConfig::new(files_in(dir.path()));
+    config.handler_timeout = Duration::from_secs(2);
+    config.max_concurrent_handlers = 1;
+    config.inline_body_bytes = 4 * 1024;
+    let label = |pod: Option<Pod>| {
+        let mut pod = pod.unwrap_or_default();
+        pod.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("seen".into(), "yes".into());
+        Mutation::Mutated(pod)
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    let slow_gate = gate.clone();
+    let server = AdmissionServer::new(config)
+        .route(Route::validating("/slow", move |req| slow_gate.block(&req)))
+        .route(Route::mutating_typed_async(
+            "/typed",
+            move |req: TypedRequest<Pod>| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                async move { label(req.object) }
+            },
+        ))
+        .route(Route::mutating_typed_async(
+            "/typed-waits",
+            move |req: TypedRequest<Pod>| async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                label(req.object)
+            },
+        ))
+        .route(Route::mutating_typed_async(
+            "/typed-panics",
+            |req: TypedRequest<Pod>| async move {
+                if req.uid.starts_with("uid") {
+                    panic!("the handler panics");
+                }
+                Mutation::<Pod>::Allow
+            },
+        ))
+        .with_metrics(metrics.clone());
+    let running = spawn_serve(server);
+    let (addr, ca) = (running.addr, Arc::new(ca));
+
+    let slow = {
+        let ca = Arc::clone(&ca);
+        tokio::spawn(
+            async move { post_json(addr, &ca, "/slow", &pod_review("uid-slow", "p")).await },
+        )
+    };
+    started.recv().await.unwrap();
+    // The only slot is taken. A small review is answered with its patch, at once.
+    let answered = Instant::now();
+    let response = post_json(addr, &ca, "/typed", &pod_review("uid-small", "p"))
+        .await
+        .response();
+    assert_eq!(response["uid"], "uid-small");
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // A future that waits: its patch is computed inline too.
+    let response = post_json(addr, &ca, "/typed-waits", &pod_review("uid-waits", "p"))
+        .await
+        .response();
+    assert_eq!(response["uid"], "uid-waits");
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    // A panic: the route's policy (deny, an internal error naming it).
+    let response = post_json(addr, &ca, "/typed-panics", &pod_review("uid-panics", "p"))
+        .await
+        .response();
+    assert_eq!(response["uid"], "uid-panics");
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 500, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("panicked"), "{message}");
+    // Not JSON: 400 with the reason.
+    let reply = post(
+        addr,
+        &ca,
+        b"http/1.1",
+        "/typed",
+        Some("application/json"),
+        b"{not json".to_vec(),
+    )
+    .await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert!(reply.text().contains("not JSON"), "{}", reply.text());
+    assert!(
+        answered.elapsed() < Duration::from_secs(2),
+        "answered without waiting for the slot: {:?}",
+        answered.elapsed()
+    );
+    assert_eq!(
+        metrics
+            .handler_slot_timeouts()
+            .with_label_values(&["/typed"])
+            .get(),
+        0
+    );
+    // A review over the size waits for the slot, and gets the answer of a review that found
+    // none; its handler is not called.
+    let mut big = pod_review("uid-big", "p");
+    big["request"]["object"]["metadata"]["annotations"] =
+        serde_json::json!({"filler": "x".repeat(8 * 1024)});
+    let response = post_json(addr, &ca, "/typed", &big).await.response();
+    assert_eq!(response["uid"], "uid-big");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("handler slots"), "{message}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(slow.await.unwrap().response()["allowed"], false);
+    gate.release();
+    eventually(
+        Duration::from_secs(20),
+        "the blocked handler to return",
+        || metrics.handlers_running().get() == 0,
+    )
+    .await;
+    // With the slot free, the big review is answered with its patch on the blocking pool.
+    let response = post_json(addr, &ca, "/typed", &big).await.response();
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    running.stop().await;
+}

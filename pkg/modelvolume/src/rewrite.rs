@@ -39,6 +39,11 @@ use crate::plan::{Capture, Plan, Slot, Target};
 /// in-place fallback download when there is one (hostPath readers), else exits 1 with the
 /// reason on stderr and in the termination message.
 pub(crate) fn wait_script() -> String {
+    WAIT_SCRIPT.clone()
+}
+
+/// [`wait_script`], built once (every rewritten pod carries a copy).
+static WAIT_SCRIPT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         r#"set -u
 dir="$1"; deadline="$2"; poll="$3"; uri="$4"; binding="$5"; fallback="$6"; shift 6
@@ -69,7 +74,7 @@ while :; do
   sleep "$poll"
 done"#
     )
-}
+});
 
 /// The security context of every container the rewrite adds: no capabilities, no privilege
 /// escalation, seccomp `RuntimeDefault`, a non-root user (the pod's own when it names one).

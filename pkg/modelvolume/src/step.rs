@@ -94,12 +94,16 @@ impl DownloadStep {
     /// A serialization error (not expected for these types), or a step longer than
     /// [`MAX_DOWNLOAD_STEP_BYTES`], as a `download-not-reproducible` skip.
     pub fn to_annotation(&self) -> Result<String, Skip> {
-        let text = serde_json::to_string(self).map_err(|e| {
+        let unrecorded = |e: &dyn std::fmt::Display| {
             Skip::new(
                 SkipReason::DownloadNotReproducible,
                 format!("the download step cannot be recorded: {e}"),
             )
-        })?;
+        };
+        // Written into a buffer of a typical step's size at once, rather than grown from empty.
+        let mut bytes = Vec::with_capacity(2 * 1024);
+        serde_json::to_writer(&mut bytes, self).map_err(|e| unrecorded(&e))?;
+        let text = String::from_utf8(bytes).map_err(|e| unrecorded(&e))?;
         if text.len() > MAX_DOWNLOAD_STEP_BYTES {
             return Err(Skip::new(
                 SkipReason::DownloadNotReproducible,
