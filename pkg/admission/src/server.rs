@@ -1085,8 +1085,13 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
+/// How much of a declared `Content-Length` is reserved before any of the body arrives: enough
+/// for any realistic pod at once, while a client that declares a large body and sends nothing
+/// holds no more than this (the buffer grows as bytes arrive).
+const BODY_RESERVE_MAX: usize = 64 * 1024;
+
 async fn read_limited(mut body: Body, limit: usize, expected: usize) -> Result<Vec<u8>, BodyError> {
-    let mut buffer = Vec::with_capacity(expected.min(limit));
+    let mut buffer = Vec::with_capacity(expected.min(limit).min(BODY_RESERVE_MAX));
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Read)?;
         if let Ok(data) = frame.into_data() {
