@@ -193,7 +193,7 @@ pub(crate) fn encode_review(response: AdmissionResponse) -> Result<Vec<u8>, serd
     };
     // One buffer, sized for the review around the patch: the review without it, then the
     // patch's base64 text written into its place.
-    let mut out = Vec::with_capacity(base64_len(patch.len()) + 1024);
+    let mut out = Vec::with_capacity(patch.len().div_ceil(3) * 4 + 1024);
     serde_json::to_writer(&mut out, &review)?;
     // The patch goes where kube writes it, before `patchType` (a key: inside a JSON string the
     // quotes would be escaped, so this text is the key's first occurrence).
@@ -209,38 +209,28 @@ pub(crate) fn encode_review(response: AdmissionResponse) -> Result<Vec<u8>, serd
     out.extend_from_slice(b",\"patch\":\"");
     // The JSON form of Go's `[]byte` (k8s-openapi's `ByteString`): standard base64 with
     // padding, whose characters need no escaping in a JSON string.
-    base64_into(&mut out, &patch);
+    let start = out.len();
+    out.resize(
+        start + base64::encoded_len(patch.len(), true).unwrap_or(0),
+        0,
+    );
+    match base64::Engine::encode_slice(
+        &base64::engine::general_purpose::STANDARD,
+        &patch,
+        &mut out[start..],
+    ) {
+        Ok(written) => out.truncate(start + written),
+        Err(_) => {
+            // Not expected (the buffer is sized for it): written as kube writes it.
+            if let Some(response) = review.response.as_mut() {
+                response.patch = Some(patch);
+            }
+            return serde_json::to_vec(&review);
+        }
+    }
     out.push(b'"');
     out.extend_from_slice(&tail);
     Ok(out)
-}
-
-/// The length of `n` bytes in base64 with padding.
-fn base64_len(n: usize) -> usize {
-    n.div_ceil(3) * 4
-}
-
-/// Appends `bytes` in standard base64 with padding (RFC 4648, section 4).
-fn base64_into(out: &mut Vec<u8>, bytes: &[u8]) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let letter = |n: u32, shift: u32| ALPHABET[((n >> shift) & 63) as usize];
-    out.reserve(base64_len(bytes.len()));
-    let mut chunks = bytes.chunks_exact(3);
-    for chunk in &mut chunks {
-        let n = u32::from(chunk[0]) << 16 | u32::from(chunk[1]) << 8 | u32::from(chunk[2]);
-        out.extend_from_slice(&[letter(n, 18), letter(n, 12), letter(n, 6), letter(n, 0)]);
-    }
-    match *chunks.remainder() {
-        [a] => {
-            let n = u32::from(a) << 16;
-            out.extend_from_slice(&[letter(n, 18), letter(n, 12), b'=', b'=']);
-        }
-        [a, b] => {
-            let n = u32::from(a) << 16 | u32::from(b) << 8;
-            out.extend_from_slice(&[letter(n, 18), letter(n, 12), letter(n, 6), b'=']);
-        }
-        _ => {}
-    }
 }
 
 #[cfg(test)]
@@ -389,33 +379,6 @@ mod tests {
             encode_review(response.clone()).unwrap(),
             serde_json::to_vec(&into_v1_review(response)).unwrap()
         );
-    }
-
-    #[test]
-    fn base64_is_the_standard_alphabet_with_padding() {
-        // RFC 4648, section 10, and every byte value in every position of a triple.
-        for (plain, encoded) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            let mut out = Vec::new();
-            base64_into(&mut out, plain.as_bytes());
-            assert_eq!(out, encoded.as_bytes());
-        }
-        let bytes: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).chain([7]).collect();
-        for len in [bytes.len() - 2, bytes.len() - 1, bytes.len()] {
-            let mut out = Vec::new();
-            base64_into(&mut out, &bytes[..len]);
-            assert_eq!(out.len(), base64_len(len));
-            let text = String::from_utf8(out).unwrap();
-            let decoded: k8s_openapi::ByteString = serde_json::from_value(json!(text)).unwrap();
-            assert_eq!(decoded.0, &bytes[..len]);
-        }
     }
 
     #[test]
