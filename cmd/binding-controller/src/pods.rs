@@ -238,6 +238,21 @@ mod tests {
         );
     }
 
+    /// Every key the pure reading rules read from a pod is kept: a key added there and not
+    /// here would read as absent from the cache (a capture source never seen as one).
+    #[test]
+    fn the_record_keeps_every_key_the_reading_rules_read() {
+        use warmcache_modelvolume::reading::Reads;
+        for how in Reads::ALL {
+            let keys = how.keys();
+            for annotation in [keys.binding, keys.uid, keys.handle] {
+                assert!(POD_ANNOTATIONS_READ.contains(&annotation), "{annotation}");
+            }
+            assert!(POD_LABELS_READ.contains(&keys.capture), "{}", keys.capture);
+        }
+        assert!(POD_ANNOTATIONS_READ.contains(&URI_ANNOTATION));
+    }
+
     #[test]
     fn a_pod_without_labels_or_annotations_keeps_none() {
         let mut pod = PartialObjectMeta::<Pod>::default();

@@ -632,14 +632,7 @@ impl Runtime {
             + Sync
             + 'static,
     {
-        let kind = kind_label::<K>();
-        let client = self.client()?;
-        let api: Api<PartialObjectMeta<K>> = match namespace {
-            Some(namespace) => Api::namespaced(client, namespace),
-            None => Api::all(client),
-        };
-        let events = watch::metadata(api, config);
-        Ok(self.cache(kind, reflector::store::Writer::new(()), events))
+        self.watch_metadata_as(namespace, config, std::convert::identity)
     }
 
     /// [`Runtime::watch_metadata`], each object turned into `R` by `into` before it is cached:
