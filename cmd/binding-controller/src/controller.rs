@@ -225,6 +225,8 @@ pub struct Bindings {
     /// Discovery answers of reference kinds (`apiVersion/kind` -> resource), so a stale check
     /// costs one GET, not a discovery round trip each time.
     kinds: std::sync::Mutex<BTreeMap<String, ApiResource>>,
+    /// Status writes the binding cache may not show yet.
+    own_writes: OwnWrites,
 }
 
 /// The caches decision drift reads.
@@ -1459,9 +1461,13 @@ impl Bindings {
         let mut next = binding.clone();
         next.status = Some(status);
         let name = binding.name_any();
-        api.replace_status(&name, &PostParams::default(), &next)
+        let written = api
+            .replace_status(&name, &PostParams::default(), &next)
             .await
             .map_err(|e| api_error("replace_status", api.resource_url(), &name, e))?;
+        if let Some(replaced) = binding.metadata.resource_version.as_deref() {
+            self.own_writes.record(replaced, written);
+        }
         Ok(true)
     }
 }
@@ -1546,6 +1552,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
         &self,
         binding: Arc<ModelCacheBinding>,
     ) -> Result<warmcache_runtime::Action, Failure> {
+        let binding = self.own_writes.freshest(binding);
         let b = binding.as_ref();
         let identity = &b.spec.identity;
 
@@ -2201,6 +2208,68 @@ impl WriterClaimIndex {
     }
 }
 
+/// The bindings whose status this controller wrote and whose cached copy may still be the one
+/// written over (read your own writes). A reconcile queued while a status write was in flight
+/// (a pod arriving, say) otherwise starts from the cached binding of before that write, builds
+/// on its `resourceVersion` and loses to the write it follows with a conflict: a wasted request
+/// and a retry after a backoff, while the API server is busiest. Each entry is the object the
+/// API server returned and the `resourceVersion` it replaced; it is used only while the cache
+/// still shows exactly that version of that binding (so it is never older than the cache), and
+/// dropped as soon as the cache shows anything else.
+#[derive(Debug, Default)]
+pub struct OwnWrites {
+    written: std::sync::Mutex<BTreeMap<String, (String, Arc<ModelCacheBinding>)>>,
+}
+
+impl OwnWrites {
+    /// Records that `written` (as the API server returned it) replaced `replaced`, the
+    /// `resourceVersion` the write was based on.
+    pub fn record(&self, replaced: &str, written: ModelCacheBinding) {
+        let Some(name) = written.metadata.name.clone() else {
+            return;
+        };
+        if let Ok(mut map) = self.written.lock() {
+            map.insert(name, (replaced.to_owned(), Arc::new(written)));
+        }
+    }
+
+    /// The newest state of `cached` known here: the object last written when the cache still
+    /// shows the version that write replaced (same UID), else `cached` (and the entry, if any,
+    /// is dropped: the cache has caught up or moved on).
+    pub fn freshest(&self, cached: Arc<ModelCacheBinding>) -> Arc<ModelCacheBinding> {
+        let Some(name) = cached.metadata.name.as_deref() else {
+            return cached;
+        };
+        let Ok(mut map) = self.written.lock() else {
+            return cached;
+        };
+        match map.get(name) {
+            Some((replaced, written))
+                if cached.metadata.resource_version.as_deref() == Some(replaced.as_str())
+                    && cached.metadata.uid.is_some()
+                    && written.metadata.uid == cached.metadata.uid =>
+            {
+                Arc::clone(written)
+            }
+            Some(_) => {
+                map.remove(name);
+                cached
+            }
+            None => cached,
+        }
+    }
+
+    /// Entries held (for tests).
+    pub fn len(&self) -> usize {
+        self.written.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The bindings a pod reads (its model copy's and its compile-cache set's), in the control
 /// namespace.
 fn binding_of_pod(control: &str, pod: &ReadingPod) -> Vec<ObjectRef<ModelCacheBinding>> {
@@ -2332,6 +2401,7 @@ pub fn start(
         metrics,
         completion_errors: std::sync::Mutex::new(BTreeMap::new()),
         kinds: std::sync::Mutex::new(BTreeMap::new()),
+        own_writes: OwnWrites::default(),
     };
     let (c1, c2, c3, c4, c5, c6) = (
         control.clone(),
@@ -2643,6 +2713,65 @@ mod tests {
         assert_eq!(none.get("b").map(String::as_str), Some("tp-3"));
         let p2 = traceparents(&pods, |p| p.name_any() == "p2");
         assert_eq!(p2.get("a").map(String::as_str), Some("tp-2"));
+    }
+
+    #[test]
+    fn own_writes_stand_in_only_for_the_version_they_replaced() {
+        let binding = |uid: &str, rv: &str, refs: usize| -> ModelCacheBinding {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "nvca.nvcf.nvidia.io/v2beta1",
+                "kind": "ModelCacheBinding",
+                "metadata": {"name": "model-cache-x", "namespace": "ctl", "uid": uid, "resourceVersion": rv},
+                "spec": {
+                    "identity": {"version": "v1alpha1", "workflow": "helmModelCache",
+                        "sharingDomainDigest": format!("sha256:{}", "a".repeat(64)),
+                        "cacheHandleDigest": format!("sha256:{}", "b".repeat(64))},
+                    "decision": {"provider": "weka", "provisioner": "csi.weka.io",
+                        "requiredAccessModes": ["ReadWriteMany"], "transition": "rwxReadOnly",
+                        "writerIdentity": "fsGroup", "encryptionRequired": false,
+                        "catalogDigest": format!("sha256:{}", "c".repeat(64))},
+                    "resources": {"writerNamespace": "team"},
+                    "storageClass": {"name": "nvcf-sc", "uid": "sc", "reclaimPolicy": "Retain",
+                        "configurationDigest": format!("v1:sha256:{}", "d".repeat(64))}
+                },
+                "status": {"phase": "Active", "requestReferences": (0..refs).map(|i| serde_json::json!(
+                    {"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": format!("p{i}"), "uid": format!("u{i}")}
+                )).collect::<Vec<_>>()}
+            }))
+            .unwrap()
+        };
+        let writes = OwnWrites::default();
+        let cached = Arc::new(binding("uid-1", "10", 1));
+        // Nothing written: the cached object.
+        assert!(Arc::ptr_eq(&writes.freshest(Arc::clone(&cached)), &cached));
+        // A write based on version 10 returned version 11 with two references: while the
+        // cache still shows 10, a reconcile starts from 11.
+        writes.record("10", binding("uid-1", "11", 2));
+        let fresh = writes.freshest(Arc::clone(&cached));
+        assert_eq!(fresh.metadata.resource_version.as_deref(), Some("11"));
+        assert_eq!(fresh.status.as_ref().unwrap().request_references.len(), 2);
+        // Asked again before the cache moves: still the written one.
+        let again = writes.freshest(Arc::clone(&cached));
+        assert_eq!(again.metadata.resource_version.as_deref(), Some("11"));
+        assert_eq!(writes.len(), 1);
+        // The cache caught up (or moved past it, another writer's version): the cached object,
+        // and the entry is gone, so an older write can never stand in for a newer cache.
+        let caught_up = Arc::new(binding("uid-1", "12", 3));
+        assert!(Arc::ptr_eq(
+            &writes.freshest(Arc::clone(&caught_up)),
+            &caught_up
+        ));
+        assert!(writes.is_empty());
+        assert!(Arc::ptr_eq(&writes.freshest(Arc::clone(&cached)), &cached));
+        // A binding deleted and created again under the same name at the same version string
+        // is another object: never the old one's write.
+        writes.record("10", binding("uid-1", "11", 2));
+        let recreated = Arc::new(binding("uid-2", "10", 0));
+        assert!(Arc::ptr_eq(
+            &writes.freshest(Arc::clone(&recreated)),
+            &recreated
+        ));
+        assert!(writes.is_empty());
     }
 
     #[test]

@@ -19,6 +19,12 @@
 //!   reference is in its binding's `status.requestReferences`;
 //! - per pod, from its create returning to its reference first showing in its binding (a watch
 //!   of the bindings): p50, p99, max, per phase (target: p99 under 1 s);
+//! - the same at a steady arrival rate, after the scale-up has settled: `SCALE_STEADY_RATE`
+//!   pods a second (default 20; `0` leaves the phase out) for `SCALE_STEADY_SECONDS` (default
+//!   60), each created at its own time whether or not earlier creates have returned, each
+//!   joining its model's binding. The two burst phases measure how long a backlog takes to
+//!   drain (the API server is saturated by the creates themselves); this one measures how long a
+//!   reference takes when pods arrive at a rate the API server keeps up with;
 //! - resident memory of both processes at steady state (VmRSS) and their peak (VmHWM) (target:
 //!   at most 256 MiB at 100,000 pods).
 //!
@@ -79,6 +85,15 @@ fn env_usize(name: &str, default: usize) -> usize {
     }
 }
 
+fn env_f64(name: &str, default: f64) -> f64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v}: not a number: {e}")),
+        Err(_) => default,
+    }
+}
+
 /// Pod `replica` of model `model`: vLLM downloading `bench/model-<model>` by itself.
 fn model_pod(model: usize, replica: usize) -> Pod {
     pod(json!({
@@ -118,15 +133,32 @@ struct Created {
     latency: Duration,
 }
 
-/// Creates `pods`, `concurrency` at a time, each marked Running by the kubelet simulation once
-/// created.
-async fn create_all(client: &Client, pods: Vec<(String, Pod)>, concurrency: usize) -> Vec<Created> {
+/// How pods are sent: as fast as `concurrency` creates in flight allow, or one every
+/// `1 / rate` seconds (an arrival rate below what the API server can take).
+#[derive(Clone, Copy)]
+enum Pace {
+    InFlight(usize),
+    PerSecond(f64),
+}
+
+/// Creates `pods` at `pace`, each marked Running by the kubelet simulation once created.
+async fn create_all(client: &Client, pods: Vec<(String, Pod)>, pace: Pace) -> Vec<Created> {
     let kubelet = Kubelet::new(client.clone());
-    futures::stream::iter(pods)
-        .map(|(ns, pod)| {
+    let first = tokio::time::Instant::now();
+    let in_flight = match pace {
+        Pace::InFlight(n) => n,
+        // Every create starts at its own time; none waits for another.
+        Pace::PerSecond(_) => pods.len().max(1),
+    };
+    futures::stream::iter(pods.into_iter().enumerate())
+        .map(|(i, (ns, pod))| {
             let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
             let kubelet = kubelet.clone();
             async move {
+                if let Pace::PerSecond(rate) = pace {
+                    tokio::time::sleep_until(first + Duration::from_secs_f64(i as f64 / rate))
+                        .await;
+                }
                 let started = Instant::now();
                 let created = api
                     .create(&PostParams::default(), &pod)
@@ -145,7 +177,7 @@ async fn create_all(client: &Client, pods: Vec<(String, Pod)>, concurrency: usiz
                 }
             }
         })
-        .buffer_unordered(concurrency)
+        .buffer_unordered(in_flight)
         .collect()
         .await
 }
@@ -341,13 +373,13 @@ async fn phase(
     name: &'static str,
     client: &Client,
     pods: Vec<(String, Pod)>,
-    concurrency: usize,
+    pace: Pace,
     seen: &Arc<Mutex<HashMap<String, Instant>>>,
     controller: &Controller,
 ) -> Phase {
     let count = pods.len();
     let started = Instant::now();
-    let created = create_all(client, pods, concurrency).await;
+    let created = create_all(client, pods, pace).await;
     let created_took = started.elapsed();
     let not_rewritten = created.iter().filter(|c| !c.rewritten).count();
     assert_eq!(
@@ -401,8 +433,10 @@ async fn main() {
     let namespace_count = env_usize("SCALE_NAMESPACES", 20).max(1);
     let concurrency = env_usize("SCALE_CONCURRENCY", 64).max(1);
     let total = models * per_model;
+    let steady_rate = env_f64("SCALE_STEADY_RATE", 20.0);
+    let steady_seconds = env_f64("SCALE_STEADY_SECONDS", 60.0);
     println!(
-        "scale: {models} models x {per_model} pods = {total} pods in {namespace_count} namespaces, {concurrency} creates in flight, controller --kube-api-qps {} --concurrency {}",
+        "scale: {models} models x {per_model} pods = {total} pods in {namespace_count} namespaces, {concurrency} creates in flight, then {steady_rate} pods/s for {steady_seconds} s, controller --kube-api-qps {} --concurrency {}",
         std::env::var("SCALE_CONTROLLER_QPS").unwrap_or_else(|_| "default".into()),
         std::env::var("SCALE_CONTROLLER_CONCURRENCY").unwrap_or_else(|_| "default".into())
     );
@@ -423,7 +457,12 @@ async fn main() {
         for _ in 0..namespace_count {
             plain.push(namespace(&client, "sc-base", &[]).await);
         }
-        let baseline = create_all(&client, plan(models, per_model, &plain), concurrency).await;
+        let baseline = create_all(
+            &client,
+            plan(models, per_model, &plain),
+            Pace::InFlight(concurrency),
+        )
+        .await;
         println!(
             "baseline: {total} pods created and marked Running in {:.1} s",
             started.elapsed().as_secs_f64()
@@ -455,7 +494,7 @@ async fn main() {
         "cold start (each model's first pod)",
         &client,
         strip(cold_plan),
-        concurrency,
+        Pace::InFlight(concurrency),
         &seen,
         &controller,
     )
@@ -464,11 +503,39 @@ async fn main() {
         "scale-up (the other pods join)",
         &client,
         strip(warm_plan),
-        concurrency,
+        Pace::InFlight(concurrency),
         &seen,
         &controller,
     )
     .await;
+    // Steady arrival: once the scale-up has settled, more pods at a fixed rate, each joining its
+    // model's binding (replicas past `per_model`, models in turn).
+    let steady = if steady_rate > 0.0 && steady_seconds > 0.0 {
+        let count = (steady_rate * steady_seconds).round() as usize;
+        let pods = (0..count)
+            .map(|i| {
+                let (m, r) = (i % models, per_model + i / models);
+                (
+                    namespaces[(m + r) % namespaces.len()].clone(),
+                    model_pod(m, r),
+                )
+            })
+            .collect();
+        Some(
+            phase(
+                "steady arrival",
+                &client,
+                pods,
+                Pace::PerSecond(steady_rate),
+                &seen,
+                &controller,
+            )
+            .await,
+        )
+    } else {
+        println!("steady arrival: not run (SCALE_STEADY_RATE=0)");
+        None
+    };
     let (webhook_rss, webhook_hwm) = memory_mib(served.pid());
     let (controller_rss, controller_hwm) = memory_mib(controller.pid());
     let webhook_requests = api_requests(&served.metrics().await, "warmcache_webhook");
@@ -537,6 +604,7 @@ async fn main() {
         .collect();
     with.sort();
     let with_took = cold.created_took + warm.created_took;
+    let all_pods = total + steady.as_ref().map_or(0, |p| p.created.len());
 
     println!();
     println!("| | with warmcache | without | ratio |");
@@ -568,7 +636,21 @@ async fn main() {
             with_took.as_secs_f64() / baseline_took.as_secs_f64()
         );
     }
-    for p in [&cold, &warm] {
+    if let Some(p) = &steady {
+        let mut latency: Vec<Duration> = p.created.iter().map(|c| c.latency).collect();
+        latency.sort();
+        println!(
+            "| {}: {} pods at {steady_rate}/s, pod create p50 / p99 | {} / {} ms | - | |",
+            p.name,
+            p.created.len(),
+            ms(percentile(&latency, 0.5)),
+            ms(percentile(&latency, 0.99)),
+        );
+    }
+    for p in [Some(&cold), Some(&warm), steady.as_ref()]
+        .into_iter()
+        .flatten()
+    {
         println!(
             "| {}: {} pods, steady (every reference recorded) after | {:.1} s | - | |",
             p.name,
@@ -605,8 +687,8 @@ async fn main() {
     );
     println!(
         "| API requests per pod: webhook / binding controller | {:.3} / {:.3} | - | |",
-        webhook_requests / total as f64,
-        controller_requests / total as f64
+        webhook_requests / all_pods as f64,
+        controller_requests / all_pods as f64
     );
     for line in controller_metrics
         .lines()

@@ -10,7 +10,8 @@
 //! - on success forgets the object's backoff and does what the returned [`Action`] says;
 //! - on a **transient** error logs a warning, requeues the object after its own exponential
 //!   backoff (1 s doubling to 5 min, jittered; other objects are not delayed), and publishes a
-//!   Warning Event on the first failure of a streak;
+//!   Warning Event on the first failure of a streak (a write conflict, an expected race, only
+//!   when it is the [`CONFLICTS_BEFORE_EVENT`]th in a row);
 //! - on a **permanent** error logs an error, calls [`Reconciler::permanent_failure`] (set a
 //!   condition) and publishes a Warning Event, then waits for the object to change;
 //! - counts runs, failures by category and durations (`reconcile_*{controller}`);
@@ -206,6 +207,26 @@ pub fn error_policy(permanent: bool, delay: Duration) -> Action {
     } else {
         Action::requeue(delay)
     }
+}
+
+/// Failures of category `conflict` in a row before one is published as a Warning Event. A
+/// conflict is an optimistic-concurrency race (the write was based on a cached object another
+/// write had already replaced), expected whenever the cache trails the API server and resolved
+/// by the retry that re-reads it: an Event for each would tell users nothing and cost an API
+/// request while the API server is busiest. A conflict that keeps coming back is worth one.
+pub const CONFLICTS_BEFORE_EVENT: u32 = 3;
+
+/// Whether the failure that made a streak `streak` long is published as a Warning Event: every
+/// permanent one, the first of a transient streak, and the [`CONFLICTS_BEFORE_EVENT`]th conflict
+/// in a row.
+pub fn publishes_event(category: &str, permanent: bool, streak: u32) -> bool {
+    if permanent {
+        return true;
+    }
+    if category == warmcache_kube::ErrorCategory::Conflict.as_str() {
+        return streak == CONFLICTS_BEFORE_EVENT;
+    }
+    streak == 1
 }
 
 /// The UpperCamelCase form of a snake_case category, for Event reasons (`not_found` ->
@@ -660,7 +681,7 @@ where
         );
     }
     if let Some(recorder) = &shared.recorder
-        && (failure.permanent || streak == 1)
+        && publishes_event(failure.category, failure.permanent, streak)
     {
         let note = if failure.permanent {
             format!("{} (waiting for a change)", failure.message)
@@ -697,6 +718,24 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conflict_streak_is_published_once_it_persists() {
+        // A permanent failure always; a transient streak once, at its first failure.
+        assert!(publishes_event("transient", true, 7));
+        assert!(publishes_event("transient", false, 1));
+        assert!(!publishes_event("transient", false, 2));
+        // A conflict is a race the retry resolves: only a streak of them is worth an Event,
+        // and only once.
+        let conflict = warmcache_kube::ErrorCategory::Conflict.as_str();
+        let published: Vec<u32> = (1..=10)
+            .filter(|streak| publishes_event(conflict, false, *streak))
+            .collect();
+        assert_eq!(published, [CONFLICTS_BEFORE_EVENT]);
+        const { assert!(CONFLICTS_BEFORE_EVENT > 1) };
+        // A streak of conflicts and the same category made permanent.
+        assert!(publishes_event(conflict, true, 1));
+    }
 
     #[test]
     fn backoff_is_per_object_grows_and_resets() {

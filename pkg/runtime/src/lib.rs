@@ -78,8 +78,8 @@ pub use args::{
     RuntimeArgs, parse_duration,
 };
 pub use controller::{
-    BackoffPolicy, Backoffs, Controller, PANIC_CATEGORY, ReconcileError, Reconciler, error_policy,
-    event_reason,
+    BackoffPolicy, Backoffs, CONFLICTS_BEFORE_EVENT, Controller, PANIC_CATEGORY, ReconcileError,
+    Reconciler, error_policy, event_reason, publishes_event,
 };
 pub use error::RuntimeError;
 pub use readiness::{Gate, Gates};
