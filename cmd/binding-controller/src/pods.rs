@@ -6,13 +6,17 @@
 //! B-tree node each (room for 11 entries, however few there are) and a heap string per key.
 //! A `ReadingPod` keeps the identity and owners in an `ObjectMeta` (what the owner walk and the
 //! store's keys read) and the few labels and annotations read as values in fixed slots, keyed
-//! by position in [`POD_LABELS_READ`] and [`POD_ANNOTATIONS_READ`]: about 1.0 kB.
+//! by position in [`POD_LABELS_READ`] and [`POD_ANNOTATIONS_READ`]: about 1.0 kB. The values
+//! kept are shared between pods where they are the same (a binding's name and UID, its handle,
+//! the model URI: one heap copy a binding rather than a pod), all but the traceparent.
 //!
 //! Its `labels()` and `annotations()` are its own (they shadow `ResourceExt`'s, which would
 //! read the always-empty maps of its `ObjectMeta`) and answer only for the keys kept.
 //! A `ReadingPod` is never written back.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
@@ -46,15 +50,60 @@ pub const POD_ANNOTATIONS_READ: [&str; 8] = [
 /// are left out by the first; the other two mark capture sources).
 pub const POD_LABELS_READ: [&str; 3] = [MANAGED_BY_LABEL, CAPTURE_LABEL, CACHE_CAPTURE_LABEL];
 
+/// The one annotation kept whose value differs from pod to pod; every other value kept is the
+/// same for every pod of a binding (its name and UID, its cache handle, the model URI) or of a
+/// workload (the labels), and is held once however many pods carry it ([`Shared`]).
+const UNSHARED_ANNOTATION: &str = warmcache_telemetry::TRACE_PARENT_ANNOTATION;
+
+/// One heap copy of each label or annotation value many cached pods carry: at 100,000 pods of
+/// 10,000 bindings, four values of about 50 bytes each a pod (some 24 MB) become one copy a
+/// binding. Values no pod holds any more are dropped when the set has doubled since the last
+/// sweep, so it stays within twice the values in use (plus a small floor).
+#[derive(Debug, Default)]
+struct Shared {
+    values: HashSet<Arc<str>>,
+    sweep_at: usize,
+}
+
+/// The entries [`Shared`] may hold before its first sweep.
+const SHARED_FLOOR: usize = 4096;
+
+impl Shared {
+    fn get(&mut self, value: &str) -> Arc<str> {
+        if let Some(found) = self.values.get(value) {
+            return Arc::clone(found);
+        }
+        if self.values.len() >= self.sweep_at.max(SHARED_FLOOR) {
+            // Held by the set alone: no cached pod carries it any more.
+            self.values.retain(|v| Arc::strong_count(v) > 1);
+            self.sweep_at = self.values.len().saturating_mul(2);
+        }
+        let value: Arc<str> = Arc::from(value);
+        self.values.insert(Arc::clone(&value));
+        value
+    }
+}
+
+static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Mutex::default);
+
+/// `value`, shared with every other cached pod carrying the same (and with the controller's
+/// index of each binding's pods, for its namespaces and binding names).
+pub(crate) fn shared(value: &str) -> Arc<str> {
+    SHARED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(value)
+}
+
 /// A reading pod as the controller's pod cache keeps it (see the module documentation).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReadingPod {
     /// Name, namespace, UID, owners and deletion time; no labels, annotations or anything else.
     metadata: ObjectMeta,
     /// The values of [`POD_LABELS_READ`], by position.
-    labels: [Option<Box<str>>; POD_LABELS_READ.len()],
+    labels: [Option<Arc<str>>; POD_LABELS_READ.len()],
     /// The values of [`POD_ANNOTATIONS_READ`], by position.
-    annotations: [Option<Box<str>>; POD_ANNOTATIONS_READ.len()],
+    annotations: [Option<Arc<str>>; POD_ANNOTATIONS_READ.len()],
 }
 
 impl ReadingPod {
@@ -73,9 +122,16 @@ impl ReadingPod {
                 deletion_timestamp: m.deletion_timestamp,
                 ..ObjectMeta::default()
             },
-            labels: POD_LABELS_READ.map(|k| labels.get(k).map(|v| v.as_str().into())),
-            annotations: POD_ANNOTATIONS_READ
-                .map(|k| annotations.get(k).map(|v| v.as_str().into())),
+            labels: POD_LABELS_READ.map(|k| labels.get(k).map(|v| shared(v))),
+            annotations: POD_ANNOTATIONS_READ.map(|k| {
+                annotations.get(k).map(|v| {
+                    if k == UNSHARED_ANNOTATION {
+                        Arc::from(v.as_str())
+                    } else {
+                        shared(v)
+                    }
+                })
+            }),
         }
     }
 
@@ -102,7 +158,7 @@ impl ReadingPod {
 #[derive(Debug, Clone, Copy)]
 pub struct Kept<'a> {
     keys: &'static [&'static str],
-    values: &'a [Option<Box<str>>],
+    values: &'a [Option<Arc<str>>],
 }
 
 impl Kept<'_> {
@@ -251,6 +307,61 @@ mod tests {
             assert!(POD_LABELS_READ.contains(&keys.capture), "{}", keys.capture);
         }
         assert!(POD_ANNOTATIONS_READ.contains(&URI_ANNOTATION));
+    }
+
+    /// Values many pods carry are held once; the traceparent, different for each pod, is not
+    /// shared; values no pod holds any more are swept once the set has doubled.
+    #[test]
+    fn values_pods_share_are_held_once() {
+        let record = |name: &str, traceparent: &str| {
+            let mut pod = PartialObjectMeta::<Pod>::default();
+            pod.metadata.name = Some(name.into());
+            pod.metadata.annotations = Some(map(&[
+                (BINDING_ANNOTATION, "model-cache-shared-by-two"),
+                (URI_ANNOTATION, "hf://o/shared-by-two"),
+                (UNSHARED_ANNOTATION, traceparent),
+            ]));
+            ReadingPod::from_meta(pod)
+        };
+        let (a, b) = (record("a", "00-tp-01"), record("b", "00-tp-01"));
+        let slot = |r: &ReadingPod, key: &str| {
+            let i = POD_ANNOTATIONS_READ.iter().position(|k| *k == key).unwrap();
+            Arc::clone(r.annotations[i].as_ref().unwrap())
+        };
+        assert!(Arc::ptr_eq(
+            &slot(&a, BINDING_ANNOTATION),
+            &slot(&b, BINDING_ANNOTATION)
+        ));
+        assert!(Arc::ptr_eq(
+            &slot(&a, URI_ANNOTATION),
+            &slot(&b, URI_ANNOTATION)
+        ));
+        assert!(!Arc::ptr_eq(
+            &slot(&a, UNSHARED_ANNOTATION),
+            &slot(&b, UNSHARED_ANNOTATION)
+        ));
+        assert_eq!(a.annotations().get(UNSHARED_ANNOTATION), Some("00-tp-01"));
+        assert_eq!(
+            b.annotations().get(BINDING_ANNOTATION),
+            Some("model-cache-shared-by-two")
+        );
+
+        // A set of its own: dropped values are swept when it doubles, kept ones stay shared.
+        let mut set = Shared::default();
+        let kept = set.get("kept");
+        for i in 0..SHARED_FLOOR - 1 {
+            drop(set.get(&format!("gone-{i}")));
+        }
+        assert_eq!(set.values.len(), SHARED_FLOOR);
+        let fresh = set.get("fresh");
+        assert_eq!(
+            set.values.len(),
+            2,
+            "swept to what pods hold, plus the new value"
+        );
+        assert!(Arc::ptr_eq(&set.get("kept"), &kept));
+        assert!(Arc::ptr_eq(&set.get("fresh"), &fresh));
+        assert_eq!(set.sweep_at, 2);
     }
 
     #[test]
