@@ -49,6 +49,11 @@ use warmcache_webhook::serve::WEBHOOK_PATH;
 use common::{Served, client, dry_run};
 use per_call::per_call;
 
+/// The allocator of the `webhook` binary, so the in-process part measures what the binary runs
+/// (its floor too: both sides of the ratio allocate through it).
+#[global_allocator]
+static GLOBAL: warmcache_webhook::Allocator = warmcache_webhook::ALLOCATOR;
+
 const NAMESPACE: &str = "team-a";
 
 /// The pod a vLLM chart's Deployment creates (no name yet: `generateName`).

@@ -18,6 +18,16 @@ pub use options::{DEFAULT_GATES, GatesArg, ReaderModeArg, RewriteArgs};
 pub use preview::{Labels, PreviewArgs, preview};
 pub use serve::ServeArgs;
 
+/// The global allocator of the `webhook` binary (set in its `main.rs`), and of the admission
+/// benchmark, which measures the binary's path: mimalloc. A pod admission allocates a few hundred
+/// small objects and frees them all, and glibc's malloc spent about 40% of the samples of one
+/// (much of it consolidating its free lists on every request over 1 KB); see
+/// `docs/benchmarks.md`, "Pod admission".
+pub type Allocator = mimalloc::MiMalloc;
+
+/// The value of [`Allocator`] to declare as `#[global_allocator]`.
+pub const ALLOCATOR: Allocator = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,11 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use warmcache_webhook::{Cli, run};
+use warmcache_webhook::{Allocator, Cli, run};
+
+/// Every allocation of the process goes through mimalloc ([`warmcache_webhook::Allocator`]).
+#[global_allocator]
+static GLOBAL: Allocator = warmcache_webhook::ALLOCATOR;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

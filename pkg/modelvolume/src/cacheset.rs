@@ -20,6 +20,7 @@
 //!   [`travels`] refuses any path that names a credential (NGC CLI config, Hugging Face tokens,
 //!   cloud and registry credentials, keys), so a token an engine left in its cache stays in its pod.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
@@ -198,7 +199,12 @@ pub fn configuration_digest(pod: &Pod, main: &Container) -> String {
         .map(String::as_str);
     let config = Configuration {
         image: main.image.as_deref().unwrap_or_default(),
-        words: without_wiring(container_words(main)),
+        words: without_wiring(
+            container_words(main)
+                .into_iter()
+                .map(Cow::into_owned)
+                .collect(),
+        ),
         env,
         gpus,
         gpu_product,

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, VolumeMount};
+use warmcache_api_modelcache::names::BINDING_NAME_PREFIX;
 use warmcache_api_modelcache::v2beta1::BindingIdentity;
 use warmcache_api_modelcache::{binding_name, identity_hash};
 use warmcache_cli::text::shown;
@@ -1172,11 +1173,13 @@ fn inner_plan(
         .map(str::trim)
         .filter(|t| well_formed_traceparent(t))
         .map(str::to_owned);
+    // The binding's name is made of the identity's hash (`binding_name`): one digest for both.
+    let hash = identity_hash(&identity);
     Ok(Plan {
         namespace: req.namespace.to_owned(),
         control_namespace: options.control_namespace.clone(),
-        binding_name: binding_name(&identity),
-        hash: identity_hash(&identity),
+        binding_name: format!("{BINDING_NAME_PREFIX}{hash}"),
+        hash,
         identity,
         sharing,
         handle,

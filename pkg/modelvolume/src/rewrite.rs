@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostPathVolumeSource,
     PersistentVolumeClaimVolumeSource, Pod, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
+use warmcache_api_modelcache::names::READER_PVC_PREFIX;
 use warmcache_api_modelcache::reader_pvc_name;
 
 use crate::cacheset::CacheSet;
@@ -233,7 +234,8 @@ pub(crate) fn render(
         ReaderMode::Pvc => Volume {
             name: MODEL_VOLUME.to_owned(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: reader_pvc_name(&plan.identity),
+                // `reader_pvc_name` of the identity, whose hash the plan holds.
+                claim_name: format!("{READER_PVC_PREFIX}{}", plan.hash),
                 read_only: Some(true),
             }),
             ..Volume::default()

@@ -191,7 +191,7 @@ pub(crate) fn literal_secret(c: &Container, c_path: &str) -> Option<String> {
         .any(|v| !v.starts_with('$'));
     if flagged
         || words.iter().any(|w| {
-            let v = w.split_once('=').map_or(w.as_str(), |(_, v)| v);
+            let v = w.split_once('=').map_or(w.as_ref(), |(_, v)| v);
             looks_like_credential(v)
         })
     {

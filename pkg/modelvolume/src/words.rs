@@ -6,6 +6,8 @@
 //! shell strings on unquoted blanks and operators: a word that appears anywhere counts, which
 //! can only make the rewrite more careful, never less.
 
+use std::borrow::Cow;
+
 use k8s_openapi::api::core::v1::Container;
 
 /// Shell operators that end a command; kept as words of their own so an option before one has
@@ -95,19 +97,21 @@ fn argv(c: &Container) -> impl Iterator<Item = &str> {
 
 /// Every word of `c`'s `command` and `args`. An element holding blanks, quotes or operators is
 /// a shell string and is split; an element that looks like JSON (`{...}`, `[...]`) is one word,
-/// as the program receives it.
-pub(crate) fn container_words(c: &Container) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in c.command.iter().flatten().chain(c.args.iter().flatten()) {
+/// as the program receives it. An element that is one word as given is borrowed, not copied:
+/// the admission reads the words of a container several times per pod.
+pub(crate) fn container_words(c: &Container) -> Vec<Cow<'_, str>> {
+    let elements = c.command.iter().flatten().chain(c.args.iter().flatten());
+    let mut out = Vec::with_capacity(elements.clone().count());
+    for e in elements {
         let t = e.trim_start();
         if t.starts_with('{') || t.starts_with('[') {
-            out.push(e.clone());
+            out.push(Cow::Borrowed(e.as_str()));
         } else if e.chars().any(|ch| {
             ch.is_whitespace() || matches!(ch, '\'' | '"' | '\\') || OPERATORS.contains(&ch)
         }) {
-            out.extend(split_shell(e));
+            out.extend(split_shell(e).into_iter().map(Cow::Owned));
         } else {
-            out.push(e.clone());
+            out.push(Cow::Borrowed(e.as_str()));
         }
     }
     out
@@ -115,10 +119,10 @@ pub(crate) fn container_words(c: &Container) -> Vec<String> {
 
 /// The values of every `--name value` / `--name=value` among `names`. A name followed by
 /// another option, an operator or nothing has no value and gives `None`.
-pub(crate) fn flag_values(words: &[String], names: &[&str]) -> Vec<Option<String>> {
+pub(crate) fn flag_values<W: AsRef<str>>(words: &[W], names: &[&str]) -> Vec<Option<String>> {
     let mut out = Vec::new();
     let mut i = 0;
-    while let Some(w) = words.get(i) {
+    while let Some(w) = words.get(i).map(AsRef::as_ref) {
         i += 1;
         if let Some((n, v)) = w.split_once('=')
             && names.contains(&n)
@@ -126,10 +130,10 @@ pub(crate) fn flag_values(words: &[String], names: &[&str]) -> Vec<Option<String
             out.push(Some(v.to_owned()));
             continue;
         }
-        if names.contains(&w.as_str()) {
-            match words.get(i) {
+        if names.contains(&w) {
+            match words.get(i).map(AsRef::as_ref) {
                 Some(v) if !v.starts_with('-') && !is_operator_word(v) => {
-                    out.push(Some(v.clone()));
+                    out.push(Some(v.to_owned()));
                     i += 1;
                 }
                 _ => out.push(None),
@@ -141,24 +145,24 @@ pub(crate) fn flag_values(words: &[String], names: &[&str]) -> Vec<Option<String
 
 /// The values after each `--name` (or `--name=first`) up to the next option or operator: list
 /// options such as vLLM's `--lora-modules a=x b=y`.
-pub(crate) fn flag_lists(words: &[String], names: &[&str]) -> Vec<Vec<String>> {
+pub(crate) fn flag_lists<W: AsRef<str>>(words: &[W], names: &[&str]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut i = 0;
-    while let Some(w) = words.get(i) {
+    while let Some(w) = words.get(i).map(AsRef::as_ref) {
         i += 1;
         let mut list = Vec::new();
         if let Some((n, v)) = w.split_once('=')
             && names.contains(&n)
         {
             list.push(v.to_owned());
-        } else if !names.contains(&w.as_str()) {
+        } else if !names.contains(&w) {
             continue;
         }
-        while let Some(v) = words.get(i) {
+        while let Some(v) = words.get(i).map(AsRef::as_ref) {
             if v.starts_with('-') || is_operator_word(v) {
                 break;
             }
-            list.push(v.clone());
+            list.push(v.to_owned());
             i += 1;
         }
         out.push(list);
@@ -167,9 +171,10 @@ pub(crate) fn flag_lists(words: &[String], names: &[&str]) -> Vec<Vec<String>> {
 }
 
 /// Whether any of `names` appears as an option (alone or as `--name=...`).
-pub(crate) fn has_flag(words: &[String], names: &[&str]) -> bool {
+pub(crate) fn has_flag<W: AsRef<str>>(words: &[W], names: &[&str]) -> bool {
     words.iter().any(|w| {
-        let n = w.split_once('=').map_or(w.as_str(), |(n, _)| n);
+        let w = w.as_ref();
+        let n = w.split_once('=').map_or(w, |(n, _)| n);
         names.contains(&n)
     })
 }
