@@ -76,16 +76,12 @@ use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
 use warmcache_modelvolume::keys::{BINDING_ANNOTATION, DOWNLOAD_STEP_ANNOTATION};
 use warmcache_testkit::{ComponentAccount, ControlPlane, Kubelet, built_binaries_dir, eventually};
 
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|e| panic!("{name}={v}: not a count: {e}")),
-        Err(_) => default,
-    }
-}
-
-fn env_f64(name: &str, default: f64) -> f64 {
+/// The value of the variable `name` (a count or a rate), `default` when unset.
+fn env_or<T>(name: &str, default: T) -> T
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
     match std::env::var(name) {
         Ok(v) => v
             .parse()
@@ -428,13 +424,13 @@ async fn phase(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let models = env_usize("SCALE_MODELS", 1000);
-    let per_model = env_usize("SCALE_PODS_PER_MODEL", 20);
-    let namespace_count = env_usize("SCALE_NAMESPACES", 20).max(1);
-    let concurrency = env_usize("SCALE_CONCURRENCY", 64).max(1);
+    let models = env_or::<usize>("SCALE_MODELS", 1000);
+    let per_model = env_or::<usize>("SCALE_PODS_PER_MODEL", 20);
+    let namespace_count = env_or::<usize>("SCALE_NAMESPACES", 20).max(1);
+    let concurrency = env_or::<usize>("SCALE_CONCURRENCY", 64).max(1);
     let total = models * per_model;
-    let steady_rate = env_f64("SCALE_STEADY_RATE", 20.0);
-    let steady_seconds = env_f64("SCALE_STEADY_SECONDS", 60.0);
+    let steady_rate = env_or::<f64>("SCALE_STEADY_RATE", 20.0);
+    let steady_seconds = env_or::<f64>("SCALE_STEADY_SECONDS", 60.0);
     println!(
         "scale: {models} models x {per_model} pods = {total} pods in {namespace_count} namespaces, {concurrency} creates in flight, then {steady_rate} pods/s for {steady_seconds} s, controller --kube-api-qps {} --concurrency {}",
         std::env::var("SCALE_CONTROLLER_QPS").unwrap_or_else(|_| "default".into()),
@@ -450,7 +446,7 @@ async fn main() {
     let controller = Controller::start(plane, &client, &served.control, qps).await;
 
     // Baseline: the same pods where the webhook is not called (warmcache disabled for them).
-    let with_baseline = env_usize("SCALE_BASELINE", 1) != 0;
+    let with_baseline = env_or::<usize>("SCALE_BASELINE", 1) != 0;
     let mut plain = Vec::new();
     let started = Instant::now();
     let baseline = if with_baseline {
