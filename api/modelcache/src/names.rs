@@ -58,7 +58,12 @@ pub fn is_identity_hash(hash: &str) -> bool {
 
 /// Name of the ModelCacheBinding of `identity`: `model-cache-<identity_hash>` (60 characters).
 pub fn binding_name(identity: &BindingIdentity) -> String {
-    format!("{BINDING_NAME_PREFIX}{}", identity_hash(identity))
+    binding_name_of_hash(&identity_hash(identity))
+}
+
+/// [`binding_name`] from an identity hash already computed ([`identity_hash`]).
+pub fn binding_name_of_hash(hash: &str) -> String {
+    format!("{BINDING_NAME_PREFIX}{hash}")
 }
 
 /// Name of the writer's read-write PersistentVolumeClaim: `rw-pvc-<identity_hash>` (55

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, VolumeMount};
-use warmcache_api_modelcache::names::BINDING_NAME_PREFIX;
+use warmcache_api_modelcache::names::binding_name_of_hash;
 use warmcache_api_modelcache::v2beta1::BindingIdentity;
 use warmcache_api_modelcache::{binding_name, identity_hash};
 use warmcache_cli::text::shown;
@@ -1178,7 +1178,7 @@ fn inner_plan(
     Ok(Plan {
         namespace: req.namespace.to_owned(),
         control_namespace: options.control_namespace.clone(),
-        binding_name: format!("{BINDING_NAME_PREFIX}{hash}"),
+        binding_name: binding_name_of_hash(&hash),
         hash,
         identity,
         sharing,
