@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -24,15 +25,17 @@ use warmcache_testkit::{
 
 const TIMEOUT: Duration = Duration::from_secs(240);
 
-async fn attachments_of(client: &kube::Client, pv: &str) -> usize {
+/// The UIDs of the VolumeAttachments that attach `pv`.
+async fn attachments_of(client: &kube::Client, pv: &str) -> BTreeSet<String> {
     let api: Api<VolumeAttachment> = Api::all(client.clone());
     api.list(&ListParams::default())
         .await
         .unwrap()
         .items
-        .iter()
+        .into_iter()
         .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv))
-        .count()
+        .filter_map(|va| va.metadata.uid)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +105,7 @@ async fn a_claim_a_running_pod_reads_and_an_attached_volume_are_kept_until_relea
     pvs.patch(&pv, &PatchParams::default(), &Patch::Merge(&labels))
         .await
         .unwrap();
-    assert_eq!(attachments_of(&admin, &pv).await, 1, "a real attachment");
+    assert_eq!(attachments_of(&admin, &pv).await.len(), 1, "a real attachment");
 
     let settings = Settings {
         config: Config {
@@ -169,12 +172,22 @@ async fn a_claim_a_running_pod_reads_and_an_attached_volume_are_kept_until_relea
         let sweep = &sweep;
         let checked = &checked_attached;
         async move {
-            let attached = attachments_of(&admin, &pv).await > 0;
+            // The detach runs while we look. An attachment seen both before and after the sweep
+            // (the same object: nothing can attach the volume again once its claim is gone)
+            // attached the volume for the whole sweep, so the sweep must have left the PV be.
+            // The external-attacher's finalizer would keep a deleted PV visible, so check the
+            // sweep's own actions and the deletion timestamp, not only presence.
+            let before = attachments_of(&admin, &pv).await;
             let report = sweep().await;
+            let after = attachments_of(&admin, &pv).await;
             let present = pvs.get_opt(&pv).await.unwrap();
-            if attached {
+            if before.intersection(&after).next().is_some() {
                 checked.store(true, std::sync::atomic::Ordering::Relaxed);
-                assert!(present.is_some(), "deleted while attached: {report:?}");
+                let deleting = present
+                    .as_ref()
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+                let acted = report.lines.iter().any(|l| l.contains(pv.as_str()));
+                assert!(!deleting && !acted, "deleted while attached: {report:?}");
             }
             present.is_none().then_some(())
         }
@@ -185,5 +198,5 @@ async fn a_claim_a_running_pod_reads_and_an_attached_volume_are_kept_until_relea
         "a sweep saw the volume still attached: {}",
         checked_attached.load(std::sync::atomic::Ordering::Relaxed)
     );
-    assert_eq!(attachments_of(&admin, &pv).await, 0);
+    assert!(attachments_of(&admin, &pv).await.is_empty());
 }
