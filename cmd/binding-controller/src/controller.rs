@@ -333,12 +333,12 @@ impl Bindings {
             })
             .filter(|p| {
                 reading::reads(&p.annotations(), &name, uid.as_deref()).is_some()
-                    && p.meta().deletion_timestamp.is_none()
+                    && !p.terminating()
                     && p.labels().get(MANAGED_BY_LABEL) != Some(MANAGED_BY_VALUE)
-                    && p.namespace().is_some_and(|ns| self.in_domain(binding, &ns))
+                    && self.in_domain(binding, p.namespace())
             })
             .collect();
-        pods.sort_by_key(|p| (p.namespace(), p.name_any()));
+        pods.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
         pods
     }
 
@@ -478,13 +478,12 @@ impl Bindings {
     ) -> Result<(Vec<RequestReference>, BTreeSet<String>), Failure> {
         let mut seen = Vec::new();
         for pod in pods {
-            let node = warmcache_kube::owner::Node::from_meta("v1", "Pod", pod.meta());
             let resolution =
                 self.owners
-                    .resolve_node(node)
+                    .resolve_node(pod.owner_node())
                     .await
                     .map_err(|source| Failure::Owner {
-                        pod: format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
+                        pod: format!("{}/{}", pod.namespace(), pod.name()),
                         source: Box::new(source),
                     })?;
             let top = resolution.top;
@@ -560,19 +559,19 @@ impl Bindings {
     /// (metadata only) and remembered. A pod deleted or replaced since the cache saw it has none
     /// (only NotFound or another UID means gone; any other error fails the reconcile).
     async fn pod_has_step(&self, binding: &str, pod: &ReadingPod) -> Result<bool, Failure> {
-        let (Some(ns), Some(uid)) = (pod.namespace(), pod.uid()) else {
+        let (ns, Some(uid)) = (pod.namespace(), pod.uid()) else {
             return Ok(false);
         };
-        let name = pod.name_any();
-        if let Some(known) = self.pod_index.step_known(binding, &ns, &name, &uid) {
+        let name = pod.name();
+        if let Some(known) = self.pod_index.step_known(binding, ns, name, uid) {
             return Ok(known);
         }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let fresh = api
-            .get_metadata_opt(&name)
+            .get_metadata_opt(name)
             .await
             .map_err(|e| api_error("get", "pods", &format!("{ns}/{name}"), e))?
-            .filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
+            .filter(|p| p.metadata.uid.as_deref() == Some(uid));
         let has_step = fresh
             .as_ref()
             .is_some_and(|p| p.annotations().contains_key(DOWNLOAD_STEP_ANNOTATION));
@@ -585,7 +584,7 @@ impl Bindings {
             },
         );
         self.pod_index
-            .record_step(binding, &ns, &name, &uid, has_step);
+            .record_step(binding, ns, name, uid, has_step);
         Ok(has_step)
     }
 
@@ -597,10 +596,7 @@ impl Bindings {
         namespace: &str,
         pods: &[Arc<ReadingPod>],
     ) -> Result<bool, Failure> {
-        for pod in pods
-            .iter()
-            .filter(|p| p.namespace().as_deref() == Some(namespace))
-        {
+        for pod in pods.iter().filter(|p| p.namespace() == namespace) {
             if self.pod_has_step(binding, pod).await? {
                 return Ok(true);
             }
@@ -628,8 +624,9 @@ impl Bindings {
         }
         let others: BTreeSet<String> = pods
             .iter()
-            .filter_map(|p| p.namespace())
+            .map(|p| p.namespace())
             .filter(|ns| *ns != first)
+            .map(str::to_owned)
             .collect();
         let mut out = BTreeSet::new();
         for ns in others {
@@ -653,21 +650,18 @@ impl Bindings {
         pods: &[Arc<ReadingPod>],
     ) -> Result<Option<(StepSource, Option<String>)>, Failure> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), writer_ns);
-        for pod in pods
-            .iter()
-            .filter(|p| p.namespace().as_deref() == Some(writer_ns))
-        {
-            let name = pod.name_any();
+        for pod in pods.iter().filter(|p| p.namespace() == writer_ns) {
+            let name = pod.name();
             let uid = pod.uid().unwrap_or_default();
-            if self.pod_index.step_known(binding, writer_ns, &name, &uid) == Some(false) {
+            if self.pod_index.step_known(binding, writer_ns, name, uid) == Some(false) {
                 continue;
             }
             let Some(full) = api
-                .get_opt(&name)
+                .get_opt(name)
                 .await
                 .map_err(|e| api_error("get", "pods", &format!("{writer_ns}/{name}"), e))?
                 .filter(|p| {
-                    p.metadata.uid.as_deref() == Some(uid.as_str())
+                    p.metadata.uid.as_deref() == Some(uid)
                         && p.metadata.deletion_timestamp.is_none()
                         && p.annotations().get(BINDING_ANNOTATION).map(String::as_str)
                             == Some(binding)
@@ -681,7 +675,7 @@ impl Bindings {
             self.metrics
                 .step_read("job", if text.is_some() { "step" } else { "no_step" });
             self.pod_index
-                .record_step(binding, writer_ns, &name, &uid, text.is_some());
+                .record_step(binding, writer_ns, name, uid, text.is_some());
             let Some(text) = text else {
                 continue;
             };
@@ -1561,7 +1555,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let pods = self.pods_of(b);
             let (seen, stale) = self.references(b, &pods).await?;
             let reader_namespaces: BTreeSet<String> =
-                pods.iter().filter_map(|p| p.namespace()).collect();
+                pods.iter().map(|p| p.namespace().to_owned()).collect();
             // How each pod reads this binding: the model copy, or (its compile-cache set) a
             // copy only ever filled by capture.
             let name = b.name_any();
@@ -1577,7 +1571,7 @@ impl Reconciler<ModelCacheBinding> for Bindings {
                 .filter(|p| {
                     reading::is_capture_source(how(p), &p.labels(), &p.annotations(), digest)
                 })
-                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                .map(|p| format!("{}/{}", p.namespace(), p.name()))
                 .collect();
             capture_sources.sort();
             let model_uri = pods
@@ -1593,13 +1587,12 @@ impl Reconciler<ModelCacheBinding> for Bindings {
             let writer_ns = writer.namespace.clone();
             // After the election: it may have read which pods record a step.
             let traceparents = traceparents(&pods, |p| {
-                let (ns, uid) = (
-                    p.namespace().unwrap_or_default(),
+                self.pod_index.step_known(
+                    &b.name_any(),
+                    p.namespace(),
+                    p.name(),
                     p.uid().unwrap_or_default(),
-                );
-                self.pod_index
-                    .step_known(&b.name_any(), &ns, &p.name_any(), &uid)
-                    == Some(true)
+                ) == Some(true)
             });
             let previous_writer_claim = writer
                 .previous
@@ -1975,18 +1968,16 @@ fn traceparents(
     let mut out: BTreeMap<String, (bool, String)> = BTreeMap::new();
     for pod in pods {
         let a = pod.annotations();
-        let (Some(ns), Some(tp)) = (
-            pod.namespace(),
-            a.get(warmcache_telemetry::TRACE_PARENT_ANNOTATION),
-        ) else {
+        let Some(tp) = a.get(warmcache_telemetry::TRACE_PARENT_ANNOTATION) else {
             continue;
         };
+        let ns = pod.namespace();
         let has_step = has_step(pod);
-        match out.get(&ns) {
+        match out.get(ns) {
             Some((true, _)) => {}
             Some((false, _)) if !has_step => {}
             _ => {
-                out.insert(ns, (has_step, tp.to_owned()));
+                out.insert(ns.to_owned(), (has_step, tp.to_owned()));
             }
         }
     }
@@ -2089,10 +2080,10 @@ fn member_at(members: &Members, namespace: &str, name: &str) -> Result<usize, us
 impl PodIndex {
     /// Records a change of `pod`: `present` when the cache now holds it.
     pub fn observe(&self, pod: &ReadingPod, present: bool) {
-        let (Some(ns), Some(name)) = (pod.meta().namespace.as_deref(), pod.meta().name.as_deref())
-        else {
+        let (ns, name) = (pod.namespace(), pod.name());
+        if ns.is_empty() || name.is_empty() {
             return;
-        };
+        }
         let Ok(mut index) = self.by_binding.lock() else {
             return;
         };
@@ -2107,7 +2098,7 @@ impl PodIndex {
                     members.insert(
                         at,
                         Member {
-                            namespace: crate::pods::shared(ns),
+                            namespace: Arc::clone(pod.shared_namespace()),
                             name: name.into(),
                             step: None,
                         },
@@ -2758,7 +2749,7 @@ mod tests {
         let none = traceparents(&pods, |_| false);
         assert_eq!(none.get("a").map(String::as_str), Some("tp-1"));
         assert_eq!(none.get("b").map(String::as_str), Some("tp-3"));
-        let p2 = traceparents(&pods, |p| p.name_any() == "p2");
+        let p2 = traceparents(&pods, |p| p.name() == "p2");
         assert_eq!(p2.get("a").map(String::as_str), Some("tp-2"));
     }
 

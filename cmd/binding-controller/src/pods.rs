@@ -3,26 +3,29 @@
 //! The cache holds every pod that reads a cache (100,000 on a large cluster), so its size per
 //! pod is most of the controller's memory. A pod's metadata as the API types hold it is about
 //! 2.2 kB with only the annotations read kept: the maps of labels and annotations alone take a
-//! B-tree node each (room for 11 entries, however few there are) and a heap string per key.
-//! A `ReadingPod` keeps the identity and owners in an `ObjectMeta` (what the owner walk and the
-//! store's keys read) and the few labels and annotations read as values in fixed slots, keyed
-//! by position in [`POD_LABELS_READ`] and [`POD_ANNOTATIONS_READ`]: about 1.0 kB. The values
-//! kept are shared between pods where they are the same (a binding's name and UID, its handle,
-//! the model URI: one heap copy a binding rather than a pod), all but the traceparent.
+//! B-tree node each (room for 11 entries, however few there are) and a heap string per key,
+//! and an `ObjectMeta` is 360 bytes before any field is set. A `ReadingPod` is not a
+//! `Resource` and carries no `ObjectMeta`: it keeps what is read (name, namespace, UID, whether
+//! it is terminating, its controller reference for the owner walk) in fields of their own, and
+//! the few labels and annotations read as values in fixed slots, keyed by position in
+//! [`POD_LABELS_READ`] and [`POD_ANNOTATIONS_READ`]. The reflector store needs only a `Lookup`
+//! (kind, name, namespace, UID). The values kept are shared between pods where they are the same
+//! (the namespace, a binding's name and UID, its handle, the model URI, the controller
+//! reference of a workload's pods: one heap copy a binding or workload rather than a pod), all
+//! but the traceparent.
 //!
-//! Its `labels()` and `annotations()` are its own (they shadow `ResourceExt`'s, which would
-//! read the always-empty maps of its `ObjectMeta`) and answer only for the keys kept.
-//! A `ReadingPod` is never written back.
+//! Its `labels()` and `annotations()` answer only for the keys kept. A `ReadingPod` is never
+//! written back.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Resource;
-use kube::api::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::Lookup;
+use warmcache_kube::owner::{Node, TopLevelOwner, controller_reference};
 use warmcache_modelvolume::keys::{
     BINDING_ANNOTATION, BINDING_UID_ANNOTATION, CACHE_BINDING_ANNOTATION,
     CACHE_BINDING_UID_ANNOTATION, CACHE_CAPTURE_LABEL, CACHE_HANDLE_ANNOTATION, CAPTURE_LABEL,
@@ -98,12 +101,30 @@ pub(crate) fn shared(value: &str) -> Arc<str> {
 /// A reading pod as the controller's pod cache keeps it (see the module documentation).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReadingPod {
-    /// Name, namespace, UID, owners and deletion time; no labels, annotations or anything else.
-    metadata: ObjectMeta,
+    name: Box<str>,
+    /// Shared: a cluster has few namespaces.
+    namespace: Arc<str>,
+    uid: Option<Box<str>>,
+    /// Its controller reference, the one owner the owner walk follows; shared with the other
+    /// pods of its workload.
+    controller: Option<Box<ControllerRef>>,
+    /// Whether it has a deletion timestamp.
+    terminating: bool,
     /// The values of [`POD_LABELS_READ`], by position.
     labels: [Option<Arc<str>>; POD_LABELS_READ.len()],
     /// The values of [`POD_ANNOTATIONS_READ`], by position.
     annotations: [Option<Arc<str>>; POD_ANNOTATIONS_READ.len()],
+}
+
+/// A pod's controller reference (`controller: true`), its strings shared: every pod of a
+/// ReplicaSet names the same one.
+#[derive(Debug, Clone, PartialEq)]
+struct ControllerRef {
+    api_version: Arc<str>,
+    kind: Arc<str>,
+    name: Arc<str>,
+    uid: Arc<str>,
+    block_owner_deletion: Option<bool>,
 }
 
 impl ReadingPod {
@@ -111,17 +132,23 @@ impl ReadingPod {
     #[must_use]
     pub fn from_meta(pod: PartialObjectMeta<Pod>) -> Self {
         let m = pod.metadata;
+        let controller = controller_reference(&m).map(|r| {
+            Box::new(ControllerRef {
+                api_version: shared(&r.api_version),
+                kind: shared(&r.kind),
+                name: shared(&r.name),
+                uid: shared(&r.uid),
+                block_owner_deletion: r.block_owner_deletion,
+            })
+        });
         let labels = m.labels.unwrap_or_default();
         let annotations = m.annotations.unwrap_or_default();
         Self {
-            metadata: ObjectMeta {
-                name: m.name,
-                namespace: m.namespace,
-                uid: m.uid,
-                owner_references: m.owner_references,
-                deletion_timestamp: m.deletion_timestamp,
-                ..ObjectMeta::default()
-            },
+            name: m.name.unwrap_or_default().into_boxed_str(),
+            namespace: shared(m.namespace.as_deref().unwrap_or_default()),
+            uid: m.uid.map(String::into_boxed_str),
+            controller,
+            terminating: m.deletion_timestamp.is_some(),
             labels: POD_LABELS_READ.map(|k| labels.get(k).map(|v| shared(v))),
             annotations: POD_ANNOTATIONS_READ.map(|k| {
                 annotations.get(k).map(|v| {
@@ -131,6 +158,58 @@ impl ReadingPod {
                         shared(v)
                     }
                 })
+            }),
+        }
+    }
+
+    /// Its name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its namespace.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Its namespace, shared with the other records that name it.
+    #[must_use]
+    pub fn shared_namespace(&self) -> &Arc<str> {
+        &self.namespace
+    }
+
+    /// Its UID.
+    #[must_use]
+    pub fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+
+    /// Whether it is being deleted (has a deletion timestamp).
+    #[must_use]
+    pub fn terminating(&self) -> bool {
+        self.terminating
+    }
+
+    /// The pod as the owner walk's first step: its identity and its controller reference.
+    #[must_use]
+    pub fn owner_node(&self) -> Node {
+        Node {
+            identity: TopLevelOwner {
+                api_version: "v1".to_owned(),
+                kind: "Pod".to_owned(),
+                namespace: Some(self.namespace.to_string()),
+                name: self.name.to_string(),
+                uid: self.uid.as_deref().unwrap_or_default().to_owned(),
+            },
+            controller: self.controller.as_deref().map(|c| OwnerReference {
+                api_version: c.api_version.to_string(),
+                kind: c.kind.to_string(),
+                name: c.name.to_string(),
+                uid: c.uid.to_string(),
+                controller: Some(true),
+                block_owner_deletion: c.block_owner_deletion,
             }),
         }
     }
@@ -182,9 +261,10 @@ impl Entries for Kept<'_> {
     }
 }
 
-impl Resource for ReadingPod {
+/// The reflector store's view of a record: kind, name, namespace and UID (no resource version:
+/// the record does not keep it, and nothing reads it from the cache).
+impl Lookup for ReadingPod {
     type DynamicType = ();
-    type Scope = NamespaceResourceScope;
 
     fn kind((): &()) -> Cow<'_, str> {
         Cow::Borrowed("Pod")
@@ -202,20 +282,29 @@ impl Resource for ReadingPod {
         Cow::Borrowed("pods")
     }
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+    fn name(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.name))
     }
 
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.namespace))
+    }
+
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        None
+    }
+
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        self.uid.as_deref().map(Cow::Borrowed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-    use kube::ResourceExt;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::api::ObjectMeta;
+    use kube::runtime::reflector::ObjectRef;
     use std::collections::BTreeMap;
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -226,14 +315,14 @@ mod tests {
     }
 
     #[test]
-    fn a_reading_pod_keeps_identity_owners_and_the_keys_read_only() {
-        let owner = OwnerReference {
+    fn a_reading_pod_keeps_identity_its_controller_and_the_keys_read_only() {
+        let owner = |name: &str, controller: Option<bool>| OwnerReference {
             api_version: "apps/v1".into(),
             kind: "ReplicaSet".into(),
-            name: "rs".into(),
-            uid: "rs-uid".into(),
-            controller: Some(true),
-            ..OwnerReference::default()
+            name: name.into(),
+            uid: format!("{name}-uid"),
+            controller,
+            block_owner_deletion: Some(true),
         };
         let deleted = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
         let pod = PartialObjectMeta::<Pod> {
@@ -243,7 +332,7 @@ mod tests {
                 uid: Some("u".into()),
                 resource_version: Some("7".into()),
                 generate_name: Some("rs-".into()),
-                owner_references: Some(vec![owner.clone()]),
+                owner_references: Some(vec![owner("other", None), owner("rs", Some(true))]),
                 deletion_timestamp: Some(deleted.clone()),
                 labels: Some(map(&[
                     (MANAGED_BY_LABEL, "someone"),
@@ -260,17 +349,23 @@ mod tests {
             },
             ..PartialObjectMeta::default()
         };
+        // The owner walk starts from the same node as it would from the pod's metadata.
+        let from_pod = Node::from_meta("v1", "Pod", &pod.metadata);
         let r = ReadingPod::from_meta(pod);
-        assert_eq!(r.name_any(), "p");
-        assert_eq!(r.namespace().as_deref(), Some("ns"));
-        assert_eq!(r.uid().as_deref(), Some("u"));
-        assert_eq!(r.meta().owner_references, Some(vec![owner]));
-        assert_eq!(r.meta().deletion_timestamp, Some(deleted));
-        // Nothing else of the metadata is kept, the maps included.
-        assert_eq!(r.meta().resource_version, None);
-        assert_eq!(r.meta().generate_name, None);
-        assert_eq!(r.meta().labels, None);
-        assert_eq!(r.meta().annotations, None);
+        assert_eq!(r.name(), "p");
+        assert_eq!(r.namespace(), "ns");
+        assert_eq!(r.uid(), Some("u"));
+        assert!(r.terminating());
+        assert_eq!(r.owner_node(), from_pod);
+        assert_eq!(
+            r.owner_node().controller.map(|c| c.name),
+            Some("rs".to_owned())
+        );
+        // The store's key: name and namespace; no resource version is kept.
+        let key = r.to_object_ref(());
+        assert_eq!(key, ObjectRef::<ReadingPod>::new("p").within("ns"));
+        assert_eq!(Lookup::resource_version(&r), None);
+        assert_eq!(Lookup::uid(&r).as_deref(), Some("u"));
 
         assert_eq!(r.labels().get(MANAGED_BY_LABEL), Some("someone"));
         assert_eq!(r.labels().entry(CAPTURE_LABEL), Some("true"));
@@ -365,10 +460,19 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_without_labels_or_annotations_keeps_none() {
+    fn a_pod_without_labels_annotations_or_owners_keeps_none() {
         let mut pod = PartialObjectMeta::<Pod>::default();
         pod.metadata.name = Some("p".into());
+        let from_pod = Node::from_meta("v1", "Pod", &pod.metadata);
         let r = ReadingPod::from_meta(pod);
+        assert!(!r.terminating());
+        assert_eq!(r.owner_node().controller, None);
+        // An absent namespace and UID read as the pod's metadata would give them to the walk.
+        assert_eq!(
+            r.owner_node().identity.name,
+            from_pod.identity.name,
+            "{from_pod:?}"
+        );
         assert!(POD_LABELS_READ.iter().all(|k| r.labels().get(k).is_none()));
         assert!(
             POD_ANNOTATIONS_READ

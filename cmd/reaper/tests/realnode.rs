@@ -105,7 +105,11 @@ async fn a_claim_a_running_pod_reads_and_an_attached_volume_are_kept_until_relea
     pvs.patch(&pv, &PatchParams::default(), &Patch::Merge(&labels))
         .await
         .unwrap();
-    assert_eq!(attachments_of(&admin, &pv).await.len(), 1, "a real attachment");
+    assert_eq!(
+        attachments_of(&admin, &pv).await.len(),
+        1,
+        "a real attachment"
+    );
 
     let settings = Settings {
         config: Config {

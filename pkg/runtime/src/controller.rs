@@ -36,7 +36,7 @@ use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::ResourceExt;
 use kube::runtime::controller::{self as kube_controller, Action};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -251,7 +251,7 @@ type Synced = Arc<dyn Fn() -> futures::future::BoxFuture<'static, bool> + Send +
 
 fn synced<C>(cache: &Cache<C>) -> Synced
 where
-    C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    C: reflector::Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let cache = cache.clone();
     Arc::new(move || {
@@ -354,7 +354,7 @@ where
     #[must_use]
     pub fn watches<C, F>(mut self, other: &Cache<C>, map: F) -> Self
     where
-        C: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+        C: reflector::Lookup<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
         F: Fn(&C) -> Vec<ObjectRef<K>> + Send + Sync + 'static,
     {
         let other_for_sync = other.clone();
@@ -405,7 +405,7 @@ fn changes<C>(
     store: Store<C>,
 ) -> impl Stream<Item = (Change<C>, Store<C>)> + Send + 'static
 where
-    C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    C: reflector::Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let first = stream::iter([(Change::Resynced, store.clone())]);
     let rest = stream::unfold((rx, store), |(mut rx, store)| async move {

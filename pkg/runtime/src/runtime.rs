@@ -9,7 +9,8 @@ use k8s_openapi::NamespaceResourceScope;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::PartialObjectMeta;
-use kube::runtime::{reflector, watcher};
+use kube::runtime::reflector;
+use kube::runtime::watcher;
 use kube::{Client, Config, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
@@ -606,13 +607,13 @@ impl Runtime {
         }
         let api = watch::dynamic_api::<K>(self.client()?, namespace);
         let writer = reflector::store::Writer::<K>::new(());
-        let events = watch::guarded::<K>(
+        let events = watch::trimmed(watch::guarded::<K>(
             api,
             config,
             kind,
             self.watch_metrics.clone(),
             writer.as_reader(),
-        );
+        ));
         Ok(self.cache(kind, writer, events))
     }
 
@@ -638,7 +639,9 @@ impl Runtime {
     /// [`Runtime::watch_metadata`], each object turned into `R` by `into` before it is cached:
     /// for a cache of many objects of which only a few fields are read (a pod's metadata, with
     /// its maps of labels and annotations, is about 2 kB in memory; a record of the keys read
-    /// can be half of that). Only for caches never written back: `R` is not the object.
+    /// can be a fraction of that). `R` need not be a `Resource`, only a reflector `Lookup`
+    /// (kind, name, namespace, UID): it need not carry an `ObjectMeta` (360 bytes before any
+    /// field is set). Only for caches never written back: `R` is not the object.
     pub fn watch_metadata_as<K, R>(
         &mut self,
         namespace: Option<&str>,
@@ -653,12 +656,7 @@ impl Runtime {
             + Send
             + Sync
             + 'static,
-        R: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
+        R: reflector::Lookup<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
     {
         let kind = kind_label::<K>();
         let client = self.client()?;
@@ -666,7 +664,7 @@ impl Runtime {
             Some(namespace) => Api::namespaced(client, namespace),
             None => Api::all(client),
         };
-        let events = watch::mapped(watch::metadata(api, config), into);
+        let events = watch::mapped(watch::trimmed(watch::metadata(api, config)), into);
         Ok(self.cache(kind, reflector::store::Writer::new(()), events))
     }
 
@@ -687,7 +685,7 @@ impl Runtime {
     {
         let kind = kind_label::<K>();
         let api: Api<PartialObjectMeta<K>> = Api::all(self.client()?);
-        let events = watch::metadata(api, config);
+        let events = watch::trimmed(watch::metadata(api, config));
         Ok(self.cache(kind, reflector::store::Writer::new(()), events))
     }
 
@@ -698,7 +696,7 @@ impl Runtime {
         events: S,
     ) -> Cache<K>
     where
-        K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+        K: reflector::Lookup<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
         S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     {
         let gate = self.gates.gate(&format!("{kind} cache"));

@@ -101,7 +101,7 @@ impl<K> Clone for Change<K> {
 #[derive(Debug)]
 pub struct Cache<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: reflector::Lookup<DynamicType = ()> + Clone + 'static,
 {
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
@@ -110,7 +110,7 @@ where
 
 impl<K> Clone for Cache<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: reflector::Lookup<DynamicType = ()> + Clone + 'static,
 {
     fn clone(&self) -> Self {
         Self {
@@ -123,7 +123,7 @@ where
 
 impl<K> Cache<K>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: reflector::Lookup<DynamicType = ()> + Clone + 'static,
 {
     /// The store (empty until the first list completes).
     pub fn store(&self) -> &Store<K> {
@@ -255,7 +255,7 @@ pub(crate) fn spawn_cache<K, S>(
     stop: CancellationToken,
 ) -> (Cache<K>, tokio::task::JoinHandle<()>)
 where
-    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    K: reflector::Lookup<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 {
     let (changes, _) = broadcast::channel(CHANGE_BUFFER);
@@ -280,7 +280,7 @@ async fn run_cache<K, S>(
     gate: Gate,
     stop: CancellationToken,
 ) where
-    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    K: reflector::Lookup<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
     S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 {
     let events = events.default_backoff();
@@ -297,7 +297,7 @@ async fn run_cache<K, S>(
                 tracing::warn!(kind, error = %err, "watch failed; retrying with backoff");
                 continue;
             }
-            Some(Ok(event)) => without_managed_fields(event),
+            Some(Ok(event)) => event,
         };
         writer.apply_watcher_event(&event);
         // No receiver is fine: nobody leads yet, or nobody subscribes to this kind.
@@ -313,6 +313,18 @@ async fn run_cache<K, S>(
             Event::Init | Event::InitApply(_) => continue,
         };
     }
+}
+
+/// `events` with `metadata.managedFields` dropped from each object (see
+/// [`without_managed_fields`]); every watch of an API kind into a cache goes through it.
+pub(crate) fn trimmed<K, S>(
+    events: S,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Send + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    events.map(|event| event.map(without_managed_fields))
 }
 
 /// `event` with `metadata.managedFields` dropped from its object before it is cached: nothing
