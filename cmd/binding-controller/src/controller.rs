@@ -583,8 +583,7 @@ impl Bindings {
                 (Some(_), false) => "no_step",
             },
         );
-        self.pod_index
-            .record_step(binding, ns, name, uid, has_step);
+        self.pod_index.record_step(binding, ns, name, uid, has_step);
         Ok(has_step)
     }
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 
 use crate::{TestkitError, eventually};
@@ -37,25 +37,50 @@ pub async fn apply_crd(
     Ok(())
 }
 
-/// Waits until the CRD `name` has the condition `Established=True` (its resources are served).
+/// Waits until the CRD `name` has the condition `Established=True` and every version it
+/// serves answers a list. `Established` alone is not enough: the API server sets it before its
+/// handler for the resource serves, and a request in between gets `404 page not found` (seen
+/// creating the first custom resource right after the wait on a loaded machine).
 pub async fn wait_crd_established(
     client: &Client,
     name: &str,
     timeout: Duration,
 ) -> Result<(), TestkitError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    eventually(&format!("CRD {name} to be Established"), timeout, || {
-        let api = api.clone();
-        async move {
-            let crd = api.get_opt(name).await.ok().flatten()?;
-            let established = crd
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            established.then_some(())
-        }
-    })
+    eventually(
+        &format!("CRD {name} to be Established and served"),
+        timeout,
+        || {
+            let api = api.clone();
+            let client = client.clone();
+            async move {
+                let crd = api.get_opt(name).await.ok().flatten()?;
+                let established = crd
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                if !established {
+                    return None;
+                }
+                let spec = &crd.spec;
+                for version in spec.versions.iter().filter(|v| v.served) {
+                    let resource = ApiResource {
+                        group: spec.group.clone(),
+                        version: version.name.clone(),
+                        api_version: format!("{}/{}", spec.group, version.name),
+                        kind: spec.names.kind.clone(),
+                        plural: spec.names.plural.clone(),
+                    };
+                    let served: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                    served.list(&ListParams::default().limit(1)).await.ok()?;
+                }
+                Some(())
+            }
+        },
+    )
     .await
 }
 
