@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 
 use crate::{TestkitError, eventually};
@@ -67,13 +67,10 @@ pub async fn wait_crd_established(
                 }
                 let spec = &crd.spec;
                 for version in spec.versions.iter().filter(|v| v.served) {
-                    let resource = ApiResource {
-                        group: spec.group.clone(),
-                        version: version.name.clone(),
-                        api_version: format!("{}/{}", spec.group, version.name),
-                        kind: spec.names.kind.clone(),
-                        plural: spec.names.plural.clone(),
-                    };
+                    let resource = ApiResource::from_gvk_with_plural(
+                        &GroupVersionKind::gvk(&spec.group, &version.name, &spec.names.kind),
+                        &spec.names.plural,
+                    );
                     let served: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
                     served.list(&ListParams::default().limit(1)).await.ok()?;
                 }
