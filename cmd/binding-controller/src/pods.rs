@@ -467,10 +467,12 @@ mod tests {
         let r = ReadingPod::from_meta(pod);
         assert!(!r.terminating());
         assert_eq!(r.owner_node().controller, None);
-        // An absent namespace and UID read as the pod's metadata would give them to the walk.
+        // Name and an absent UID reach the walk as the pod's metadata would give them (an
+        // absent namespace, which a pod from the API server never has, reads as "").
+        let node = r.owner_node();
         assert_eq!(
-            r.owner_node().identity.name,
-            from_pod.identity.name,
+            (&node.identity.name, &node.identity.uid),
+            (&from_pod.identity.name, &from_pod.identity.uid),
             "{from_pod:?}"
         );
         assert!(POD_LABELS_READ.iter().all(|k| r.labels().get(k).is_none()));
