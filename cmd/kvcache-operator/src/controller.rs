@@ -27,7 +27,7 @@ use warmcache_kube::{
     Applier, EventRecorder, Leadership, add_finalizer, has_finalizer, remove_finalizer,
 };
 use warmcache_kvcache::names::{APP_NAME, LABEL_INSTANCE, LABEL_NAME, POD_SPEC_HASH_ANNOTATION};
-use warmcache_kvcache::rollout::restart_plan;
+use warmcache_kvcache::rollout::{Scheduled, restart_plan};
 use warmcache_kvcache::status::{Observed, backend_status};
 use warmcache_kvcache::store::{HEALTH_PATH, METRICS_PATH, SEGMENTS_DETAIL_PATH};
 use warmcache_kvcache::survey::tier_was_empty;
@@ -197,9 +197,10 @@ impl Backends {
     }
 
     /// Restarts at most one member Pod per group whose pod-spec hash is not its DaemonSet's
-    /// (the DaemonSets use `OnDelete`), and only while every other Pod of the group is ready and
-    /// none is terminating: a template change rolls through the tier one node at a time instead
-    /// of emptying it. Returns whether a rollout is still in progress.
+    /// (the DaemonSets use `OnDelete`), and only while none is terminating, every node the
+    /// DaemonSet schedules has a Pod and every current Pod is ready: a template change rolls
+    /// through the tier one node at a time instead of emptying it. Returns whether a rollout is
+    /// still in progress.
     async fn restart_stale_members(&self, rendered: &Rendered) -> Result<bool, Failure> {
         let mut rolling = false;
         for member in &rendered.members {
@@ -228,7 +229,14 @@ impl Backends {
                 .map(AsRef::as_ref)
                 .filter(|pod| matches_labels(pod.labels(), &selector))
                 .collect();
-            let plan = restart_plan(&pods, wanted);
+            // The DaemonSet as the DaemonSet controller last reported on it (the rendered one
+            // has no status).
+            let scheduled = self
+                .daemonsets
+                .store()
+                .get(&warmcache_runtime::ObjectRef::from_obj(member))
+                .and_then(|ds| Scheduled::of(&ds));
+            let plan = restart_plan(&pods, wanted, scheduled);
             rolling |= plan.rolling();
             if let Some(held) = plan.held {
                 tracing::debug!(

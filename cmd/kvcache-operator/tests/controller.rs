@@ -266,7 +266,9 @@ async fn a_backend_becomes_workloads_rolls_members_prunes_and_tears_down() {
     .unwrap();
 
     // A template change: stale members are restarted only while the rest of the group is
-    // ready, oldest name first.
+    // ready, oldest name first. The group is set up mid-rollout, in an order no timing can
+    // change: the template changes first, then a replacement that is not ready yet, then two
+    // stale members beside it.
     let old_hash = ds0
         .spec
         .template
@@ -277,8 +279,6 @@ async fn a_backend_becomes_workloads_rolls_members_prunes_and_tears_down() {
         .as_ref()
         .unwrap()[POD_SPEC_HASH_ANNOTATION]
         .clone();
-    member_pod(&client, &ns.name, "m0-a", &ds0, &old_hash, true).await;
-    member_pod(&client, &ns.name, "m0-b", &ds0, &old_hash, true).await;
     // The controller writes the status meanwhile: re-read and retry on a conflict.
     loop {
         let mut changed = backends.get(&name).await.unwrap();
@@ -311,12 +311,15 @@ async fn a_backend_becomes_workloads_rolls_members_prunes_and_tears_down() {
     .unwrap();
     // A replacement that is not ready yet holds the rollout.
     member_pod(&client, &ns.name, "m0-c", &ds0, &new_hash, false).await;
+    member_pod(&client, &ns.name, "m0-a", &ds0, &old_hash, true).await;
+    member_pod(&client, &ns.name, "m0-b", &ds0, &old_hash, true).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // (m0-a may have gone before m0-c existed; m0-b must still be there.)
-    assert!(
-        exists(&pods, "m0-b").await.is_some(),
-        "restarted while a member was not ready"
-    );
+    for stale in ["m0-a", "m0-b"] {
+        assert!(
+            exists(&pods, stale).await.is_some(),
+            "{stale} restarted while a current member was not ready"
+        );
+    }
     set_ready(&client, &ns.name, "m0-c", true).await;
     eventually("both stale members restarted", WAIT, || {
         let pods = pods.clone();

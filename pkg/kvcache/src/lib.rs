@@ -25,7 +25,8 @@
 //!   leader's admin endpoints ([`store`] parses them as the real store serves them) and the
 //!   member Pods (reference sections 2 and 5).
 //! - [`rollout::restart_plan`]: which stale member Pod to restart now (one per group, only
-//!   while the rest of the group is ready), and [`rollout::is_ready`].
+//!   while every scheduled member is present and the current ones are ready), and
+//!   [`rollout::is_ready`].
 //! - [`teardown::teardown_step`] and [`teardown::cleanup_pass`]: the ordered teardown and the
 //!   per-node emptying of the tier on deletion (reference section 6).
 //!

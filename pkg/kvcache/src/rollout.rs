@@ -8,8 +8,11 @@
 //! - at most **one** Pod per group per pass, so a change rolls through the tier node by node
 //!   instead of emptying every segment at once (a restarted member loses its memory segment);
 //! - only while **no** Pod of the group is terminating (the previous restart has finished
-//!   leaving) and **every** Pod that is already current is Ready (the previous restart has come
-//!   back), so an update that breaks members stops after the first one;
+//!   leaving), the DaemonSet controller has **observed** the DaemonSet's current spec, the group
+//!   has **a Pod for every node** the DaemonSet schedules (the previous restart has been
+//!   replaced: between the old Pod's removal and the DaemonSet controller's new Pod, neither is
+//!   there to hold the next restart), and **every** Pod that is already current is Ready (the
+//!   replacement has come back), so an update that breaks members stops after the first one;
 //! - the stale Pod taken is the first in name order, so every replica of the operator (and a
 //!   restarted one) picks the same Pod.
 //!
@@ -17,6 +20,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::names::POD_SPEC_HASH_ANNOTATION;
@@ -38,8 +42,39 @@ pub struct RestartPlan<'a> {
 pub enum Hold {
     /// A Pod of the group is still terminating.
     Terminating,
+    /// The DaemonSet controller has not reported on the DaemonSet's current spec yet.
+    Unobserved,
+    /// The group has fewer Pods than nodes the DaemonSet schedules: a member (a restarted one,
+    /// most likely) has not been replaced yet.
+    Missing,
     /// A current Pod of the group is not Ready yet.
     NotReady,
+}
+
+/// What the DaemonSet controller reports of a group's DaemonSet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduled {
+    /// `status.desiredNumberScheduled`: the nodes that should run a member.
+    pub desired: usize,
+    /// Whether `status.observedGeneration` has reached `metadata.generation`, so `desired`
+    /// reflects the current spec (a changed `nodeSelector` changes it).
+    pub observed: bool,
+}
+
+impl Scheduled {
+    /// The report in `daemonset`'s status; `None` before the DaemonSet controller wrote one.
+    pub fn of(daemonset: &DaemonSet) -> Option<Self> {
+        let status = daemonset.status.as_ref()?;
+        let observed = match (status.observed_generation, daemonset.metadata.generation) {
+            (Some(observed), Some(generation)) => observed >= generation,
+            (_, None) => true,
+            (None, Some(_)) => false,
+        };
+        Some(Self {
+            desired: usize::try_from(status.desired_number_scheduled).unwrap_or(0),
+            observed,
+        })
+    }
 }
 
 impl RestartPlan<'_> {
@@ -50,8 +85,13 @@ impl RestartPlan<'_> {
 }
 
 /// The restart decision for one group whose template carries `wanted_hash` (see the module
-/// documentation). `pods` are the group's Pods, in any order.
-pub fn restart_plan<'a>(pods: &[&'a Pod], wanted_hash: &str) -> RestartPlan<'a> {
+/// documentation). `pods` are the group's Pods, in any order; `scheduled` is what the DaemonSet
+/// controller reports of the group's DaemonSet (`None`: nothing yet, which holds a restart).
+pub fn restart_plan<'a>(
+    pods: &[&'a Pod],
+    wanted_hash: &str,
+    scheduled: Option<Scheduled>,
+) -> RestartPlan<'a> {
     let mut pods: Vec<&'a Pod> = pods.to_vec();
     pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let terminating = pods.iter().any(|pod| is_terminating(pod));
@@ -64,6 +104,10 @@ pub fn restart_plan<'a>(pods: &[&'a Pod], wanted_hash: &str) -> RestartPlan<'a> 
         None
     } else if terminating {
         Some(Hold::Terminating)
+    } else if !scheduled.is_some_and(|s| s.observed) {
+        Some(Hold::Unobserved)
+    } else if scheduled.is_some_and(|s| stale.len() + current.len() < s.desired) {
+        Some(Hold::Missing)
     } else if !current.iter().all(|pod| is_ready(pod)) {
         Some(Hold::NotReady)
     } else {
@@ -150,6 +194,14 @@ mod tests {
         pod
     }
 
+    /// The DaemonSet controller's report for a group of `desired` nodes, current.
+    fn every(desired: usize) -> Option<Scheduled> {
+        Some(Scheduled {
+            desired,
+            observed: true,
+        })
+    }
+
     fn name(pod: Option<&Pod>) -> Option<&str> {
         pod.and_then(|p| p.metadata.name.as_deref())
     }
@@ -158,7 +210,7 @@ mod tests {
     fn nothing_to_do_when_every_pod_is_current() {
         let a = pod("a", Some("h2"), true);
         let b = pod("b", Some("h2"), false);
-        let plan = restart_plan(&[&a, &b], "h2");
+        let plan = restart_plan(&[&a, &b], "h2", every(2));
         assert_eq!(plan.stale, 0);
         assert!(!plan.rolling());
         assert_eq!(plan.restart, None);
@@ -171,7 +223,7 @@ mod tests {
         let a = pod("member-a", Some("h1"), true);
         let b = pod("member-b", Some("h2"), true);
         // Given out of order: the first stale name is taken, whatever order the cache gave.
-        let plan = restart_plan(&[&c, &b, &a], "h2");
+        let plan = restart_plan(&[&c, &b, &a], "h2", every(3));
         assert_eq!(plan.stale, 2);
         assert!(plan.rolling());
         assert_eq!(name(plan.restart), Some("member-a"));
@@ -181,7 +233,7 @@ mod tests {
     #[test]
     fn a_pod_without_the_annotation_is_stale() {
         let a = pod("a", None, true);
-        let plan = restart_plan(&[&a], "h2");
+        let plan = restart_plan(&[&a], "h2", every(1));
         assert_eq!(plan.stale, 1);
         assert_eq!(name(plan.restart), Some("a"));
     }
@@ -191,7 +243,7 @@ mod tests {
         // Its readiness does not matter: restarting it is what may fix it.
         let a = pod("a", Some("h1"), false);
         let b = pod("b", Some("h2"), true);
-        let plan = restart_plan(&[&a, &b], "h2");
+        let plan = restart_plan(&[&a, &b], "h2", every(2));
         assert_eq!(name(plan.restart), Some("a"));
     }
 
@@ -201,7 +253,7 @@ mod tests {
         // after one member.
         let a = pod("a", Some("h1"), true);
         let b = pod("b", Some("h2"), false);
-        let plan = restart_plan(&[&a, &b], "h2");
+        let plan = restart_plan(&[&a, &b], "h2", every(2));
         assert_eq!(plan.stale, 1);
         assert_eq!(plan.restart, None);
         assert_eq!(plan.held, Some(Hold::NotReady));
@@ -211,7 +263,7 @@ mod tests {
     fn held_while_a_pod_is_terminating() {
         let a = pod("a", Some("h1"), true);
         let b = terminating(pod("b", Some("h1"), true));
-        let plan = restart_plan(&[&a, &b], "h2");
+        let plan = restart_plan(&[&a, &b], "h2", every(2));
         // The terminating one is not counted as stale (it is already leaving).
         assert_eq!(plan.stale, 1);
         assert_eq!(plan.restart, None);
@@ -219,8 +271,110 @@ mod tests {
     }
 
     #[test]
+    fn held_while_a_restarted_member_has_not_been_replaced() {
+        // Three nodes; a was restarted and is gone, and the DaemonSet controller has not made its
+        // replacement yet. Nothing current is unready, nothing terminates: only the count shows
+        // that a member is missing, and b must wait for it.
+        let b = pod("b", Some("h1"), true);
+        let c = pod("c", Some("h1"), true);
+        let plan = restart_plan(&[&b, &c], "h2", every(3));
+        assert_eq!(plan.stale, 2);
+        assert_eq!(plan.restart, None);
+        assert_eq!(plan.held, Some(Hold::Missing));
+        // The replacement exists but is not ready yet.
+        let a = pod("a", Some("h2"), false);
+        let plan = restart_plan(&[&a, &b, &c], "h2", every(3));
+        assert_eq!(plan.held, Some(Hold::NotReady));
+        // It is ready: the next one goes.
+        let a = pod("a", Some("h2"), true);
+        let plan = restart_plan(&[&a, &b, &c], "h2", every(3));
+        assert_eq!(plan.held, None);
+        assert_eq!(name(plan.restart), Some("b"));
+    }
+
+    #[test]
+    fn more_pods_than_scheduled_nodes_do_not_hold() {
+        // A node left the selector and its Pod is still there, or a Pod runs where the
+        // DaemonSet controller does not count it: the rest of the group is complete.
+        let a = pod("a", Some("h1"), true);
+        let b = pod("b", Some("h1"), true);
+        let plan = restart_plan(&[&a, &b], "h2", every(1));
+        assert_eq!(name(plan.restart), Some("a"));
+        let plan = restart_plan(&[&a, &b], "h2", every(0));
+        assert_eq!(name(plan.restart), Some("a"));
+    }
+
+    #[test]
+    fn held_until_the_daemonset_controller_reports_on_the_current_spec() {
+        let a = pod("a", Some("h1"), true);
+        let plan = restart_plan(&[&a], "h2", None);
+        assert_eq!(plan.restart, None);
+        assert_eq!(plan.held, Some(Hold::Unobserved));
+        let behind = Some(Scheduled {
+            desired: 1,
+            observed: false,
+        });
+        let plan = restart_plan(&[&a], "h2", behind);
+        assert_eq!(plan.restart, None);
+        assert_eq!(plan.held, Some(Hold::Unobserved));
+        // Nothing stale: nothing held, whatever the report.
+        let current = pod("a", Some("h2"), true);
+        let plan = restart_plan(&[&current], "h2", None);
+        assert_eq!(plan.held, None);
+        assert!(!plan.rolling());
+    }
+
+    #[test]
+    fn the_report_is_read_from_the_daemonset_status() {
+        use k8s_openapi::api::apps::v1::DaemonSetStatus;
+
+        fn daemonset(generation: Option<i64>, status: Option<DaemonSetStatus>) -> DaemonSet {
+            DaemonSet {
+                metadata: ObjectMeta {
+                    generation,
+                    ..ObjectMeta::default()
+                },
+                status,
+                ..DaemonSet::default()
+            }
+        }
+        fn status(observed: Option<i64>, desired: i32) -> Option<DaemonSetStatus> {
+            Some(DaemonSetStatus {
+                observed_generation: observed,
+                desired_number_scheduled: desired,
+                ..DaemonSetStatus::default()
+            })
+        }
+        assert_eq!(Scheduled::of(&daemonset(Some(2), None)), None);
+        assert_eq!(
+            Scheduled::of(&daemonset(Some(2), status(Some(1), 4))),
+            Some(Scheduled {
+                desired: 4,
+                observed: false
+            })
+        );
+        assert_eq!(
+            Scheduled::of(&daemonset(Some(2), status(None, 4))),
+            Some(Scheduled {
+                desired: 4,
+                observed: false
+            })
+        );
+        assert_eq!(
+            Scheduled::of(&daemonset(Some(2), status(Some(2), 4))),
+            every(4)
+        );
+        assert_eq!(Scheduled::of(&daemonset(None, status(None, 3))), every(3));
+        // A negative count (never written by the controller) counts as none.
+        assert_eq!(
+            Scheduled::of(&daemonset(Some(1), status(Some(1), -1))),
+            every(0)
+        );
+    }
+
+    #[test]
     fn an_empty_group_restarts_nothing() {
-        let plan = restart_plan(&[], "h2");
+        let plan = restart_plan(&[], "h2", every(0));
         assert_eq!(plan.stale, 0);
         assert_eq!(plan.restart, None);
     }
