@@ -25,16 +25,18 @@ use kube::core::PartialObjectMeta;
 use kube::core::admission::Operation;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, field};
+use warmcache_admission::patch::{self, PatchOperation};
 use warmcache_admission::registration::{
     FailurePolicy, ReinvocationPolicy, Rule, SideEffects, Webhook,
 };
 use warmcache_admission::{
-    AdmissionError, AdmissionServer, AdmissionServerConfig, Mutation, OnHandlerError, Reply, Route,
-    ServiceTarget, TlsFiles, TypedRequest, WebhookConfigurations,
+    AdmissionError, AdmissionServer, AdmissionServerConfig, Mutation, OnHandlerError, Reply,
+    Reusable, Reuse, ReusedReview, Route, ServiceTarget, TlsFiles, TypedRequest,
+    WebhookConfigurations,
 };
 use warmcache_api_modelcache::MODEL_CACHE_STORAGE_CLASS;
 use warmcache_api_modelcache::v2beta1::ModelCacheBinding;
@@ -43,10 +45,13 @@ use warmcache_cli::text::{bounded, shown};
 use warmcache_kube::EventType;
 use warmcache_modelid::{LWS_API_VERSION, LeaderWorkerSet, lws_from_object};
 use warmcache_modelvolume::cacheset;
-use warmcache_modelvolume::keys::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OPT_OUT};
+use warmcache_modelvolume::keys::{
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, OPT_OUT, TRACE_PARENT_ANNOTATION as POD_TRACE_PARENT,
+};
 use warmcache_modelvolume::{
     BindingAction, Options, OptionsError, Request, Skip, SkipReason, StorageInputs, Verdict,
     complete_cache_set, decide, gpu_container, leader_worker_set_name, plan,
+    well_formed_traceparent,
 };
 use warmcache_runtime::{AdmissionArgs, Cache, Runtime, RuntimeArgs, RuntimeError};
 use warmcache_telemetry::TelemetryError;
@@ -92,6 +97,12 @@ pub const INLINE_BODY_BYTES: usize = 16 * 1024;
 /// would answer for it.
 pub const ADMISSION_BUDGET: Duration = Duration::from_millis(3500);
 
+/// How long, by default, an admission's answer is reused for equal pods (see `Reused`):
+/// decisions that depend on the time (the window of a floating revision's copy, a failure
+/// record's expiry) are then taken up to this much earlier than the review, about what the
+/// caches lag behind the API server anyway.
+pub const DEFAULT_ANSWER_REUSE_MS: u64 = 1000;
+
 /// Longest wait for one API call an admission makes (reading a namespace or a
 /// LeaderWorkerSet missing from the caches, creating a binding). The first ModelCacheBinding
 /// written through a freshly started kube-apiserver takes about 2 s (measured on the test
@@ -132,6 +143,16 @@ pub struct ServeArgs {
     /// nvcf-storage-capabilities is read.
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS", default_value = DEFAULT_NAMESPACE)]
     pub namespace: String,
+    /// Milliseconds a rewritten pod's answer is reused for equal pods (the replicas of one
+    /// ReplicaSet) while every cached object the admission read is unchanged; 0 decides every
+    /// pod anew. At most 60000.
+    #[arg(
+        long = "answer-reuse-ms",
+        value_name = "MS",
+        default_value_t = DEFAULT_ANSWER_REUSE_MS,
+        value_parser = clap::value_parser!(u64).range(0..=60_000)
+    )]
+    pub answer_reuse_ms: u64,
 }
 
 /// Why the webhook stopped with an error.
@@ -289,6 +310,7 @@ async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         events,
         registration: registration(&args.namespace, &options.control_namespace),
         options,
+        reuse_window: Duration::from_millis(args.answer_reuse_ms),
     });
     tracing::info!(
         namespace = %admitter.webhook_namespace,
@@ -401,6 +423,8 @@ struct PodMetrics {
     events: IntCounterVec,
     /// Rewritten pods with a compile-cache set, by role.
     cache_sets: IntCounterVec,
+    /// Admissions answered with an earlier equal pod's answer.
+    reused: IntCounter,
 }
 
 /// Roles of a rewritten pod in its compile-cache set (metric label `role`).
@@ -461,6 +485,14 @@ impl PodMetrics {
             "Rewritten pods that have a compile-cache set, by role: capture (its compile caches may be collected once Ready), seed (it starts from the complete set), local (the set is complete but the namespace has no view yet), unjoinable (the set's binding may not be joined now: deleting, Retiring, failed, or read through hostPath), unavailable (the set's binding could not be created).",
             &["role"],
         )?;
+        let reused = IntCounter::new(
+            "pod_admissions_reused_total",
+            "Pod admissions answered with the answer to an earlier equal pod of the same namespace (a replica of the same ReplicaSet) whose cached inputs are unchanged; also counted in pod_admissions_total.",
+        )
+        .map_err(|source| TelemetryError::Metrics {
+            what: "pod_admissions_reused_total".to_owned(),
+            source,
+        })?;
         // Every series exported with 0 from the start.
         for role in SET_ROLES {
             cache_sets.with_label_values(&[role]);
@@ -496,12 +528,14 @@ impl PodMetrics {
         metrics.register(bindings.clone())?;
         metrics.register(events.clone())?;
         metrics.register(cache_sets.clone())?;
+        metrics.register(reused.clone())?;
         Ok(Self {
             admissions,
             duration,
             bindings,
             events,
             cache_sets,
+            reused,
         })
     }
 }
@@ -644,6 +678,157 @@ impl Drop for Pending<'_> {
     }
 }
 
+/// One admission's span, its decision recorded as it is taken (`reused`: answered with an
+/// earlier equal pod's answer).
+fn admission_span(namespace: &str, pod: &str, dry_run: bool) -> tracing::Span {
+    tracing::info_span!(
+        "pod_admission",
+        namespace,
+        pod,
+        dry_run,
+        model.uri = field::Empty,
+        binding = field::Empty,
+        cache_set = field::Empty,
+        decision = field::Empty,
+        reason = field::Empty,
+        reused = field::Empty,
+    )
+}
+
+/// How a pod is named in the admission's span: its name, or its `generateName` and `*`.
+fn span_name(pod: &Pod) -> String {
+    pod.metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
+        .unwrap_or_default()
+}
+
+type NamespaceMeta = PartialObjectMeta<Namespace>;
+
+/// What an admission read from the caches: each object as found (`None`: absent), to check
+/// that a reused answer's inputs are unchanged.
+#[derive(Default)]
+struct Read {
+    /// The pod's namespace; `None` when it was read from the API server (not reusable).
+    namespace: Option<(ObjectRef<NamespaceMeta>, Arc<NamespaceMeta>)>,
+    bindings: Vec<(ObjectRef<ModelCacheBinding>, Option<Arc<ModelCacheBinding>>)>,
+    class: Option<(ObjectRef<StorageClass>, Option<Arc<StorageClass>>)>,
+    driver: Option<(ObjectRef<CSIDriver>, Option<Arc<CSIDriver>>)>,
+    config_map: Option<(ObjectRef<ConfigMap>, Option<Arc<ConfigMap>>)>,
+}
+
+/// The same object, or both absent.
+fn same<K>(found: Option<Arc<K>>, read: Option<&Arc<K>>) -> bool {
+    match (found, read) {
+        (Some(found), Some(read)) => Arc::ptr_eq(&found, read),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+impl Read {
+    /// Whether every object read is still the cached one (a watch event replaces it).
+    fn unchanged(&self, caches: &Caches) -> bool {
+        let Some((key, namespace)) = &self.namespace else {
+            return false;
+        };
+        same(caches.namespaces.store().get(key), Some(namespace))
+            && self
+                .bindings
+                .iter()
+                .all(|(key, read)| same(caches.bindings.store().get(key), read.as_ref()))
+            && self.class.as_ref().is_none_or(|(key, read)| {
+                same(caches.storage_classes.store().get(key), read.as_ref())
+            })
+            && self
+                .driver
+                .as_ref()
+                .is_none_or(|(key, read)| same(caches.csi_drivers.store().get(key), read.as_ref()))
+            && self
+                .config_map
+                .as_ref()
+                .is_none_or(|(key, read)| same(caches.catalogs.store().get(key), read.as_ref()))
+    }
+}
+
+/// The decision a reusable answer records in the span.
+struct Decided {
+    uri: String,
+    binding: String,
+    cache_set: Option<String>,
+}
+
+/// A rewritten pod's answer, reused for the equal pods of its ReplicaSet (see
+/// [`warmcache_admission::reuse`]) for at most `--answer-reuse-ms` while every cached object the
+/// admission read is unchanged. Each reuse is an admission of its own: its span, its metrics,
+/// its trace context on the pod.
+struct Reused {
+    read: Read,
+    decided_at: Instant,
+    window: Duration,
+    caches: Caches,
+    synced: Arc<AtomicBool>,
+    metrics: PodMetrics,
+    namespace: String,
+    pod: String,
+    decided: Decided,
+    ending: Ending,
+    set_role: Option<&'static str>,
+    /// Whether the admission's trace context is sent per review.
+    traced: bool,
+}
+
+/// The patch operation setting the pod's trace context annotation.
+fn trace_operation(traceparent: &str) -> PatchOperation {
+    patch::add(
+        patch::pointer(["metadata", "annotations", POD_TRACE_PARENT]),
+        serde_json::Value::String(traceparent.to_owned()),
+    )
+}
+
+impl Reuse for Reused {
+    fn holds(&self) -> bool {
+        self.decided_at.elapsed() < self.window
+            && self.synced.load(Ordering::Acquire)
+            && self.read.unchanged(&self.caches)
+    }
+
+    fn reused(&self, review: &ReusedReview<'_>) -> Vec<PatchOperation> {
+        let started = Instant::now();
+        let span = admission_span(&self.namespace, &self.pod, review.dry_run);
+        span.record("model.uri", self.decided.uri.as_str());
+        span.record("binding", self.decided.binding.as_str());
+        if let Some(set) = &self.decided.cache_set {
+            span.record("cache_set", set.as_str());
+        }
+        span.record("decision", self.ending.outcome);
+        span.record("reason", self.ending.reason);
+        span.record("reused", true);
+        let operations = span.in_scope(|| {
+            let mut carrier = BTreeMap::new();
+            warmcache_telemetry::inject_current(&mut carrier);
+            carrier
+                .get(warmcache_telemetry::TRACE_PARENT_ANNOTATION)
+                .filter(|tp| self.traced && well_formed_traceparent(tp))
+                .map(|tp| vec![trace_operation(tp)])
+                .unwrap_or_default()
+        });
+        if let Some(role) = self.set_role {
+            self.metrics.cache_sets.with_label_values(&[role]).inc();
+        }
+        let mut pending = Pending {
+            metrics: &self.metrics,
+            started,
+            done: false,
+        };
+        pending.finish(&self.ending);
+        self.metrics.reused.inc();
+        operations
+    }
+}
+
 /// When an API call must end: [`API_CALL_TIMEOUT`] from now, or `deadline` if sooner.
 fn call_deadline(deadline: tokio::time::Instant) -> tokio::time::Instant {
     deadline.min(tokio::time::Instant::now() + API_CALL_TIMEOUT)
@@ -663,9 +848,12 @@ struct Admitter {
     metrics: PodMetrics,
     events: mpsc::Sender<PodEvent>,
     registration: Webhook,
+    /// How long a rewritten pod's answer is reused for equal pods; zero: never.
+    reuse_window: Duration,
 }
 
 /// What one admission ended as, for the span and the metrics.
+#[derive(Clone, Copy, Debug)]
 struct Ending {
     outcome: &'static str,
     reason: &'static str,
@@ -715,27 +903,11 @@ impl Admitter {
     /// One review: the span, the metrics, the answer.
     async fn admit(&self, request: TypedRequest<Pod>) -> Result<Reply<Mutation<Pod>>, AdmitError> {
         let started = Instant::now();
-        let pod_name = request
-            .object
-            .as_ref()
-            .and_then(|p| {
-                p.metadata
-                    .name
-                    .clone()
-                    .filter(|n| !n.is_empty())
-                    .or_else(|| p.metadata.generate_name.clone().map(|g| format!("{g}*")))
-            })
-            .unwrap_or_default();
-        let span = tracing::info_span!(
-            "pod_admission",
-            namespace = request.namespace.as_deref().unwrap_or_default(),
-            pod = %pod_name,
-            dry_run = request.dry_run,
-            model.uri = field::Empty,
-            binding = field::Empty,
-            cache_set = field::Empty,
-            decision = field::Empty,
-            reason = field::Empty,
+        let pod_name = request.object.as_ref().map(span_name).unwrap_or_default();
+        let span = admission_span(
+            request.namespace.as_deref().unwrap_or_default(),
+            &pod_name,
+            request.dry_run,
         );
         // Counted as cancelled unless it ends here: the server answered for it at its timeout.
         let mut pending = Pending {
@@ -790,7 +962,11 @@ impl Admitter {
         if !self.synced.load(Ordering::Acquire) {
             return Err(AdmitError::NotSynced);
         }
-        let labels = self.namespace_labels(&namespace, deadline).await?;
+        let (labels, namespace_read) = self.namespace_labels(&namespace, deadline).await?;
+        let mut read = Read {
+            namespace: namespace_read.map(|meta| (ObjectRef::new(&namespace), meta)),
+            ..Read::default()
+        };
         let group = self.leader_worker_set(pod, &namespace, deadline).await?;
         let mut carrier = BTreeMap::new();
         warmcache_telemetry::inject_current(&mut carrier);
@@ -811,33 +987,30 @@ impl Admitter {
                 let span = tracing::Span::current();
                 span.record("model.uri", plan.uri());
                 span.record("binding", plan.binding_name());
-                let lookup = |name: &str| {
-                    self.caches
-                        .bindings
-                        .store()
-                        .get(&ObjectRef::new(name).within(plan.binding_namespace()))
+                let mut lookup = |name: &str| {
+                    let key = ObjectRef::new(name).within(plan.binding_namespace());
+                    let found = self.caches.bindings.store().get(&key);
+                    read.bindings.push((key, found.clone()));
+                    found
                 };
                 let binding = lookup(plan.binding_name());
                 if let Some(set) = plan.cache_set() {
                     span.record("cache_set", set.binding_name());
                 }
                 let set_binding = plan.cache_set().and_then(|s| lookup(s.binding_name()));
-                let class = self
-                    .caches
-                    .storage_classes
-                    .store()
-                    .get(&ObjectRef::new(MODEL_CACHE_STORAGE_CLASS));
+                let class_key = ObjectRef::new(MODEL_CACHE_STORAGE_CLASS);
+                let class = self.caches.storage_classes.store().get(&class_key);
+                read.class = Some((class_key, class.clone()));
                 let driver = class.as_ref().and_then(|c| {
-                    self.caches
-                        .csi_drivers
-                        .store()
-                        .get(&ObjectRef::new(&c.provisioner))
+                    let key = ObjectRef::new(&c.provisioner);
+                    let found = self.caches.csi_drivers.store().get(&key);
+                    read.driver = Some((key, found.clone()));
+                    found
                 });
-                let config_map = self
-                    .caches
-                    .catalogs
-                    .store()
-                    .get(&ObjectRef::new(CONFIG_MAP_NAME).within(&self.webhook_namespace));
+                let config_map_key =
+                    ObjectRef::new(CONFIG_MAP_NAME).within(&self.webhook_namespace);
+                let config_map = self.caches.catalogs.store().get(&config_map_key);
+                read.config_map = Some((config_map_key, config_map.clone()));
                 let snapshot = self.catalog.snapshot(config_map.as_deref());
                 let catalog = match (&snapshot, config_map.as_deref()) {
                     (Some(s), _) => CatalogInput::Loaded(s),
@@ -875,6 +1048,20 @@ impl Admitter {
                 };
                 let set_action = rewrite.cache_set.clone();
                 let has_set = rewrite.plan.cache_set().is_some();
+                // Joining bindings that exist, with nothing created and every input cached: the
+                // answer holds for the ReplicaSet's other pods while those inputs stay the same.
+                let reusable = wanted.is_none()
+                    && !matches!(set_action, Some(BindingAction::Create(_)))
+                    && leader_worker_set_name(pod).is_none()
+                    && read.namespace.is_some();
+                let decided = reusable.then(|| Decided {
+                    uri: rewrite.plan.uri().to_owned(),
+                    binding: rewrite.plan.binding_name().to_owned(),
+                    cache_set: rewrite
+                        .plan
+                        .cache_set()
+                        .map(|set| set.binding_name().to_owned()),
+                });
                 let mut notes = Vec::new();
                 let admitted = match wanted {
                     None => Ok(rewrite.pod),
@@ -913,18 +1100,37 @@ impl Admitter {
                             }
                             _ => admitted,
                         };
-                        if has_set {
-                            let role = cacheset::role_of(&admitted).unwrap_or(match set_action {
+                        let set_role = has_set.then(|| {
+                            cacheset::role_of(&admitted).unwrap_or(match set_action {
                                 Some(_) => "unavailable",
                                 None => "unjoinable",
-                            });
+                            })
+                        });
+                        if let Some(role) = set_role {
                             self.metrics.cache_sets.with_label_values(&[role]).inc();
                         }
+                        let ending = Ending::new(rewritten);
+                        let mut admitted = admitted;
+                        let reuse = match decided {
+                            Some(decided) if notes.is_empty() => self.reusable(
+                                pod,
+                                &namespace,
+                                &mut admitted,
+                                read,
+                                decided,
+                                ending,
+                                set_role,
+                            ),
+                            _ => None,
+                        };
                         let mut reply = Reply::new(Mutation::Mutated(admitted));
                         for note in notes {
                             reply = reply.warning(note);
                         }
-                        (Ending::new(rewritten), reply)
+                        if let Some(reuse) = reuse {
+                            reply = reply.reusable(reuse);
+                        }
+                        (ending, reply)
                     }
                 }
             }
@@ -976,20 +1182,78 @@ impl Admitter {
         (ending, reply)
     }
 
-    /// The labels of `namespace`: from the cache, or read once when the cache has not seen the
-    /// namespace yet (created just before the pod).
+    /// The offer to reuse the answer `admitted` to `pod` (see [`Reused`]). The admission's
+    /// trace context is taken out of `admitted` and sent per review, so the kept patch holds
+    /// nothing of this admission's own.
+    #[allow(clippy::too_many_arguments)]
+    fn reusable(
+        &self,
+        pod: &Pod,
+        namespace: &str,
+        admitted: &mut Pod,
+        read: Read,
+        decided: Decided,
+        ending: Ending,
+        set_role: Option<&'static str>,
+    ) -> Option<Reusable> {
+        if self.reuse_window.is_zero() {
+            return None;
+        }
+        let sent = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POD_TRACE_PARENT))
+            .cloned();
+        // A rewritten pod always carries annotations (its binding's name and UID).
+        let annotations = admitted.metadata.annotations.as_mut()?;
+        let own = annotations.get(POD_TRACE_PARENT).cloned();
+        let mut per_review = Vec::new();
+        if own != sent {
+            // The admission's own trace context: sent after the kept patch, which leaves the
+            // annotation as the pod was sent.
+            let own = own?;
+            match &sent {
+                Some(value) => annotations.insert(POD_TRACE_PARENT.to_owned(), value.clone()),
+                None => annotations.remove(POD_TRACE_PARENT),
+            };
+            per_review.push(trace_operation(&own));
+        }
+        // The per-review operation adds to the annotations the kept patch leaves.
+        if annotations.is_empty() {
+            return None;
+        }
+        let reused = Reused {
+            read,
+            decided_at: Instant::now(),
+            window: self.reuse_window,
+            caches: self.caches.clone(),
+            synced: Arc::clone(&self.synced),
+            metrics: self.metrics.clone(),
+            namespace: namespace.to_owned(),
+            pod: span_name(pod),
+            decided,
+            ending,
+            set_role,
+            traced: !per_review.is_empty(),
+        };
+        Some(Reusable::new(Arc::new(reused), per_review))
+    }
+
+    /// The labels of `namespace`: from the cache (with the cached object), or read once when
+    /// the cache has not seen the namespace yet (created just before the pod).
     async fn namespace_labels(
         &self,
         namespace: &str,
         deadline: tokio::time::Instant,
-    ) -> Result<BTreeMap<String, String>, AdmitError> {
+    ) -> Result<(BTreeMap<String, String>, Option<Arc<NamespaceMeta>>), AdmitError> {
         if let Some(meta) = self
             .caches
             .namespaces
             .store()
             .get(&ObjectRef::new(namespace))
         {
-            return Ok(meta.metadata.labels.clone().unwrap_or_default());
+            return Ok((meta.metadata.labels.clone().unwrap_or_default(), Some(meta)));
         }
         let api: Api<Namespace> = Api::all(self.client.clone());
         let error = |why: String| AdmitError::Namespace {
@@ -998,7 +1262,7 @@ impl Admitter {
         };
         let call = api.get_metadata(namespace);
         match tokio::time::timeout_at(call_deadline(deadline), call).await {
-            Ok(Ok(meta)) => Ok(meta.metadata.labels.unwrap_or_default()),
+            Ok(Ok(meta)) => Ok((meta.metadata.labels.unwrap_or_default(), None)),
             Ok(Err(e)) => Err(error(e.to_string())),
             Err(_) => Err(error(NO_ANSWER.to_owned())),
         }

@@ -20,14 +20,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use warmcache_api_modelcache::SHARING_DOMAIN_LABEL;
 use warmcache_api_modelcache::v2beta1::{ModelCacheBinding, Workflow};
 use warmcache_modelvolume::keys::{
     BINDING_ANNOTATION, BINDING_UID_ANNOTATION, MODEL_VOLUME, SKIP_REASON_ANNOTATION,
+    TRACE_PARENT_ANNOTATION,
 };
-use warmcache_testkit::{HttpsClient, WebhookPki, eventually};
+use warmcache_testkit::{HttpsClient, OtlpReceiver, WebhookPki, eventually};
 use warmcache_webhook::serve::{WEBHOOK_PATH, webhook_configurations};
 
 /// Creates Deployment `qwen` of `replicas` engine pods in `ns` and returns its pods once all
@@ -361,6 +362,229 @@ async fn a_dry_run_creates_nothing() {
         ),
         0.0
     );
+    served.stop(&client).await;
+}
+
+/// `pod`'s spec as JSON, with the name of the token volume the API server gives each pod
+/// (`kube-api-access-` and five random characters) written `kube-api-access-*`.
+fn token_free_spec(pod: &Pod) -> String {
+    let text = serde_json::to_string(&pod.spec).unwrap();
+    let mut out = String::new();
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("kube-api-access-") {
+        let end = at + "kube-api-access-".len();
+        out.push_str(&rest[..end]);
+        out.push('*');
+        rest = rest.get(end + 5..).unwrap_or_default();
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Admissions answered from a kept answer, from the webhook's metrics.
+fn reused(metrics: &str) -> f64 {
+    counter(metrics, "warmcache_webhook_pod_admissions_reused_total")
+}
+
+/// A ReplicaSet's pod (no name yet, so every replica is the same object) named
+/// `generate_name...`, once a dry run of it joins its model's binding: the first pod of the
+/// model (created here) creates the binding, an answer that is never reused; the next joins it
+/// once the webhook's cache holds it, and its answer is kept. With the binding's name and UID.
+async fn joined_replica(pods: &Api<Pod>, generate_name: &str) -> (Pod, (String, String)) {
+    let mut replica = engine_pod("unused");
+    replica.metadata.name = None;
+    replica.metadata.generate_name = Some(generate_name.into());
+    let first = pods
+        .create(&PostParams::default(), &engine_pod("first"))
+        .await
+        .unwrap();
+    eventually("a join of the cached binding", TIMEOUT, || {
+        let (pods, replica) = (pods.clone(), replica.clone());
+        async move {
+            let pod = pods.create(&dry_run(), &replica).await.ok()?;
+            pod.annotations()
+                .contains_key(BINDING_UID_ANNOTATION)
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    (replica, read_binding(&first))
+}
+
+/// The trace and span IDs of a `traceparent` annotation.
+fn trace_context(pod: &Pod) -> (String, String) {
+    let value = pod
+        .annotations()
+        .get(TRACE_PARENT_ANNOTATION)
+        .unwrap_or_else(|| panic!("{} has no trace context", pod.name_any()));
+    let parts: Vec<&str> = value.split('-').collect();
+    assert_eq!(parts.len(), 4, "{value}");
+    (parts[1].to_owned(), parts[2].to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pod_answered_from_a_kept_answer_records_its_own_admission_span() {
+    let client = client().await;
+    let otlp = OtlpReceiver::start().await.unwrap();
+    let endpoint = otlp.endpoint();
+    // A long reuse window: the three creates may take over the default second on a busy
+    // machine.
+    let served = Served::start_with(
+        &client,
+        Setup {
+            args: &["--answer-reuse-ms", "60000"],
+            otlp: Some(&endpoint),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let ns = served.namespace(&client, "pw-traced", &[]).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (replica, (binding_name, _)) = joined_replica(&pods, "traced-").await;
+    let before = reused(&served.metrics().await);
+    let mut created = Vec::new();
+    for _ in 0..3 {
+        created.push(pods.create(&PostParams::default(), &replica).await.unwrap());
+    }
+    assert_eq!(reused(&served.metrics().await), before + 2.0);
+    let contexts: Vec<(String, String)> = created.iter().map(trace_context).collect();
+    let spans: BTreeSet<&String> = contexts.iter().map(|(_, span)| span).collect();
+    assert_eq!(
+        spans.len(),
+        3,
+        "each pod its own admission span: {contexts:?}"
+    );
+    // Each names a `pod_admission` span the webhook exported, with the binding it joined.
+    let exported = eventually("the three admissions' spans", TIMEOUT, || {
+        let spans = otlp.spans();
+        let contexts = contexts.clone();
+        async move {
+            contexts
+                .iter()
+                .map(|(trace, id)| {
+                    spans
+                        .iter()
+                        .find(|s| &s.trace_id == trace && &s.span_id == id)
+                        .cloned()
+                })
+                .collect::<Option<Vec<_>>>()
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("spans missing; received: {:?}", otlp.spans()));
+    for span in exported {
+        assert_eq!(
+            (span.service.as_str(), span.name.as_str()),
+            ("webhook", "pod_admission")
+        );
+        assert_eq!(
+            span.attribute("binding"),
+            Some(binding_name.as_str()),
+            "{span:?}"
+        );
+        assert_eq!(span.attribute("decision"), Some("rewritten"), "{span:?}");
+        assert_eq!(span.attribute("pod"), Some("traced-*"), "{span:?}");
+    }
+    served.stop(&client).await;
+}
+
+/// The skip reason a dry-run create of `pod` is answered with, if any.
+async fn dry_run_skip(pods: &Api<Pod>, pod: &Pod) -> Option<String> {
+    let answered = pods.create(&dry_run(), pod).await.unwrap();
+    answered.annotations().get(SKIP_REASON_ANNOTATION).cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_equal_pods_answer_is_reused_until_its_binding_changes() {
+    let client = client().await;
+    // A long reuse window: only a change of what the admission read ends a reuse here.
+    let served = Served::start_with(
+        &client,
+        Setup {
+            args: &["--answer-reuse-ms", "60000"],
+            ..Setup::default()
+        },
+    )
+    .await;
+    let ns = served.namespace(&client, "pw-reuse", &[]).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (replica, (binding_name, uid)) = joined_replica(&pods, "replica-").await;
+    let before = reused(&served.metrics().await);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(pods.create(&dry_run(), &replica).await.unwrap());
+    }
+    let metrics = served.metrics().await;
+    assert_eq!(reused(&metrics), before + 3.0, "{metrics}");
+    for answer in &answers {
+        assert_eq!(read_binding(answer), (binding_name.clone(), uid.clone()));
+        assert_eq!(
+            token_free_spec(answer),
+            token_free_spec(&answers[0]),
+            "every reuse makes the same pod"
+        );
+    }
+    // Real pods: the first is decided (a dry run's answer is not reused for a real create),
+    // the next two are answered from its kept answer; each is counted as rewritten.
+    let rewritten = |metrics: &str| {
+        counter(
+            metrics,
+            "warmcache_webhook_pod_admissions_total{outcome=\"rewritten\",reason=\"none\"}",
+        )
+    };
+    let metrics = served.metrics().await;
+    let (rewritten_before, before) = (rewritten(&metrics), reused(&metrics));
+    let mut names = BTreeSet::new();
+    for i in 0..3 {
+        if i > 0 {
+            // Each create in another second: the API server stamps the pod's managedFields
+            // entry with the time of its request, to the second, before the webhooks see it.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        let created = pods.create(&PostParams::default(), &replica).await.unwrap();
+        assert_eq!(read_binding(&created), (binding_name.clone(), uid.clone()));
+        assert_eq!(token_free_spec(&created), token_free_spec(&answers[0]));
+        names.insert(created.name_any());
+    }
+    assert_eq!(names.len(), 3, "{names:?}");
+    let metrics = served.metrics().await;
+    assert_eq!(rewritten(&metrics), rewritten_before + 3.0, "{metrics}");
+    assert_eq!(
+        reused(&metrics),
+        before + 2.0,
+        "{metrics}\nwebhook log:\n{}",
+        served.log()
+    );
+
+    // The binding turns Retiring: the cached answer no longer holds as soon as the webhook's
+    // cache sees it. A pod never admitted before shows when that is.
+    served
+        .bindings(&client)
+        .patch_status(
+            &binding_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": "Retiring"}})),
+        )
+        .await
+        .unwrap();
+    let mut other = replica.clone();
+    other.metadata.generate_name = Some("other-".into());
+    eventually("the webhook's cache seeing Retiring", TIMEOUT, || {
+        let (pods, other) = (pods.clone(), other.clone());
+        async move {
+            (dry_run_skip(&pods, &other).await.as_deref() == Some("binding-retiring")).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let before = reused(&served.metrics().await);
+    assert_eq!(
+        dry_run_skip(&pods, &replica).await.as_deref(),
+        Some("binding-retiring"),
+        "the kept answer joined a Retiring binding"
+    );
+    assert_eq!(reused(&served.metrics().await), before);
     served.stop(&client).await;
 }
 
@@ -769,7 +993,15 @@ async fn gates_and_non_durable_paths_record_their_selection_and_create_nothing()
         ),
     ];
     for (args, catalog, regular, helm) in cases {
-        let served = Served::start_with(&client, Setup { args, catalog }).await;
+        let served = Served::start_with(
+            &client,
+            Setup {
+                args,
+                catalog,
+                otlp: None,
+            },
+        )
+        .await;
         let plain = served.namespace(&client, "pw-sel", &[]).await;
         let domain = unique("sel");
         let shared = served
@@ -845,7 +1077,7 @@ async fn with_compile_cache_sets_a_deployment_gets_one_set_binding_beside_its_mo
         &client,
         Setup {
             args: &["--compile-cache-sets"],
-            catalog: None,
+            ..Setup::default()
         },
     )
     .await;

@@ -17,6 +17,9 @@
 //!   a JSON patch computed from the typed diff and applied to the object as sent, keeping the
 //!   fields `K` does not model ([`patch::raw_patch`]). Handlers see `dry_run` and must not
 //!   perform side effects for it.
+//! - [`reuse`]: a typed mutating handler may offer its answer for reuse ([`Reusable`]); the
+//!   route then answers later reviews of an equal object (the replicas of one ReplicaSet)
+//!   from the kept patch while the handler's [`Reuse::holds`] says its inputs are unchanged.
 //! - [`registration`]: each route carries its webhook registration ([`Webhook`]: name, rules,
 //!   policies, selectors); [`AdmissionServer::configurations`] builds the
 //!   `ValidatingWebhookConfiguration` and `MutatingWebhookConfiguration` calling the routes'
@@ -40,6 +43,7 @@ pub mod metrics;
 pub mod patch;
 mod pod_patch;
 pub mod registration;
+pub mod reuse;
 pub mod review;
 pub mod route;
 pub mod server;
@@ -49,6 +53,7 @@ pub mod typed;
 pub use error::AdmissionError;
 pub use metrics::{AdmissionMetrics, CloseReason, Verdict};
 pub use registration::{ServiceTarget, Webhook, WebhookConfigurations};
+pub use reuse::{Reusable, Reuse, ReusedReview};
 pub use review::{DecodeRejection, decode_review, into_v1_review, invalid_response};
 pub use route::{HandlerOutput, OnHandlerError, Route, RouteKind};
 pub use server::{

@@ -20,6 +20,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use serde_json::Value;
 
 use crate::registration::{TypedTarget, Webhook};
+use crate::reuse::KeptAnswers;
 use crate::typed::{self, Mutation, TypedOutput, TypedResource, Validation};
 
 /// Whether a route backs a validating or a mutating webhook.
@@ -293,9 +294,17 @@ impl Route {
         F: Fn(typed::TypedRequest<K>) -> R + Send + Sync + 'static,
         R: TypedOutput<Mutation<K>>,
     {
+        let kept = Arc::new(KeptAnswers::new());
         let handler = DynHandler::Sync(Arc::new(move |review: Review| {
+            let mut key = kept.key(&review);
+            if let Some(key) = key.as_mut()
+                && let Some(response) = kept.answer(&review, key)
+            {
+                return Ok(response);
+            }
             let (request, finish) = typed::prepare_mutating::<K>(review)?;
-            finish.mutation(handler(request).into_reply()?)
+            let reply = handler(request).into_reply()?;
+            finish.mutation_kept(reply, key.map(|key| (&*kept, key)))
         }));
         Self::new(
             path.into(),
@@ -340,14 +349,25 @@ impl Route {
         Fut: Future<Output = R> + Send + 'static,
         R: TypedOutput<Mutation<K>>,
     {
+        let kept = Arc::new(KeptAnswers::new());
         let handler = DynHandler::Staged(Arc::new(move |review: Review| {
+            let mut key = kept.key(&review);
+            if let Some(key) = key.as_mut()
+                && let Some(response) = kept.answer(&review, key)
+            {
+                let future: StagedFuture = Box::pin(std::future::ready(Ok(AfterHandler::Done(
+                    Box::new(response),
+                ))));
+                return Ok(future);
+            }
+            let kept = Arc::clone(&kept);
             let (request, finish) = typed::prepare_mutating::<K>(review)?;
             let running = handler(request);
             let future: StagedFuture = Box::pin(async move {
                 let reply = running.await.into_reply()?;
                 if matches!(reply.outcome, Mutation::Mutated(_)) {
                     Ok(AfterHandler::Blocking(Box::new(move || {
-                        finish.mutation(reply)
+                        finish.mutation_kept(reply, key.map(|key| (&*kept, key)))
                     })))
                 } else {
                     finish

@@ -11,6 +11,7 @@
 //!   does not model survive.
 
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::admission::{AdmissionResponse, Operation};
@@ -22,6 +23,7 @@ use serde_json::Value;
 
 use crate::patch::{decode_at_path, raw_patch, raw_patch_typed};
 use crate::registration::RuleScope;
+use crate::reuse::{KeptAnswers, Reusable, ReviewKey, joined_patch, patched};
 use crate::route::Review;
 
 /// The types a typed route can read objects as: a Kubernetes resource with a static type
@@ -168,6 +170,9 @@ pub struct Reply<O> {
     pub outcome: O,
     /// Warnings, in order; keep each under 120 characters.
     pub warnings: Vec<String>,
+    /// Whether a [`Mutation::Mutated`] answer may be reused for later reviews of an equal
+    /// object (see [`crate::reuse`]); ignored for other outcomes and on validating routes.
+    pub reuse: Option<Reusable>,
 }
 
 impl<O> Reply<O> {
@@ -176,7 +181,15 @@ impl<O> Reply<O> {
         Self {
             outcome,
             warnings: Vec::new(),
+            reuse: None,
         }
+    }
+
+    /// Offers the answer for reuse (see [`crate::reuse`]).
+    #[must_use]
+    pub fn reusable(mut self, reuse: Reusable) -> Self {
+        self.reuse = Some(reuse);
+        self
     }
 
     /// Adds a warning.
@@ -255,21 +268,12 @@ pub(crate) struct Finish<K> {
     decoded: Option<K>,
 }
 
-/// `response` carrying `patch`, as [`AdmissionResponse::with_patch`] makes it, with the patch's
-/// JSON written into a buffer sized for a pod rewrite's patch at once (rather than grown from
-/// empty, each step a copy).
-fn with_patch(
-    response: AdmissionResponse,
-    patch: &json_patch::Patch,
-) -> Result<AdmissionResponse, String> {
+/// The JSON of `patch`, written into a buffer sized for a pod rewrite's patch at once (rather
+/// than grown from empty, each step a copy).
+fn patch_json(patch: &json_patch::Patch) -> Result<Vec<u8>, String> {
     let mut bytes = Vec::with_capacity(8 * 1024);
     serde_json::to_writer(&mut bytes, patch).map_err(|err| err.to_string())?;
-    // `with_patch` is the only way to set the patch type; the empty patch's text is replaced.
-    let mut response = response
-        .with_patch(json_patch::Patch(Vec::new()))
-        .map_err(|err| err.to_string())?;
-    response.patch = Some(bytes);
-    Ok(response)
+    Ok(bytes)
 }
 
 fn kind_text(group: &str, version: &str, kind: &str) -> String {
@@ -360,11 +364,25 @@ impl<K: TypedResource> Finish<K> {
     }
 
     pub(crate) fn mutation(self, reply: Reply<Mutation<K>>) -> Result<AdmissionResponse, String> {
-        let response = match reply.outcome {
+        self.mutation_kept(reply, None)
+    }
+
+    /// [`Self::mutation`], keeping a reusable changed answer in `kept` under its key.
+    pub(crate) fn mutation_kept(
+        mut self,
+        reply: Reply<Mutation<K>>,
+        kept: Option<(&KeptAnswers, ReviewKey)>,
+    ) -> Result<AdmissionResponse, String> {
+        let Reply {
+            outcome,
+            warnings,
+            reuse,
+        } = reply;
+        let response = match outcome {
             Mutation::Allow => self.base,
             Mutation::Deny { message, causes } => self.deny(message, causes),
             Mutation::Mutated(object) => {
-                let Some(raw) = &self.raw_object else {
+                let Some(raw) = self.raw_object.take() else {
                     return Err(format!(
                         "the handler returned a changed object for a {:?} request, which \
                          carries no object to change",
@@ -372,19 +390,32 @@ impl<K: TypedResource> Finish<K> {
                     ));
                 };
                 let patch = match &self.decoded {
-                    Some(decoded) => raw_patch_typed(raw, decoded, &object),
-                    None => raw_patch(raw, &object),
+                    Some(decoded) => raw_patch_typed(&raw, decoded, &object),
+                    None => raw_patch(&raw, &object),
                 }
                 .map_err(|err| err.to_string())?;
-                if patch.0.is_empty() {
+                let encoding = |err: String| format!("the patch cannot be encoded: {err}");
+                let per_review = reuse.as_ref().map_or(&[][..], |r| r.per_review.as_slice());
+                if patch.0.is_empty() && per_review.is_empty() && reuse.is_none() {
                     self.base
                 } else {
-                    with_patch(self.base, &patch)
-                        .map_err(|err| format!("the patch cannot be encoded: {err}"))?
+                    let bytes = patch_json(&patch).map_err(encoding)?;
+                    let sent = joined_patch(&bytes, per_review).ok_or_else(|| {
+                        encoding("the per-review operations do not encode".to_owned())
+                    })?;
+                    if let (Some(reuse), Some((answers, key))) = (&reuse, kept) {
+                        answers.keep(key, raw, bytes, warnings.clone(), Arc::clone(&reuse.reuse));
+                    }
+                    if sent == b"[]" {
+                        self.base
+                    } else {
+                        patched(self.base, sent)
+                            .ok_or_else(|| encoding("no patch type".to_owned()))?
+                    }
                 }
             }
         };
-        Ok(with_warnings(response, reply.warnings))
+        Ok(with_warnings(response, warnings))
     }
 
     fn deny(self, message: String, causes: Vec<FieldCause>) -> AdmissionResponse {

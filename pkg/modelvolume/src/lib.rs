@@ -49,7 +49,7 @@ pub use options::{
     DEFAULT_GPU_RESOURCE, DEFAULT_NON_ROOT_USER, DEFAULT_POLL_SECONDS,
     DEFAULT_WAIT_DEADLINE_SECONDS, Options, OptionsError, ReaderMode,
 };
-pub use plan::{Capture, OFFLINE_ENV, Plan, Request, plan};
+pub use plan::{Capture, OFFLINE_ENV, Plan, Request, plan, well_formed_traceparent};
 pub use scope::{SharingDomain, gpu_container, sharing_domain};
 pub use skip::{MAX_MESSAGE_BYTES, Skip, SkipReason};
 pub use step::{DownloadStep, MAX_DOWNLOAD_STEP_BYTES, PodEnvRef, StepOrigin};

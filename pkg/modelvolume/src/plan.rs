@@ -260,7 +260,7 @@ impl Plan {
 
 /// A W3C `traceparent`: `version-traceid-parentid-flags` with 2, 32, 16 and 2 lower-case hex
 /// digits, neither id all zeros, version not `ff`.
-pub(crate) fn well_formed_traceparent(v: &str) -> bool {
+pub fn well_formed_traceparent(v: &str) -> bool {
     let hex = |s: &str, n: usize| {
         s.len() == n
             && s.bytes()

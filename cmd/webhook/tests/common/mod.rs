@@ -197,6 +197,8 @@ pub struct Setup<'a> {
     /// namespace as ConfigMap `nvcf-storage-capabilities` before it starts; the built-in
     /// catalog when `None`.
     pub catalog: Option<&'a str>,
+    /// An OTLP/gRPC collector's endpoint the webhook exports its spans to; none when `None`.
+    pub otlp: Option<&'a str>,
 }
 
 impl Served {
@@ -234,7 +236,8 @@ impl Served {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let log = std::fs::File::create(dir.path().join("webhook.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_webhook"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_webhook"));
+        command
             .args(["serve", "--kubeconfig"])
             .arg(account.kubeconfig_path())
             .arg("--tls-dir")
@@ -242,8 +245,15 @@ impl Served {
             .args(["--listen", &listen.to_string()])
             .args(["--admin-listen", &admin.to_string()])
             .args(["--namespace", &home, "--control-namespace", &control])
-            .args(setup.args)
-            .env("OTEL_SDK_DISABLED", "true")
+            .args(setup.args);
+        match setup.otlp {
+            None => command.env("OTEL_SDK_DISABLED", "true"),
+            Some(endpoint) => command
+                .env_remove("OTEL_SDK_DISABLED")
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        };
+        let child = command
             .env_remove("POD_NAMESPACE")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
