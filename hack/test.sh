@@ -25,9 +25,20 @@ for tool in cargo python3 sh flock; do
   command -v "$tool" >/dev/null 2>&1 || { echo "hack/test.sh: $tool is required and not on PATH" >&2; exit 1; }
 done
 echo "$(cargo --version); $(python3 --version)"
-# The build and the real node's images take about 20 GiB; say how much there is, since a nearly
-# full disk shows up much later as unrelated-looking failures.
+# The test build takes about 8 GiB under target/, the Go build cache of the tools about 6.5 GiB
+# and the real node's images and state a few more; say how much there is, since a nearly full
+# disk shows up much later as unrelated-looking failures (a linker's "No space left on device").
 df -h . "${TMPDIR:-/tmp}" 2>/dev/null || true
+# A run of this script builds everything once: incremental compilation state (about 5 GiB more
+# under target/debug/incremental) would only cost disk and time. Export CARGO_INCREMENTAL=1 to
+# keep it for repeated local runs.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# Free space in GiB on the file system holding $1 (0 when df cannot tell).
+free_gib() {
+  local gib
+  gib=$(df -P -B1G "$1" 2>/dev/null | awk 'NR==2 {print $4; exit}') || true
+  case "$gib" in '' | *[!0-9]*) echo 0 ;; *) echo "$gib" ;; esac
+}
 
 step "control plane binaries (etcd, kube-apiserver, kube-controller-manager)"
 if [ -n "${WARMCACHE_CONTROL_PLANE_BIN:-}" ] && [ -x "$WARMCACHE_CONTROL_PLANE_BIN/kube-apiserver" ] \
@@ -105,6 +116,15 @@ if [ -z "${WARMCACHE_PROMTOOL:-}" ] || [ ! -x "$WARMCACHE_PROMTOOL" ]; then
 fi
 export WARMCACHE_PROMTOOL
 echo "using $WARMCACHE_PROMTOOL ($("$WARMCACHE_PROMTOOL" --version 2>&1 | head -n 1))"
+
+step "disk"
+# The Go build cache only speeds up a rebuild of the tools above (they are cached by their own
+# stamps); when the Rust build would not fit beside it, drop it.
+if command -v go >/dev/null 2>&1 && [ "$(free_gib .)" -lt 25 ]; then
+  echo "less than 25 GiB free: removing the Go build cache ($(go env GOCACHE))"
+  go clean -cache
+fi
+df -h . 2>/dev/null || true
 
 step "fetch crates (cargo fetch --locked)"
 # Everything after this step may run offline: on a fresh machine the registry is empty.
