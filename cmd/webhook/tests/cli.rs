@@ -399,6 +399,23 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn serve_refuses_an_answer_reuse_window_out_of_range_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for value in ["60001", "-1", "1.5", "1s"] {
+        let out = webhook()
+            .args(["serve", "--tls-dir"])
+            .arg(dir.path())
+            .arg(format!("--answer-reuse-ms={value}"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{value}: {stderr}");
+        assert!(stderr.contains("--answer-reuse-ms"), "{value}: {stderr}");
+        assert!(stderr.contains(value), "{value}: {stderr}");
+    }
+}
+
+#[test]
 fn customer_claim_below_an_empty_dir_landing_is_not_substitutable() {
     let dir = tempfile::tempdir().unwrap();
     let f = write(

@@ -1011,6 +1011,7 @@ fn values_reach_the_components() {
             "modelVolumeController.extraTolerations[0].key=storage",
             "modelVolumeController.extraTolerations[0].operator=Exists",
             "webhook.compileCacheSets=true",
+            "webhook.answerReuseMs=250",
         ])
         .unwrap();
     let args = |name: &str| -> Vec<String> {
@@ -1032,8 +1033,22 @@ fn values_reach_the_components() {
         "--control-namespace=models-control",
         // The agent is deployed: it collects compile-cache sets.
         "--compile-cache-sets",
+        "--answer-reuse-ms=250",
     ] {
         assert!(webhook.contains(&expected.to_owned()), "{webhook:?}");
+    }
+    // Answers are reused for 1 s unless the values say otherwise; 0 (never) reaches the flag.
+    for (values, expected) in [
+        (&[][..], "--answer-reuse-ms=1000"),
+        (&["webhook.answerReuseMs=0"], "--answer-reuse-ms=0"),
+    ] {
+        let objects = helm().template(values).unwrap();
+        let d = find(&objects, "Deployment", "warmcache-webhook").unwrap();
+        let args = &d["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert!(
+            args.as_array().unwrap().contains(&Value::from(expected)),
+            "{values:?}: {args}"
+        );
     }
     // Off by default; and without the agent nothing would collect a set, so it stays off.
     for values in [
@@ -1327,6 +1342,10 @@ fn the_schema_refuses_bad_values_naming_the_field() {
         ("webhook.bogus=1", "/webhook"),
         ("bogus=1", "bogus"),
         ("webhook.readerMode=nfs", "/webhook/readerMode"),
+        // What `webhook serve --answer-reuse-ms` refuses (its pod would crash-loop).
+        ("webhook.answerReuseMs=60001", "/webhook/answerReuseMs"),
+        ("webhook.answerReuseMs=-1", "/webhook/answerReuseMs"),
+        ("webhook.answerReuseMs=1.5", "/webhook/answerReuseMs"),
         (
             "webhook.featureGates=CachingSupport",
             "/webhook/featureGates",
